@@ -1,0 +1,1 @@
+"""Sample job shipped with blockq for the demo."""

@@ -1,0 +1,153 @@
+"""The one settings object: every knob of blockq, read from the environment and an optional file.
+
+Environment variables are ``BLOCKQ_<FIELD>`` (for example ``BLOCKQ_API_PORT``), except the two
+connection URLs, which take their conventional names ``DATABASE_URL`` and ``REDIS_URL``. A file in
+``.env`` format named by ``BLOCKQ_CONFIG_FILE`` is read too; the environment wins over the file.
+Nothing else in blockq reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "EngineKind"]
+
+EngineKind = Literal["vllm", "emulated"]
+
+
+class Settings(BaseSettings):
+    """Configuration shared by the API, the Celery workers and the CLI. Read-only once built."""
+
+    model_config = SettingsConfigDict(env_prefix="BLOCKQ_", frozen=True, extra="ignore")
+
+    # --- where things live -------------------------------------------------------------------
+    data_dir: Path = Field(
+        Path(".blockq"),
+        description="Directory for local state: the embedded SQLite database, the tiny model, "
+        "process logs and the generated webhook secret. Relative paths are taken from the "
+        "working directory.",
+    )
+    database_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("DATABASE_URL", "BLOCKQ_DATABASE_URL"),
+        description="SQLAlchemy URL of the database, e.g. postgresql+psycopg://user@host/db. "
+        "Unset: an SQLite file in data_dir (embedded mode, one host only).",
+    )
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("REDIS_URL", "BLOCKQ_REDIS_URL"),
+        description="Redis URL: the Celery broker and the store of instance states, heartbeats "
+        "and routing assignments.",
+    )
+
+    # --- the model served ----------------------------------------------------------------------
+    model_path: Path | None = Field(
+        None,
+        description="Local Hugging Face model directory served by the engines. Unset: the tiny "
+        "test model that `scripts/build_tiny_model.py` builds in data_dir/models/tiny-llama.",
+    )
+    model_name: str = Field("tiny-llama", description="Name under which the model is served.")
+    max_model_len: int = Field(2048, gt=0, description="Context length: prompt + output tokens.")
+
+    # --- API -----------------------------------------------------------------------------------
+    api_host: str = Field("127.0.0.1", description="Address the API binds to.")
+    api_port: int = Field(8000, gt=0, lt=65536, description="Port the API listens on.")
+    api_workers: int = Field(2, gt=0, description="Gunicorn worker processes for the API.")
+    max_request_bytes: int = Field(
+        1 << 20, gt=0, description="Largest accepted request body; larger ones get HTTP 413."
+    )
+    default_max_tokens: int = Field(
+        256, gt=0, description="max_tokens of a request that does not give one."
+    )
+
+    # --- engines -------------------------------------------------------------------------------
+    engine_kind: EngineKind = Field("vllm", description="Engine hosted by engine workers.")
+    num_instances: int = Field(
+        2, gt=0, description="Engine workers the local stack (`blockq demo|serve`) starts."
+    )
+    max_num_seqs: int = Field(48, gt=0, description="vLLM max_num_seqs per instance.")
+    max_num_batched_tokens: int = Field(512, gt=0, description="vLLM per-step token budget.")
+    block_size: int = Field(16, gt=0, description="KV-cache block size in tokens.")
+    kv_cache_gib: float = Field(1.0, gt=0, description="KV-cache size per CPU engine in GiB.")
+    engine_threads: int = Field(1, gt=0, description="Torch threads per CPU engine.")
+    engine_concurrency: int = Field(
+        128,
+        gt=0,
+        description="Requests one engine worker holds at once (Celery thread pool size). Must "
+        "exceed max_num_seqs so vLLM, not Celery, does the batching and queueing.",
+    )
+    state_publish_interval_s: float = Field(
+        0.1, gt=0, description="How often an engine worker publishes its state to Redis."
+    )
+    heartbeat_ttl_s: float = Field(
+        3.0,
+        gt=0,
+        description="An instance whose last heartbeat is older than this is dead: no new "
+        "requests are routed to it and its unfinished requests are routed elsewhere.",
+    )
+    step_sample_flush_s: float = Field(
+        1.0, gt=0, description="How often engine workers write buffered step samples."
+    )
+
+    # --- routing -------------------------------------------------------------------------------
+    routing_policy: str = Field(
+        "round_robin", description="Routing policy by name: round_robin or least_requests."
+    )
+    route_retry_s: float = Field(
+        0.5, gt=0, description="Delay before routing is tried again when no instance is alive."
+    )
+
+    # --- reliability ---------------------------------------------------------------------------
+    orphan_check_interval_s: float = Field(
+        2.0, gt=0, description="How often the beat scheduler looks for stranded requests."
+    )
+    stale_queued_after_s: float = Field(
+        120.0,
+        gt=0,
+        description="A request still queued or predicting this long is re-enqueued to predict.",
+    )
+    broker_visibility_timeout_s: int = Field(
+        3600,
+        gt=0,
+        description="Redis broker: seconds before an unacknowledged message is redelivered.",
+    )
+
+    # --- webhooks ------------------------------------------------------------------------------
+    webhook_secret: SecretStr | None = Field(
+        None,
+        description="Standard Webhooks signing secret (whsec_<base64>). Unset: one is generated "
+        "on first use and kept in data_dir/webhook_secret (mode 0600).",
+    )
+    webhook_max_attempts: int = Field(6, gt=0, description="Delivery attempts per webhook.")
+    webhook_backoff_s: float = Field(
+        1.0, gt=0, description="First retry delay; it doubles after each failed attempt."
+    )
+    webhook_timeout_s: float = Field(5.0, gt=0, description="HTTP timeout of one delivery.")
+
+    log_level: str = Field("INFO", description="Log level of every blockq process.")
+
+    @classmethod
+    def load(cls) -> Settings:
+        """Settings from the environment, over the file named by BLOCKQ_CONFIG_FILE if set."""
+        config_file = os.environ.get("BLOCKQ_CONFIG_FILE")
+        return cls(_env_file=config_file) if config_file else cls()
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'blockq.sqlite3').resolve()}"
+
+    @property
+    def resolved_model_path(self) -> Path:
+        return self.model_path or self.data_dir / "models" / "tiny-llama"
+
+    @property
+    def instance_ids(self) -> list[str]:
+        """Instance ids of the local stack; each is also the name of its Celery queue."""
+        return [f"gpu.{k}" for k in range(self.num_instances)]
