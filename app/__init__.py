@@ -1,0 +1,27 @@
+"""blockq's Flask application: `create_app()` builds it; nothing happens at import time."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask
+
+from app import errors
+from app.api import health, instances, requests
+from app.extensions import Services
+from app.settings import Settings
+
+__all__ = ["create_app"]
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    """Build the API app from `settings` (default: Settings.load())."""
+    settings = settings or Settings.load()
+    logging.basicConfig(level=settings.log_level)
+    app = Flask(__name__)
+    app.config.update(MAX_CONTENT_LENGTH=settings.max_request_bytes, JSON_SORT_KEYS=False)
+    app.extensions["blockq"] = Services.build(settings)
+    errors.init_app(app)
+    for blueprint in (requests.bp, instances.bp, health.bp):
+        app.register_blueprint(blueprint)
+    return app

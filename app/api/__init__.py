@@ -1,0 +1,1 @@
+"""HTTP surfaces of blockq, one blueprint per module."""

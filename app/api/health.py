@@ -1,0 +1,42 @@
+"""Liveness and readiness probes."""
+
+from __future__ import annotations
+
+from flask import Blueprint, jsonify
+from flask.typing import ResponseReturnValue
+from sqlalchemy import text
+
+from app.extensions import services
+
+bp = Blueprint("health", __name__)
+
+
+@bp.get("/healthz")
+def healthz() -> ResponseReturnValue:
+    """The process is up; says nothing about its dependencies."""
+    return jsonify(status="ok")
+
+
+@bp.get("/readyz")
+def readyz() -> ResponseReturnValue:
+    """Ready only when the database and the broker both answer."""
+    checks = {"database": _check_database(), "broker": _check_broker()}
+    ready = all(value == "ok" for value in checks.values())
+    return jsonify(status="ready" if ready else "not_ready", checks=checks), 200 if ready else 503
+
+
+def _check_database() -> str:
+    try:
+        with services().db.session() as session:
+            session.execute(text("SELECT 1"))
+        return "ok"
+    except Exception as exc:  # noqa: BLE001 - any failure means not ready; reported, not raised
+        return f"error: {type(exc).__name__}"
+
+
+def _check_broker() -> str:
+    try:
+        services().fleet.ping()
+        return "ok"
+    except Exception as exc:  # noqa: BLE001 - same as above
+        return f"error: {type(exc).__name__}"

@@ -1,0 +1,42 @@
+"""GET /v1/instances: every engine instance and its live state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, jsonify
+from flask.typing import ResponseReturnValue
+
+from app.extensions import services
+from app.fleet import InstanceStatus
+
+bp = Blueprint("instances", __name__, url_prefix="/v1")
+
+
+@bp.get("/instances")
+def list_instances() -> ResponseReturnValue:
+    data = [_instance_to_dict(status) for status in services().fleet.statuses()]
+    return jsonify(object="list", data=data)
+
+
+def _instance_to_dict(status: InstanceStatus) -> dict[str, Any]:
+    state = status.state
+    return {
+        "id": status.instance_id,
+        "object": "instance",
+        "alive": status.alive,
+        "engine_kind": state.get("engine_kind"),
+        "model": state.get("model"),
+        "running": status.num_running,
+        "waiting": status.num_waiting,
+        "assigned": status.num_assigned,
+        "free_kv_blocks": state.get("num_free_blocks"),
+        "total_kv_blocks": state.get("num_total_blocks"),
+        "seconds_since_heartbeat": (
+            None if status.heartbeat_age_s is None else round(status.heartbeat_age_s, 3)
+        ),
+        "config": {
+            key: state.get(key)
+            for key in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len")
+        },
+    }

@@ -1,0 +1,44 @@
+"""The native requests API: submit, poll, cancel."""
+
+from __future__ import annotations
+
+from flask import Blueprint, jsonify, request, url_for
+from flask.typing import ResponseReturnValue
+
+from app import store
+from app.commands import cancel_request, submit_request
+from app.errors import InvalidRequest
+from app.extensions import services
+
+bp = Blueprint("requests", __name__, url_prefix="/v1/requests")
+
+
+@bp.post("")
+def create() -> ResponseReturnValue:
+    body = request.get_json(silent=True)
+    if body is None:
+        raise InvalidRequest("The request body must be valid JSON.", code="invalid_json")
+    created_request, created = submit_request(
+        services(), body, idempotency_key=request.headers.get("Idempotency-Key")
+    )
+    status_url = url_for("requests.show", request_id=created_request.id, _external=True)
+    payload = {
+        "id": created_request.id,
+        "object": "request",
+        "status": created_request.status,
+        "status_url": status_url,
+        "created": created,
+    }
+    return jsonify(payload), 202, {"Location": status_url}
+
+
+@bp.get("/<request_id>")
+def show(request_id: str) -> ResponseReturnValue:
+    with services().db.session() as session:
+        return jsonify(store.request_to_dict(store.get_request(session, request_id)))
+
+
+@bp.post("/<request_id>/cancel")
+def cancel(request_id: str) -> ResponseReturnValue:
+    cancel_request(services(), request_id)
+    return show(request_id)

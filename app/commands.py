@@ -1,0 +1,109 @@
+"""What the native requests API does, apart from HTTP: submit and cancel requests."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from app import dispatch, store
+from app.errors import Conflict, InvalidRequest, Unprocessable
+from app.extensions import Services
+from app.models import InferenceRequest, Priority, RequestStatus, utcnow
+from app.schemas import CreateRequest, parse_body
+
+__all__ = ["submit_request", "cancel_request"]
+
+logger = logging.getLogger(__name__)
+
+MAX_IDEMPOTENCY_KEY_LEN = 255
+
+
+def submit_request(
+    services: Services, body: Any, *, idempotency_key: str | None
+) -> tuple[InferenceRequest, bool]:
+    """Validate, persist, then enqueue for prediction. Returns (request, created)."""
+    if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_LEN:
+        raise InvalidRequest(
+            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} characters.",
+            param="Idempotency-Key",
+        )
+    parsed = parse_body(CreateRequest, body)
+    fields = _request_fields(services, parsed)
+    fields["body_sha256"] = store.body_digest(body)
+    with services.db.session() as session:
+        request, created = store.create_request(session, fields, idempotency_key=idempotency_key)
+    if created:
+        _enqueue_or_leave_for_recovery(services, request)
+    return request, created
+
+
+def _request_fields(services: Services, parsed: CreateRequest) -> dict[str, Any]:
+    settings = services.settings
+    messages = [m.model_dump() for m in parsed.messages] if parsed.messages else None
+    prompt = services.prompts.render(messages) if messages else parsed.prompt
+    assert prompt is not None
+    param = "messages" if messages else "prompt"
+    num_prompt_tokens = services.prompts.count(prompt)
+    room = settings.max_model_len - num_prompt_tokens
+    if room < 1:
+        raise Unprocessable(
+            f"The prompt is {num_prompt_tokens} tokens; the model's context is "
+            f"{settings.max_model_len} tokens, leaving no room for output.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    max_tokens = parsed.max_tokens or min(settings.default_max_tokens, room)
+    if max_tokens > room:
+        raise Unprocessable(
+            f"max_tokens is {max_tokens} but the {num_prompt_tokens}-token prompt leaves "
+            f"{room} tokens of the {settings.max_model_len}-token context.",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return {
+        "priority": parsed.priority,
+        "prompt": prompt,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": parsed.temperature,
+        "top_p": parsed.top_p,
+        "seed": parsed.seed,
+        "stop": parsed.stop,
+        "webhook_url": str(parsed.webhook_url) if parsed.webhook_url else None,
+        "request_metadata": parsed.metadata,
+        "prompt_tokens": num_prompt_tokens,
+    }
+
+
+def _enqueue_or_leave_for_recovery(services: Services, request: InferenceRequest) -> None:
+    try:
+        dispatch.enqueue_predict(
+            services.celery, request.id, priority=Priority(request.priority).rank
+        )
+    except Exception:  # noqa: BLE001 - the row is committed; the orphan sweep re-enqueues it
+        logger.exception("enqueue failed for %s; left for the orphan sweep", request.id)
+
+
+def cancel_request(services: Services, request_id: str) -> None:
+    """Cancel an unfinished request. Cancelling a cancelled request again is a no-op."""
+    with services.db.session() as session:
+        request = store.get_request(session, request_id)
+        changed = store.transition(
+            session,
+            request_id,
+            RequestStatus.CANCELLED,
+            allowed_from=store.ACTIVE_STATUSES,
+            detail="cancelled by client",
+            finished_at=utcnow(),
+        )
+        session.refresh(request)
+        if request.status != RequestStatus.CANCELLED:
+            raise Conflict(
+                f"Request '{request_id}' already finished with status '{request.status}'.",
+                param="id",
+                code="request_already_finished",
+            )
+    if changed:
+        services.fleet.request_cancel(request_id)
+        if request.webhook_url:
+            dispatch.enqueue_webhook(services.celery, request_id, "request.cancelled")

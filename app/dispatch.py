@@ -1,0 +1,63 @@
+"""Names of queues and tasks, and the sends the API and workers make by task name.
+
+The API never imports worker code: it reaches the workers only through the Celery app object,
+naming tasks here. Sends happen after the database transaction that they depend on committed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import Celery
+
+__all__ = [
+    "QUEUE_PREDICT",
+    "QUEUE_ROUTE",
+    "QUEUE_WEBHOOKS",
+    "QUEUE_HEALTH",
+    "TASK_PREDICT",
+    "TASK_ROUTE",
+    "TASK_GENERATE",
+    "TASK_WEBHOOK",
+    "TASK_REQUEUE_ORPHANS",
+    "enqueue_predict",
+    "enqueue_route",
+    "enqueue_generate",
+    "enqueue_webhook",
+]
+
+logger = logging.getLogger(__name__)
+
+QUEUE_PREDICT = "predict"
+QUEUE_ROUTE = "route"
+QUEUE_WEBHOOKS = "webhooks"
+QUEUE_HEALTH = "health"
+
+TASK_PREDICT = "predict.annotate"
+TASK_ROUTE = "route.dispatch"
+TASK_GENERATE = "serve.generate"
+TASK_WEBHOOK = "webhooks.deliver"
+TASK_REQUEUE_ORPHANS = "health.requeue_orphans"
+
+
+def enqueue_predict(celery: Celery, request_id: str, *, priority: int) -> None:
+    celery.send_task(TASK_PREDICT, args=[request_id], queue=QUEUE_PREDICT, priority=priority)
+
+
+def enqueue_route(celery: Celery, request_id: str, *, priority: int, countdown: float = 0) -> None:
+    celery.send_task(
+        TASK_ROUTE, args=[request_id], queue=QUEUE_ROUTE, priority=priority, countdown=countdown
+    )
+
+
+def enqueue_generate(
+    celery: Celery, request_id: str, *, instance_id: str, attempt: int, priority: int
+) -> None:
+    """Send to the instance's own queue: the instance id is the queue name (gpu.<k>)."""
+    celery.send_task(
+        TASK_GENERATE, args=[request_id, attempt], queue=instance_id, priority=priority
+    )
+
+
+def enqueue_webhook(celery: Celery, request_id: str, event_type: str) -> None:
+    celery.send_task(TASK_WEBHOOK, args=[request_id, event_type], queue=QUEUE_WEBHOOKS)

@@ -1,0 +1,43 @@
+"""The services one API process holds: settings, database, fleet view, tokenizer, Celery client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+from celery import Celery
+from flask import current_app
+
+from app.db import Database
+from app.fleet import Fleet
+from app.prompts import PromptCodec
+from app.settings import Settings
+from workers.celery_app import create_celery
+
+__all__ = ["Services", "services"]
+
+
+@dataclass(frozen=True)
+class Services:
+    settings: Settings
+    db: Database
+    fleet: Fleet
+    prompts: PromptCodec
+    # Used only to send tasks by name (see app.dispatch); worker code is never imported.
+    celery: Celery
+
+    @classmethod
+    def build(cls, settings: Settings) -> Services:
+        return cls(
+            settings=settings,
+            db=Database(settings.resolved_database_url),
+            fleet=Fleet(
+                redis.Redis.from_url(settings.redis_url), heartbeat_ttl_s=settings.heartbeat_ttl_s
+            ),
+            prompts=PromptCodec(settings.resolved_model_path),
+            celery=create_celery(settings),
+        )
+
+
+def services() -> Services:
+    return current_app.extensions["blockq"]

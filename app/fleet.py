@@ -1,0 +1,137 @@
+"""The fleet's live state in Redis: what engine workers publish and routers and the API read.
+
+Key layout (all under one prefix):
+  <p>:instances                  set of instance ids that ever registered
+  <p>:instance:<id>:state        latest published state, JSON (kept after death, for the API)
+  <p>:instance:<id>:alive        heartbeat, expires after heartbeat_ttl_s
+  <p>:instance:<id>:assigned     hash request_id -> routed time: routed, not yet in the engine
+  <p>:cancel:<request_id>        set when a request is cancelled, read by engine workers
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+__all__ = ["Fleet", "InstanceStatus"]
+
+_CANCEL_TTL_S = 24 * 3600
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStatus:
+    """One instance as routers and the API see it."""
+
+    instance_id: str
+    alive: bool
+    # Seconds since the state was last published (None: never published).
+    heartbeat_age_s: float | None
+    # The published state: engine_kind, model, counts, KV blocks, config, requests.
+    state: dict[str, Any]
+    # Requests routed here that the engine has not admitted yet (not in `state` yet).
+    num_assigned: int
+
+    @property
+    def num_running(self) -> int:
+        return int(self.state.get("num_running", 0))
+
+    @property
+    def num_waiting(self) -> int:
+        return int(self.state.get("num_waiting", 0))
+
+
+class Fleet:
+    """Reads and writes instance states, heartbeats, assignments and cancellations."""
+
+    def __init__(self, client: redis.Redis, *, heartbeat_ttl_s: float, prefix: str = "blockq"):
+        self.redis = client
+        self.heartbeat_ttl_s = heartbeat_ttl_s
+        self.prefix = prefix
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    # --- engine workers ------------------------------------------------------------------------
+    def publish(self, instance_id: str, state: dict[str, Any]) -> None:
+        """Store the state and renew the heartbeat in one round trip."""
+        payload = json.dumps({**state, "published_at": time.time()})
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.sadd(self._key("instances"), instance_id)
+            pipe.set(self._key("instance", instance_id, "state"), payload)
+            pipe.set(
+                self._key("instance", instance_id, "alive"),
+                "1",
+                px=int(self.heartbeat_ttl_s * 1000),
+            )
+            pipe.execute()
+
+    def mark_stopped(self, instance_id: str) -> None:
+        self.redis.delete(self._key("instance", instance_id, "alive"))
+
+    def admitted(self, instance_id: str, request_id: str) -> None:
+        """The engine took the request: it now shows in the published state instead."""
+        self.redis.hdel(self._key("instance", instance_id, "assigned"), request_id)
+
+    def cancelled(self, request_ids: Iterable[str]) -> set[str]:
+        ids = list(request_ids)
+        if not ids:
+            return set()
+        flags = self.redis.mget([self._key("cancel", rid) for rid in ids])
+        return {rid for rid, flag in zip(ids, flags, strict=True) if flag}
+
+    # --- routers -------------------------------------------------------------------------------
+    def assign(self, instance_id: str, request_id: str) -> None:
+        self.redis.hset(
+            self._key("instance", instance_id, "assigned"), request_id, str(time.time())
+        )
+
+    def next_round_robin(self) -> int:
+        return int(self.redis.incr(self._key("round_robin")))
+
+    # --- API and health ------------------------------------------------------------------------
+    def request_cancel(self, request_id: str) -> None:
+        self.redis.set(self._key("cancel", request_id), "1", ex=_CANCEL_TTL_S)
+
+    def statuses(self) -> list[InstanceStatus]:
+        """Every registered instance, alive or not, sorted by id."""
+        ids = sorted(m.decode() if isinstance(m, bytes) else m for m in self.redis.smembers(
+            self._key("instances")
+        ))
+        if not ids:
+            return []
+        with self.redis.pipeline(transaction=False) as pipe:
+            for instance_id in ids:
+                pipe.get(self._key("instance", instance_id, "state"))
+                pipe.exists(self._key("instance", instance_id, "alive"))
+                pipe.hlen(self._key("instance", instance_id, "assigned"))
+            replies = pipe.execute()
+        now = time.time()
+        return [
+            _status(instance_id, *replies[3 * i : 3 * i + 3], now=now)
+            for i, instance_id in enumerate(ids)
+        ]
+
+    def alive(self) -> list[InstanceStatus]:
+        return [status for status in self.statuses() if status.alive]
+
+    def ping(self) -> bool:
+        return bool(self.redis.ping())
+
+
+def _status(
+    instance_id: str, raw_state: bytes | None, alive: int, num_assigned: int, *, now: float
+) -> InstanceStatus:
+    state = json.loads(raw_state) if raw_state else {}
+    published_at = state.get("published_at")
+    return InstanceStatus(
+        instance_id=instance_id,
+        alive=bool(alive),
+        heartbeat_age_s=None if published_at is None else max(0.0, now - published_at),
+        state=state,
+        num_assigned=int(num_assigned),
+    )

@@ -1,0 +1,168 @@
+"""Data functions for inference requests: create, guarded status transitions, serialization.
+
+Callers own the session and its transaction. Every status change goes through `transition`, a
+conditional UPDATE, so a task that runs twice (late acknowledgement, redelivery) changes nothing
+the second time, and a request completes exactly once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.errors import Conflict, NotFound
+from app.models import (
+    TERMINAL_STATUSES,
+    InferenceRequest,
+    RequestEvent,
+    RequestStatus,
+    utcnow,
+)
+
+__all__ = [
+    "new_request_id",
+    "body_digest",
+    "create_request",
+    "get_request",
+    "transition",
+    "request_to_dict",
+    "ACTIVE_STATUSES",
+]
+
+ACTIVE_STATUSES = frozenset(set(RequestStatus) - TERMINAL_STATUSES)
+
+
+def new_request_id() -> str:
+    return f"req_{uuid.uuid4().hex}"
+
+
+def body_digest(body: dict[str, Any]) -> str:
+    """SHA-256 of the canonical JSON form, so key order and spacing do not matter."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def create_request(
+    session: Session, fields: dict[str, Any], *, idempotency_key: str | None
+) -> tuple[InferenceRequest, bool]:
+    """Insert a queued request, or return the one already made under the same idempotency key.
+
+    Returns (request, created). The same key with another body raises Conflict.
+    """
+    if idempotency_key is not None:
+        existing = _by_idempotency_key(session, idempotency_key)
+        if existing is not None:
+            return _same_body_or_conflict(existing, fields["body_sha256"]), False
+    request = InferenceRequest(
+        id=new_request_id(), status=RequestStatus.QUEUED, idempotency_key=idempotency_key, **fields
+    )
+    request.events.append(RequestEvent(status=RequestStatus.QUEUED, at=request.created_at))
+    try:
+        with session.begin_nested():
+            session.add(request)
+    except IntegrityError:
+        # Another API process inserted the same key between our lookup and insert.
+        existing = _by_idempotency_key(session, idempotency_key or "")
+        if existing is None:
+            raise
+        return _same_body_or_conflict(existing, fields["body_sha256"]), False
+    return request, True
+
+
+def _by_idempotency_key(session: Session, key: str) -> InferenceRequest | None:
+    return session.scalar(select(InferenceRequest).where(InferenceRequest.idempotency_key == key))
+
+
+def _same_body_or_conflict(existing: InferenceRequest, digest: str) -> InferenceRequest:
+    if existing.body_sha256 != digest:
+        raise Conflict(
+            "This Idempotency-Key was already used with a different request body.",
+            param="Idempotency-Key",
+            code="idempotency_key_reused",
+        )
+    return existing
+
+
+def get_request(session: Session, request_id: str) -> InferenceRequest:
+    request = session.get(InferenceRequest, request_id)
+    if request is None:
+        raise NotFound(f"No request with id '{request_id}'.", param="id", code="not_found")
+    return request
+
+
+def transition(
+    session: Session,
+    request_id: str,
+    to: RequestStatus,
+    *,
+    allowed_from: Iterable[RequestStatus],
+    detail: str | None = None,
+    extra_where: Iterable[Any] = (),
+    **fields: Any,
+) -> bool:
+    """Move a request to `to` only if its status is in `allowed_from`; record the event.
+
+    Returns whether this call made the change. `fields` are set in the same UPDATE.
+    """
+    now = utcnow()
+    result = session.execute(
+        update(InferenceRequest)
+        .where(
+            InferenceRequest.id == request_id,
+            InferenceRequest.status.in_([str(s) for s in allowed_from]),
+            *extra_where,
+        )
+        .values(status=str(to), updated_at=now, **fields)
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    session.execute(
+        insert(RequestEvent).values(request_id=request_id, status=str(to), at=now, detail=detail)
+    )
+    return True
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+def request_to_dict(request: InferenceRequest, *, include_events: bool = True) -> dict[str, Any]:
+    """The public JSON form of a request, as GET /v1/requests/<id> and webhooks show it."""
+    body: dict[str, Any] = {
+        "id": request.id,
+        "object": "request",
+        "status": request.status,
+        "priority": request.priority,
+        "prompt_tokens": request.prompt_tokens,
+        "output_tokens": request.output_tokens,
+        "predicted_output_tokens": request.predicted_output_tokens,
+        "predictor": request.predictor,
+        "max_tokens": request.max_tokens,
+        "instance_id": request.instance_id,
+        "policy": request.policy,
+        "attempt": request.attempt,
+        "output": request.output_text,
+        "finish_reason": request.finish_reason,
+        "error": request.error,
+        "metadata": request.request_metadata,
+        "created_at": _iso(request.created_at),
+        "predicted_at": _iso(request.predicted_at),
+        "routed_at": _iso(request.routed_at),
+        "started_at": _iso(request.started_at),
+        "first_token_at": _iso(request.first_token_at),
+        "finished_at": _iso(request.finished_at),
+    }
+    if include_events:
+        body["events"] = [
+            {"status": e.status, "at": _iso(e.at), "detail": e.detail} for e in request.events
+        ]
+    return body

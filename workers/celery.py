@@ -1,0 +1,9 @@
+"""The Celery entrypoint (`celery -A workers`): the app built from Settings, worker signals wired."""
+
+from app.settings import Settings
+from workers.celery_app import create_celery
+from workers.serve import lifecycle as _engine_lifecycle  # noqa: F401 - connects worker signals
+
+__all__ = ["celery"]
+
+celery = create_celery(Settings.load())

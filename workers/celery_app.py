@@ -1,0 +1,65 @@
+"""The one Celery application: configuration from Settings, queues, routes and the beat schedule."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from app.dispatch import (
+    QUEUE_HEALTH,
+    QUEUE_PREDICT,
+    QUEUE_ROUTE,
+    QUEUE_WEBHOOKS,
+    TASK_REQUEUE_ORPHANS,
+)
+from app.settings import Settings
+
+__all__ = ["create_celery", "TASK_MODULES"]
+
+TASK_MODULES = [
+    "workers.predict.tasks",
+    "workers.route.tasks",
+    "workers.serve.tasks",
+    "workers.webhooks.tasks",
+    "workers.health.tasks",
+]
+
+
+def create_celery(settings: Settings) -> Celery:
+    """Build the Celery app. Safe defaults for at-least-once work with idempotent tasks."""
+    celery = Celery("blockq", include=TASK_MODULES, set_as_current=True)
+    celery.conf.update(
+        broker_url=settings.redis_url,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "visibility_timeout": settings.broker_visibility_timeout_s,
+            # Lower number first: 0 interactive, 1 batch.
+            "queue_order_strategy": "priority",
+            "priority_steps": list(range(10)),
+            "sep": ":",
+        },
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        # A task is acknowledged after it ran; a worker that dies mid-task leaves it queued.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_default_priority=0,
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        task_routes={
+            "predict.*": {"queue": QUEUE_PREDICT},
+            "route.*": {"queue": QUEUE_ROUTE},
+            "webhooks.*": {"queue": QUEUE_WEBHOOKS},
+            "health.*": {"queue": QUEUE_HEALTH},
+        },
+        beat_schedule={
+            "requeue-orphans": {
+                "task": TASK_REQUEUE_ORPHANS,
+                "schedule": settings.orphan_check_interval_s,
+                "options": {"expires": settings.orphan_check_interval_s * 2},
+            }
+        },
+        enable_utc=True,
+    )
+    celery.conf.blockq_settings = settings
+    return celery

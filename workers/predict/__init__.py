@@ -1,0 +1,1 @@
+"""Predict stage: annotate each request with a predicted output length."""

@@ -1,0 +1,1 @@
+"""Route stage: choose the instance for each request with a configured policy."""

@@ -1,0 +1,64 @@
+"""Process-wide resources of a worker (database, Redis fleet view, tokenizer), built on first use.
+
+This is the one module that holds process-global state on the Celery side. Tasks get what they
+need from `get()`; tests and the engine worker may `configure()` it explicitly first.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from functools import cached_property
+
+import redis
+from celery import Celery, current_app
+
+from app.db import Database
+from app.fleet import Fleet
+from app.prompts import PromptCodec
+from app.settings import Settings
+
+__all__ = ["Runtime", "get", "configure", "current_celery"]
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+
+    @cached_property
+    def db(self) -> Database:
+        return Database(self.settings.resolved_database_url)
+
+    @cached_property
+    def redis(self) -> redis.Redis:
+        return redis.Redis.from_url(self.settings.redis_url)
+
+    @cached_property
+    def fleet(self) -> Fleet:
+        return Fleet(self.redis, heartbeat_ttl_s=self.settings.heartbeat_ttl_s)
+
+    @cached_property
+    def prompts(self) -> PromptCodec:
+        return PromptCodec(self.settings.resolved_model_path)
+
+
+_runtime: Runtime | None = None
+_lock = threading.Lock()
+
+
+def configure(settings: Settings) -> Runtime:
+    global _runtime
+    with _lock:
+        _runtime = Runtime(settings)
+    return _runtime
+
+
+def get() -> Runtime:
+    if _runtime is None:
+        return configure(current_app.conf.blockq_settings)
+    return _runtime
+
+
+def current_celery() -> Celery:
+    """The Celery app running this task, for sending the next stage's task by name."""
+    return current_app._get_current_object()  # type: ignore[attr-defined]

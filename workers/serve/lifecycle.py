@@ -1,0 +1,83 @@
+"""Engine-worker lifecycle: a Celery worker that consumes exactly one `gpu.<k>` queue hosts that
+instance's engine. Built before consumption starts, withdrawn at shutdown's start, stopped at its end.
+
+`celery -A workers worker -Q gpu.0 --pool threads --concurrency 128` is an engine worker;
+workers on other queues never build an engine.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.signals import celeryd_init, worker_init, worker_shutdown, worker_shutting_down
+
+from app.settings import Settings
+
+__all__ = ["current_host", "engine_queue", "NotAnEngineWorker"]
+
+logger = logging.getLogger(__name__)
+
+ENGINE_QUEUE_PREFIX = "gpu."
+_THREAD_POOLS = {"threads", "solo"}
+
+_queue: str | None = None
+_host: Any = None  # workers.serve.host.EngineHost once started
+
+
+class NotAnEngineWorker(RuntimeError):
+    """A serve task reached a worker that hosts no engine (wrong -Q or pool)."""
+
+
+def engine_queue(queues: list[str]) -> str | None:
+    """The instance this worker serves, from its -Q list; None for non-engine workers."""
+    engine_queues = [q for q in queues if q.startswith(ENGINE_QUEUE_PREFIX)]
+    if not engine_queues:
+        return None
+    if len(engine_queues) > 1 or len(queues) > 1:
+        raise SystemExit(f"an engine worker consumes exactly one gpu.<k> queue, got {queues}")
+    return engine_queues[0]
+
+
+@celeryd_init.connect
+def _note_queue(sender: Any = None, conf: Any = None, options: Any = None, **_: Any) -> None:
+    global _queue
+    raw = (options or {}).get("queues") or []
+    queues = raw.split(",") if isinstance(raw, str) else list(raw)
+    _queue = engine_queue(queues)
+    if _queue is not None and (options or {}).get("pool") not in _THREAD_POOLS:
+        raise SystemExit(
+            "an engine worker must run with --pool threads (the engine lives in the worker "
+            "process and every task thread feeds it)"
+        )
+
+
+@worker_init.connect
+def _start_engine(**_: Any) -> None:
+    global _host
+    if _queue is None:
+        return
+    from workers import runtime  # noqa: PLC0415 - the lifecycle module must stay light
+    from workers.serve.factory import build_engine_host  # noqa: PLC0415 - idem
+
+    settings: Settings = runtime.get().settings
+    _host = build_engine_host(_queue, settings)
+    _host.start()
+
+
+@worker_shutting_down.connect
+def _withdraw(**_: Any) -> None:
+    if _host is not None:
+        _host.withdraw()
+
+
+@worker_shutdown.connect
+def _stop_engine(**_: Any) -> None:
+    if _host is not None:
+        _host.stop()
+
+
+def current_host() -> Any:
+    if _host is None:
+        raise NotAnEngineWorker("this worker hosts no engine; start it with -Q gpu.<k>")
+    return _host

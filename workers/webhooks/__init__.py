@@ -1,0 +1,1 @@
+"""Webhooks: signed delivery of terminal request events, with retries."""
