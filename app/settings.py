@@ -19,6 +19,8 @@ __all__ = ["Settings", "EngineKind"]
 
 EngineKind = Literal["vllm", "emulated"]
 
+_ENV_NAMES = {"database_url": "DATABASE_URL", "redis_url": "REDIS_URL"}
+
 
 class Settings(BaseSettings):
     """Configuration shared by the API, the Celery workers and the CLI. Read-only once built."""
@@ -136,6 +138,24 @@ class Settings(BaseSettings):
         """Settings from the environment, over the file named by BLOCKQ_CONFIG_FILE if set."""
         config_file = os.environ.get("BLOCKQ_CONFIG_FILE")
         return cls(_env_file=config_file) if config_file else cls()
+
+    def as_env(self) -> dict[str, str]:
+        """These settings as environment variables, for child processes of the local stack."""
+        env: dict[str, str] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            elif isinstance(value, Path):
+                value = value.resolve()
+            env[self.env_name(name)] = str(value)
+        return env
+
+    @staticmethod
+    def env_name(field_name: str) -> str:
+        return _ENV_NAMES.get(field_name, f"BLOCKQ_{field_name.upper()}")
 
     @property
     def resolved_database_url(self) -> str:

@@ -1,0 +1,100 @@
+"""The `blockq` command: run the local stack, the sample job, and the migrations."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import click
+from rich.console import Console
+
+from app.cli.demo import JobSummary, load_sample_prompts, run_sample_job, summarize
+from app.cli.stack import Stack, StackError
+from app.migrate import upgrade
+from app.settings import Settings
+
+__all__ = ["main"]
+
+console = Console()
+
+
+def _prepare(settings: Settings) -> dict[str, str]:
+    """Check the model, apply migrations, and return the children's environment."""
+    model = settings.resolved_model_path
+    if not (model / "config.json").exists():
+        raise click.ClickException(
+            f"no model at {model}: build the tiny test model with "
+            f"`python scripts/build_tiny_model.py --out {model}` or set BLOCKQ_MODEL_PATH"
+        )
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.resolved_database_url)
+    return {**os.environ, **settings.as_env(), "BLOCKQ_MODEL_PATH": str(model.resolve())}
+
+
+@click.group()
+def main() -> None:
+    """blockq: predictive routing of LLM requests over Celery."""
+
+
+@main.command()
+@click.option("--requests", "num_requests", default=240, show_default=True,
+              help="How many sample prompts to send (the shipped file has 300).")
+def demo(num_requests: int) -> None:
+    """Start the local stack, run the sample job through the API, print a summary, shut down."""
+    settings = Settings.load()
+    stack = Stack(settings, env=_prepare(settings))
+    console.print(f"starting the local stack ({settings.num_instances} engine workers, "
+                  f"database {'PostgreSQL' if settings.database_url else 'embedded SQLite'})")
+    try:
+        stack.start()
+        stack.wait_ready(num_instances=settings.num_instances)
+        console.print(f"stack ready at {stack.api_url}; sending {num_requests} requests")
+        started = time.monotonic()
+        results = run_sample_job(stack.api_url, load_sample_prompts(num_requests))
+        summarize(JobSummary.of(results, time.monotonic() - started), console)
+    except StackError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        console.print("shutting down")
+        stack.stop()
+    console.print("done")
+
+
+@main.command()
+def serve() -> None:
+    """Serve the local stack until interrupted (Ctrl-C)."""
+    settings = Settings.load()
+    stack = Stack(settings, env=_prepare(settings))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        stack.start()
+        stack.wait_ready(num_instances=settings.num_instances)
+        console.print(f"blockq serving at {stack.api_url} (logs in {stack.log_dir}); Ctrl-C stops")
+        while True:
+            stack.check_alive()
+            time.sleep(1)
+    except StackError as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        pass
+    finally:
+        console.print("shutting down")
+        stack.stop()
+
+
+@main.command()
+def migrate() -> None:
+    """Apply database migrations up to the latest revision."""
+    settings = Settings.load()
+    upgrade(settings.resolved_database_url)
+    console.print("database at the latest revision")
+
+
+@main.command("settings")
+def show_settings() -> None:
+    """List every setting, its environment variable, default and meaning."""
+    for name, info in Settings.model_fields.items():
+        env = Settings.env_name(name)
+        console.print(f"[bold]{env}[/bold] (default {info.default!r})\n    {info.description}")

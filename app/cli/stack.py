@@ -1,0 +1,140 @@
+"""The local stack: API, predictor, router, webhook and engine workers, and beat, as processes.
+
+The processes run the same commands an operator would run by hand (see README), with the
+settings passed through the environment, and their logs written to data_dir/logs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from app.settings import Settings
+
+__all__ = ["Stack", "StackError", "process_commands"]
+
+_BIN = Path(sys.executable).parent
+
+
+class StackError(RuntimeError):
+    """The stack could not start; the message says which process and where its log is."""
+
+
+def _celery(*args: str) -> list[str]:
+    return [str(_BIN / "celery"), "-A", "workers", *args]
+
+
+def process_commands(settings: Settings) -> dict[str, list[str]]:
+    """Name -> command line of every process of the local stack."""
+    commands = {
+        "api": [
+            str(_BIN / "gunicorn"),
+            "--bind", f"{settings.api_host}:{settings.api_port}",
+            "--workers", str(settings.api_workers),
+            "--threads", "8",
+            "--graceful-timeout", "10",
+            "app:create_app()",
+        ],
+        "predict": _celery("worker", "-Q", "predict", "-n", "predict@%h", "--pool", "threads",
+                           "--concurrency", "4", "-l", "INFO"),
+        "route": _celery("worker", "-Q", "route,health", "-n", "route@%h", "--pool", "threads",
+                         "--concurrency", "4", "-l", "INFO"),
+        "webhooks": _celery("worker", "-Q", "webhooks", "-n", "webhooks@%h", "--pool",
+                            "threads", "--concurrency", "8", "-l", "INFO"),
+        "beat": _celery("beat", "-l", "INFO", "-s",
+                        str(settings.data_dir / "celerybeat-schedule")),
+    }
+    for instance_id in settings.instance_ids:
+        commands[instance_id] = _celery(
+            "worker", "-Q", instance_id, "-n", f"{instance_id}@%h", "--pool", "threads",
+            "--concurrency", str(settings.engine_concurrency), "-l", "INFO",
+        )
+    return commands
+
+
+@dataclass
+class Stack:
+    """Starts, watches and stops the processes of the local stack."""
+
+    settings: Settings
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.settings.api_host}:{self.settings.api_port}"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.settings.data_dir / "logs"
+
+    def start(self, names: list[str] | None = None) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for name, command in process_commands(self.settings).items():
+            if names is None or name in names:
+                self.start_process(name, command)
+
+    def start_process(self, name: str, command: list[str]) -> None:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - lives with the process
+        self.processes[name] = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
+
+    def wait_ready(self, *, num_instances: int, timeout_s: float = 180.0) -> None:
+        """Until the API is ready and `num_instances` engines publish fresh heartbeats."""
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(base_url=self.api_url, timeout=5) as client:
+            while time.monotonic() < deadline:
+                self.check_alive()
+                if _ready(client) and _alive_instances(client) >= num_instances:
+                    return
+                time.sleep(0.5)
+        raise StackError(f"stack not ready after {timeout_s:.0f} s; logs in {self.log_dir}")
+
+    def check_alive(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                raise StackError(
+                    f"process '{name}' exited with code {process.returncode}; "
+                    f"see {self.log_dir / (name + '.log')}"
+                )
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        self.processes[name].send_signal(sig)
+        self.processes[name].wait(timeout=30)
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """SIGTERM (Celery's warm shutdown) to all, then SIGKILL what is left after the timeout."""
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        self.processes.clear()
+
+
+def _ready(client: httpx.Client) -> bool:
+    try:
+        return client.get("/readyz").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _alive_instances(client: httpx.Client) -> int:
+    try:
+        data = client.get("/v1/instances").json()["data"]
+    except (httpx.HTTPError, KeyError, ValueError):
+        return 0
+    return sum(1 for instance in data if instance["alive"])
