@@ -74,7 +74,12 @@ class Settings(BaseSettings):
     )
     max_num_seqs: int = Field(48, gt=0, description="vLLM max_num_seqs per instance.")
     max_num_batched_tokens: int = Field(512, gt=0, description="vLLM per-step token budget.")
-    block_size: int = Field(16, gt=0, description="KV-cache block size in tokens.")
+    block_size: int | None = Field(
+        None,
+        gt=0,
+        description="KV-cache block size in tokens. Unset: vLLM's platform default (16 on GPUs, "
+        "128 on CPUs; vLLM's CPU backend takes only multiples of 32).",
+    )
     kv_cache_gib: float = Field(1.0, gt=0, description="KV-cache size per CPU engine in GiB.")
     engine_threads: int = Field(1, gt=0, description="Torch threads per CPU engine.")
     engine_concurrency: int = Field(

@@ -45,7 +45,6 @@ def create_celery(settings: Settings) -> Celery:
         task_reject_on_worker_lost=True,
         task_default_priority=0,
         worker_prefetch_multiplier=1,
-        worker_hijack_root_logger=False,
         task_routes={
             "predict.*": {"queue": QUEUE_PREDICT},
             "route.*": {"queue": QUEUE_ROUTE},

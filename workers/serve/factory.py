@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from app.settings import Settings
 from workers import runtime
+from workers.serve.engine import Engine, EngineListener
 from workers.serve.host import EngineHost
 
 __all__ = ["build_engine_host"]
@@ -14,19 +15,17 @@ def build_engine_host(instance_id: str, settings: Settings) -> EngineHost:
         raise SystemExit(f"engine kind {settings.engine_kind!r} is not available yet")
     from workers.serve.vllm_engine import VllmEngine, VllmEngineConfig  # noqa: PLC0415 - heavy
 
-    host_ref: list[EngineHost] = []
-    engine = VllmEngine(
-        VllmEngineConfig(
-            model=str(settings.resolved_model_path),
-            max_num_seqs=settings.max_num_seqs,
-            max_num_batched_tokens=settings.max_num_batched_tokens,
-            max_model_len=settings.max_model_len,
-            block_size=settings.block_size,
-            kv_cache_gib=settings.kv_cache_gib,
-            num_threads=settings.engine_threads,
-        ),
-        on_step=lambda sample: host_ref[0].on_step(sample),
+    config = VllmEngineConfig(
+        model=str(settings.resolved_model_path),
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_model_len=settings.max_model_len,
+        block_size=settings.block_size,
+        kv_cache_gib=settings.kv_cache_gib,
+        num_threads=settings.engine_threads,
     )
-    host = EngineHost(instance_id, engine, runtime.get())
-    host_ref.append(host)
-    return host
+
+    def make_engine(listener: EngineListener) -> Engine:
+        return VllmEngine(config, listener=listener)
+
+    return EngineHost(instance_id, make_engine, runtime.get())

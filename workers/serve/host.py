@@ -14,6 +14,7 @@ import logging
 import threading
 from collections import deque
 from datetime import UTC, datetime
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import insert
@@ -30,7 +31,13 @@ from app.models import (
 )
 from workers.predict.history import LengthHistory
 from workers.runtime import Runtime, current_celery
-from workers.serve.engine import Engine, GenerationRequest, GenerationResult, StepSample
+from workers.serve.engine import (
+    Engine,
+    EngineListener,
+    GenerationRequest,
+    GenerationResult,
+    StepSample,
+)
 
 __all__ = ["EngineHost"]
 
@@ -41,12 +48,14 @@ def _at(unix_s: float | None) -> datetime | None:
     return None if unix_s is None else datetime.fromtimestamp(unix_s, UTC)
 
 
-class EngineHost:
-    """Owns the engine of one instance and everything it reports."""
+class EngineHost(EngineListener):
+    """Owns the engine of one instance and everything it reports (it is the engine's listener)."""
 
-    def __init__(self, instance_id: str, engine: Engine, runtime: Runtime) -> None:
+    def __init__(
+        self, instance_id: str, make_engine: Callable[[EngineListener], Engine], runtime: Runtime
+    ) -> None:
         self.instance_id = instance_id
-        self.engine = engine
+        self.engine = make_engine(self)
         self.rt = runtime
         self._samples: deque[StepSample] = deque(maxlen=100_000)
         self._stop = threading.Event()

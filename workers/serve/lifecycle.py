@@ -19,7 +19,7 @@ __all__ = ["current_host", "engine_queue", "NotAnEngineWorker"]
 logger = logging.getLogger(__name__)
 
 ENGINE_QUEUE_PREFIX = "gpu."
-_THREAD_POOLS = {"threads", "solo"}
+_THREAD_POOLS = {"threads", "thread", "solo"}
 
 _queue: str | None = None
 _host: Any = None  # workers.serve.host.EngineHost once started
@@ -45,24 +45,32 @@ def _note_queue(sender: Any = None, conf: Any = None, options: Any = None, **_: 
     raw = (options or {}).get("queues") or []
     queues = raw.split(",") if isinstance(raw, str) else list(raw)
     _queue = engine_queue(queues)
-    if _queue is not None and (options or {}).get("pool") not in _THREAD_POOLS:
-        raise SystemExit(
-            "an engine worker must run with --pool threads (the engine lives in the worker "
-            "process and every task thread feeds it)"
-        )
 
 
 @worker_init.connect
-def _start_engine(**_: Any) -> None:
+def _start_engine(sender: Any = None, **_: Any) -> None:
     global _host
     if _queue is None:
         return
+    pool = getattr(sender, "pool_cls", "")
+    pool_name = pool if isinstance(pool, str) else pool.__module__
+    if pool_name.rsplit(".", 1)[-1] not in _THREAD_POOLS:
+        raise SystemExit(
+            f"an engine worker must run with --pool threads, not {pool_name!r}: the engine "
+            "lives in the worker process and every task thread feeds it"
+        )
     from workers import runtime  # noqa: PLC0415 - the lifecycle module must stay light
     from workers.serve.factory import build_engine_host  # noqa: PLC0415 - idem
 
     settings: Settings = runtime.get().settings
-    _host = build_engine_host(_queue, settings)
-    _host.start()
+    try:
+        _host = build_engine_host(_queue, settings)
+        _host.start()
+    except Exception as exc:
+        # NOTE: Celery's signal dispatch logs and swallows exceptions; a worker whose engine
+        # failed must not go on consuming its queue, so exit instead.
+        logger.exception("engine for %s failed to start", _queue)
+        raise SystemExit(f"engine for {_queue} failed to start: {exc}") from exc
 
 
 @worker_shutting_down.connect

@@ -1,0 +1,176 @@
+"""What an engine worker needs from an inference engine, whatever the engine (vLLM or emulated).
+
+Plain data crosses this boundary: a `GenerationRequest` goes in, a `Future` of a
+`GenerationResult` comes out, and `snapshot()` tells the router what the engine holds right now.
+An engine owns its own thread; every method here may be called from any thread, and callbacks on
+an `EngineListener` run on the engine's thread, so they must be quick and must not block.
+
+Nothing here imports vLLM: the emulated engine, the router and tests use these types without it.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+__all__ = [
+    "FinishReason",
+    "GenerationRequest",
+    "GenerationResult",
+    "RequestState",
+    "EngineSnapshot",
+    "StepSample",
+    "EngineListener",
+    "Engine",
+    "EngineStopped",
+    "RequestRejected",
+    "GenerationFailed",
+]
+
+#: "stop": EOS or a stop string; "length": hit max_tokens (or max_model_len);
+#: "abort": aborted through `Engine.abort`.
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class EngineStopped(Exception):
+    """The engine was stopped (or never started): the request cannot run on it.
+
+    Raised by `Engine.submit` after `Engine.stop`, and set on the futures of requests that
+    were still pending when the engine stopped. A task that sees it should let the request be
+    routed again rather than fail it.
+    """
+
+
+class RequestRejected(ValueError):
+    """The engine refused the request as invalid (e.g. its prompt exceeds max_model_len).
+
+    Set on the request's future; running it again, anywhere, fails the same way.
+    """
+
+
+class GenerationFailed(Exception):
+    """The engine failed one request internally; the engine itself goes on.
+
+    Set on the request's future; running it again may succeed.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One generation to run; the engine's unit of work."""
+
+    request_id: str  # unique per request across the platform; the engine's dedup key
+    prompt: str  # already rendered text (the chat template is applied upstream)
+    max_tokens: int  # upper bound on output tokens
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None  # per-request sampling seed, for reproducible outputs
+    stop: tuple[str, ...] = ()  # stop strings; not included in the output text
+    priority: int = 0  # lower runs first (0 interactive, 1 batch); honoured inside the engine
+    predicted_output_tokens: int | None = None  # the length predictor's guess, for snapshots
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    """A finished (or aborted) generation."""
+
+    request_id: str
+    output_text: str  # everything generated (for "abort": what was generated until then)
+    num_prompt_tokens: int  # as the engine's tokenizer counts them (special tokens included)
+    num_output_tokens: int
+    finish_reason: FinishReason  # "stop" | "length" | "abort"
+    admitted_at: float  # time.time() when handed to the engine (`Engine.submit`)
+    first_token_at: float | None  # time.time() of the first output token; None if none came
+    finished_at: float  # time.time() when the result was made
+
+
+@dataclass(frozen=True, slots=True)
+class RequestState:
+    """One in-flight request as the engine sees it."""
+
+    request_id: str
+    num_prompt_tokens: int  # 0 until the engine has tokenized the prompt
+    num_computed_tokens: int  # tokens whose KV is in the cache: best available estimate
+    num_output_tokens: int  # tokens generated so far
+    predicted_output_tokens: int | None  # copied from the request
+    is_running: bool  # False = waiting (not yet scheduled, or preempted)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """What an engine holds at one moment: what routing policies and the simulator read."""
+
+    engine_kind: str  # "vllm" or "emulated"
+    model: str  # the served model (its path or name)
+    num_running: int  # requests in the running batch
+    num_waiting: int  # requests queued in the engine, not yet scheduled (or preempted)
+    num_total_blocks: int  # KV-cache blocks the engine has
+    num_free_blocks: int  # of those, not in use
+    block_size: int  # tokens per KV-cache block
+    max_num_seqs: int  # most requests in one batch
+    max_num_batched_tokens: int  # token budget of one step (chunked prefill)
+    max_model_len: int  # most tokens (prompt + output) in one request
+    requests: tuple[RequestState, ...]  # every request submitted and not yet finished
+    taken_at: float  # time.time() of the snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One engine step, for fitting the execution-time model."""
+
+    at: float  # time.time() when the step ended
+    duration_ms: float  # wall time of the step
+    num_seqs: int  # requests that computed tokens in this step
+    num_prefill_tokens: int  # prompt tokens computed (all prefill chunks of the step)
+    num_decode_tokens: int  # decode tokens computed (one per decoding request)
+    num_running: int  # running requests after the step
+    num_waiting: int  # waiting requests after the step
+    kv_cache_usage: float  # fraction of KV-cache blocks in use after the step, 0..1
+
+
+class EngineListener:
+    """Hooks an engine calls on its own thread; override the ones you need.
+
+    NOTE: they run inside the engine loop, between two steps: anything slow here (network,
+    database) stalls every request in the batch. Hand the data to another thread instead.
+    An exception raised here is logged by the engine and does not stop it.
+    """
+
+    def on_first_token(self, request_id: str, at: float) -> None:
+        """The request produced its first output token at `at` (time.time())."""
+
+    def on_tokens(self, request_id: str, delta_text: str) -> None:
+        """New output text of a request, in order; for streaming."""
+
+    def on_step(self, sample: StepSample) -> None:
+        """One engine step ran."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """An inference engine hosted in the worker process, batching every request it holds."""
+
+    def start(self) -> None:
+        """Build the engine and start its thread; return once it is ready, or raise."""
+        ...
+
+    def stop(self) -> None:
+        """Stop the thread and release the engine; pending futures fail with `EngineStopped`."""
+        ...
+
+    def submit(self, request: GenerationRequest) -> Future[GenerationResult]:
+        """Hand a request to the engine and return at once.
+
+        A request whose id is already in flight is not started again: the same future is
+        returned (a redelivered task must not start a second generation).
+        """
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request; its future resolves with finish_reason "abort". Unknown ids: no-op."""
+        ...
+
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's current state; cheap and thread-safe."""
+        ...

