@@ -20,7 +20,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     logging.basicConfig(level=settings.log_level)
     app = Flask(__name__)
     app.config.update(MAX_CONTENT_LENGTH=settings.max_request_bytes, JSON_SORT_KEYS=False)
-    app.extensions["blockq"] = Services.build(settings)
+    app.extensions["blockq"] = services = Services.build(settings)
+    services.prompts.warm_up()
     errors.init_app(app)
     for blueprint in (requests.bp, instances.bp, health.bp):
         app.register_blueprint(blueprint)

@@ -2,30 +2,33 @@
 
 from __future__ import annotations
 
-import threading
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 __all__ = ["PromptCodec"]
 
 
+@lru_cache(maxsize=4)
+def _load_tokenizer(model_path: str) -> Any:
+    from transformers import AutoTokenizer  # noqa: PLC0415 - heavy; only processes that count
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
 class PromptCodec:
-    """Loads the tokenizer on first use (transformers is slow to import), then is thread-safe."""
+    """The tokenizer of one model directory, loaded once per process and shared (thread-safe)."""
 
     def __init__(self, model_path: Path) -> None:
         self.model_path = model_path
-        self._tokenizer: Any = None
-        self._lock = threading.Lock()
 
     @property
     def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            with self._lock:
-                if self._tokenizer is None:
-                    from transformers import AutoTokenizer  # NOTE: heavy; loaded on first use
+        return _load_tokenizer(str(self.model_path))
 
-                    self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
-        return self._tokenizer
+    def warm_up(self) -> None:
+        """Load now rather than in the first request (it takes seconds)."""
+        _ = self.tokenizer
 
     def render(self, messages: list[dict[str, str]]) -> str:
         """Messages as the prompt text the engine receives, with the model's chat template."""

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     by_source = Counter(s["source"] for s in samples)
     max_tokens = sorted(s["max_tokens"] for s in samples)
     print(f"wrote {len(samples)} prompts to {args.out}")
-    print(f"{"source":<52} {"prompts":>7}")
+    print(f"{'source':<52} {'prompts':>7}")
     for source, n in sorted(by_source.items()):
         print(f"{source:<52} {n:>7}")
     print(f"max_tokens min/p50/p90/max: {max_tokens[0]}/{max_tokens[len(max_tokens) // 2]}/"

@@ -17,7 +17,9 @@ from datetime import UTC, datetime
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from sqlalchemy import insert
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app import dispatch, store
@@ -101,8 +103,14 @@ class EngineHost(EngineListener):
                 raise  # shutting down: leave the message unacknowledged for a retry
             self._fail(request_id, exc)
             return
-        if result.finish_reason != "abort":
+        if result.finish_reason == "abort":
+            return  # cancelled: the cancel already wrote the terminal status
+        try:
             self._complete(result)
+        except (OperationalError, redis.ConnectionError):
+            raise  # transient: the task retries, and the engine returns the same result
+        except Exception as exc:  # noqa: BLE001 - anything else must not strand the request
+            self._fail(request_id, exc)
 
     def _admit(self, request_id: str, attempt: int) -> GenerationRequest | None:
         ours = [InferenceRequest.instance_id == self.instance_id, InferenceRequest.attempt == attempt]
@@ -144,7 +152,7 @@ class EngineHost(EngineListener):
                 RequestStatus.SUCCEEDED,
                 allowed_from=store.ACTIVE_STATUSES,
                 detail=f"finished on {self.instance_id}",
-                output_text=result.output_text,
+                output_text=_storable(result.output_text),
                 output_tokens=result.num_output_tokens,
                 finish_reason=result.finish_reason,
                 first_token_at=_at(result.first_token_at),
@@ -238,6 +246,11 @@ class EngineHost(EngineListener):
                     last_seen_at=now,
                 )
             )
+
+
+def _storable(text: str) -> str:
+    """Text as every database stores it: PostgreSQL text cannot hold NUL characters."""
+    return text.replace("\x00", "\ufffd")
 
 
 def _webhook_url(session: Session, request_id: str) -> str | None:

@@ -1,0 +1,186 @@
+"""What-if predictions: the event-driven engine against the step-by-step reference, and sense."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from workers.sim import (BatchStats, ExecModel, InstanceConfig, InstanceSnapshot, OverrunPolicy,
+                         SimRequest, WhatIf, bundled_model, predict_what_if,
+                         predict_what_if_prepared, predict_what_if_stepwise, prepare,
+                         snapshot_from_dict, target_output_tokens)
+
+from .cases import random_case
+
+A30_QWEN = InstanceConfig(num_total_blocks=7289, block_size=16, max_num_seqs=48,
+                          max_num_batched_tokens=512, max_model_len=4096)
+
+
+def assert_same(fast: WhatIf, reference: WhatIf) -> None:
+    assert (fast.num_steps, fast.num_preemptions) == (reference.num_steps,
+                                                      reference.num_preemptions)
+    for name in ("ttft_s", "e2e_s", "queueing_s", "delay_to_others_s"):
+        assert math.isclose(getattr(fast, name), getattr(reference, name),
+                            rel_tol=1e-9, abs_tol=1e-9), name
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_event_driven_equals_step_by_step_on_random_snapshots(seed: int,
+                                                              toy_model: ExecModel) -> None:
+    rng = random.Random(seed)
+    for _ in range(40):
+        snapshot, new = random_case(rng)
+        assert_same(predict_what_if(snapshot, new, toy_model),
+                    predict_what_if_stepwise(snapshot, new, toy_model))
+
+
+def sharegpt_like_case(rng: random.Random, num_running: int, config: InstanceConfig,
+                       ) -> tuple[InstanceSnapshot, SimRequest]:
+    """A busy large instance with heavy-tailed lengths (lognormal, like ShareGPT)."""
+    def lengths() -> tuple[int, int]:
+        prompt = min(int(rng.lognormvariate(5.0, 1.0)) + 1, 2000)
+        return prompt, min(int(rng.lognormvariate(5.3, 0.9)) + 1, 4000 - prompt)
+
+    requests, held = [], 0
+    for i in range(num_running):
+        prompt, output = lengths()
+        generated = rng.randrange(output)
+        computed = prompt + generated - 1 if generated else rng.randrange(prompt)
+        if held + -(-computed // config.block_size) > config.num_usable_blocks:
+            break
+        held += -(-computed // config.block_size)
+        requests.append(SimRequest(f"r{i}", prompt, computed, generated,
+                                   round(output * rng.uniform(0.7, 1.3)), True))
+    for i in range(num_running // 4):
+        prompt, output = lengths()
+        requests.append(SimRequest(f"w{i}", prompt, 0, 0, output, False))
+    prompt, output = lengths()
+    snapshot = InstanceSnapshot(config, config.num_usable_blocks - held, tuple(requests))
+    return snapshot, SimRequest("new", prompt, predicted_output_tokens=output)
+
+
+@pytest.mark.parametrize("num_blocks", [7289, 600])
+def test_event_driven_equals_step_by_step_on_busy_a30_instances(num_blocks: int) -> None:
+    model = bundled_model("qwen2-7b-a30")
+    config = InstanceConfig(**{**_fields(A30_QWEN), "num_total_blocks": num_blocks})
+    rng = random.Random(num_blocks)
+    preemptions = 0
+    for num_running in (8, 24, 48, 48):
+        snapshot, new = sharegpt_like_case(rng, num_running, config)
+        fast = predict_what_if(snapshot, new, model)
+        assert_same(fast, predict_what_if_stepwise(snapshot, new, model))
+        preemptions += fast.num_preemptions
+    if num_blocks == 600:
+        assert preemptions > 0  # the small cache exercises preemption
+
+
+def test_a_prepared_snapshot_answers_many_new_requests(toy_model: ExecModel) -> None:
+    snapshot, _ = sharegpt_like_case(random.Random(3), 24, A30_QWEN)
+    instance = prepare(snapshot)
+    for prompt, output in [(10, 5), (500, 300), (3000, 1000)]:
+        new = SimRequest("new", prompt, predicted_output_tokens=output)
+        assert predict_what_if_prepared(instance, new, toy_model) == predict_what_if(
+            snapshot, new, toy_model)
+
+
+def test_idle_instance_timeline_by_hand(toy_model: ExecModel) -> None:
+    snapshot = InstanceSnapshot(A30_QWEN, A30_QWEN.num_usable_blocks)
+    result = predict_what_if(snapshot, SimRequest("new", 100, predicted_output_tokens=3),
+                             toy_model)
+    prefill = toy_model.step_ms(BatchStats(100, 0, 1, 0, 0, 100 * 100)) / 1000
+    decodes = [toy_model.step_ms(BatchStats(num_decode_seqs=1, decode_context_tokens=n)) / 1000
+               for n in (101, 102)]
+    assert result.queueing_s == 0.0
+    assert result.ttft_s == pytest.approx(prefill)
+    assert result.e2e_s == pytest.approx(prefill + sum(decodes))
+    assert result.delay_to_others_s == 0.0
+    assert result.num_steps == 3
+
+
+def test_a_full_batch_makes_the_new_request_queue(toy_model: ExecModel) -> None:
+    config = InstanceConfig(**{**_fields(A30_QWEN), "max_num_seqs": 2})
+    busy = (SimRequest("r0", 50, 59, 10, 40, True), SimRequest("r1", 50, 59, 10, 60, True))
+    snapshot = InstanceSnapshot(config, config.num_usable_blocks - 8, busy)
+    result = predict_what_if(snapshot, SimRequest("new", 10, predicted_output_tokens=5),
+                             toy_model)
+    # It starts when r0 has produced its 30 remaining tokens.
+    assert result.num_steps == 30 + 5
+    assert result.queueing_s > 0 and result.ttft_s > result.queueing_s
+    assert result.delay_to_others_s > 0  # r1 shares steps with it
+
+
+def test_more_load_means_later_completion(toy_model: ExecModel) -> None:
+    rng = random.Random(7)
+    light, _ = sharegpt_like_case(rng, 8, A30_QWEN)
+    heavy, _ = sharegpt_like_case(rng, 48, A30_QWEN)
+    new = SimRequest("new", 300, predicted_output_tokens=200)
+    assert (predict_what_if(light, new, toy_model).e2e_s
+            < predict_what_if(heavy, new, toy_model).e2e_s)
+
+
+def test_prefix_caching_reduces_ttft(toy_model: ExecModel) -> None:
+    cached = InstanceConfig(**{**_fields(A30_QWEN), "enable_prefix_caching": True})
+    busy = tuple(SimRequest(f"r{i}", 1000, 1000 + 4, 5, 100, True) for i in range(4))
+    snapshot = InstanceSnapshot(cached, cached.num_usable_blocks - 4 * 63, busy)
+    cold = SimRequest("new", 2000, predicted_output_tokens=10)
+    warm = SimRequest("new", 2000, predicted_output_tokens=10, num_cached_tokens=1800)
+    cold_ttft = predict_what_if(snapshot, cold, toy_model).ttft_s
+    assert predict_what_if(snapshot, warm, toy_model).ttft_s < 0.5 * cold_ttft
+    no_cache = InstanceSnapshot(A30_QWEN, snapshot.num_free_blocks, busy)
+    assert predict_what_if(no_cache, warm, toy_model).ttft_s == pytest.approx(
+        predict_what_if(no_cache, cold, toy_model).ttft_s)
+
+
+def test_requests_past_their_prediction_get_a_margin_not_a_negative_length() -> None:
+    config = A30_QWEN
+    overrun = OverrunPolicy(margin_fraction=0.25, min_margin_tokens=8)
+    on_track = SimRequest("a", 100, 139, 40, predicted_output_tokens=60, is_running=True)
+    outran = SimRequest("b", 100, 199, 100, predicted_output_tokens=60, is_running=True)
+    barely = SimRequest("c", 100, 109, 10, predicted_output_tokens=10, is_running=True)
+    unknown = SimRequest("d", 100, 149, 50, predicted_output_tokens=None, is_running=True)
+    capped = SimRequest("e", 4000, 4089, 90, predicted_output_tokens=500, is_running=True)
+    assert target_output_tokens(on_track, config, overrun) == 60
+    assert target_output_tokens(outran, config, overrun) == 125
+    assert target_output_tokens(barely, config, overrun) == 18
+    assert target_output_tokens(unknown, config, overrun) == 63
+    assert target_output_tokens(capped, config, overrun) == 96
+
+
+def test_snapshot_from_dict_reads_the_published_form(toy_model: ExecModel) -> None:
+    data = {
+        "num_total_blocks": 7289, "num_free_blocks": 7000, "block_size": 16,
+        "max_num_seqs": 48, "max_num_batched_tokens": 512, "max_model_len": 4096,
+        "requests": [
+            {"request_id": "a", "num_prompt_tokens": 300, "num_computed_tokens": 310,
+             "num_output_tokens": 11, "predicted_output_tokens": 200, "is_running": True},
+            {"request_id": "b", "num_prompt_tokens": 50, "num_computed_tokens": 0,
+             "num_output_tokens": 0, "predicted_output_tokens": None, "is_running": False},
+        ],
+    }
+    snapshot = snapshot_from_dict(data, enable_prefix_caching=True)
+    assert snapshot.config.enable_prefix_caching and snapshot.num_free_blocks == 7000
+    assert [r.request_id for r in snapshot.running] == ["a"]
+    assert snapshot.waiting[0].predicted_output_tokens is None
+    result = predict_what_if(snapshot, SimRequest("new", 20, predicted_output_tokens=5),
+                             toy_model)
+    assert 0 < result.ttft_s < result.e2e_s
+
+
+def test_misuse_is_rejected(toy_model: ExecModel) -> None:
+    snapshot = InstanceSnapshot(A30_QWEN, 7288, (SimRequest("a", 10, 0, 0, 5, False),))
+    with pytest.raises(ValueError, match="predicted output length"):
+        predict_what_if(snapshot, SimRequest("new", 10), toy_model)
+    with pytest.raises(ValueError, match="already in the snapshot"):
+        predict_what_if(snapshot, SimRequest("a", 10, predicted_output_tokens=3), toy_model)
+    with pytest.raises(ValueError, match="max_model_len"):
+        predict_what_if(snapshot, SimRequest("new", 4096, predicted_output_tokens=3), toy_model)
+    with pytest.raises(ValueError, match="num_free_blocks"):
+        InstanceSnapshot(A30_QWEN, 7289)  # one block is vLLM's null block
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        InstanceConfig(100, 16, 64, 32, 1024)
+
+
+def _fields(config: InstanceConfig) -> dict:
+    return {f: getattr(config, f) for f in config.__dataclass_fields__}

@@ -1,0 +1,41 @@
+"""Instance simulator: vLLM scheduling model, execution-time model, what-if predictions (pure)."""
+
+from .block_pool import BlockPool
+from .exec_model import (BatchStats, ExecModel, bundled_model, bundled_model_names,
+                         fit_from_step_samples, step_sample)
+from .profiling import AttentionScale, fit_from_vidur_profile
+from .scheduler import Scheduler, SchedulerOutput, SeqState, SeqStatus, StepResult
+from .snapshot import (InstanceConfig, InstanceSnapshot, OverrunPolicy, PreparedInstance,
+                       SeqSpec, SimRequest, prepare, snapshot_from_dict, target_output_tokens)
+from .result import WhatIf
+from .whatif import predict_what_if, predict_what_if_prepared, predict_what_if_stepwise
+
+__all__ = [
+    "AttentionScale",
+    "BatchStats",
+    "BlockPool",
+    "ExecModel",
+    "InstanceConfig",
+    "InstanceSnapshot",
+    "OverrunPolicy",
+    "PreparedInstance",
+    "Scheduler",
+    "SchedulerOutput",
+    "SeqSpec",
+    "SeqState",
+    "SeqStatus",
+    "SimRequest",
+    "StepResult",
+    "WhatIf",
+    "bundled_model",
+    "bundled_model_names",
+    "fit_from_step_samples",
+    "fit_from_vidur_profile",
+    "predict_what_if",
+    "predict_what_if_prepared",
+    "predict_what_if_stepwise",
+    "prepare",
+    "snapshot_from_dict",
+    "step_sample",
+    "target_output_tokens",
+]

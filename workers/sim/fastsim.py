@@ -1,0 +1,434 @@
+"""Event-driven replay of the vLLM scheduler: jumps over stable decode phases.
+
+The step-by-step `Scheduler` costs O(running requests) per engine step and a
+what-if needs hundreds of steps. This engine gives the same schedule (tests
+compare the two on random snapshots) at the cost of O(1) per stable decode step
+and O(changed requests) per other step:
+
+* Decodes are kept implicitly. A decoding sequence gains one token per step, so
+  it is stored as an anchor (step, length) and its state at any later step is
+  derived. Per step the decode batch needs ``count[step % block_size]`` new
+  blocks (a sequence needs one when its length crosses a block boundary), its
+  context is ``sum(anchor lengths - anchor steps) + num_decodes * step``, and
+  finish steps sit in a heap.
+* While nothing but decodes runs and no waiting request can be admitted, every
+  step has the same shape until the next event: a request finishes, or the
+  blocks run out (preemption). The engine finds that step directly and sums the
+  step times in closed form (`ExecModel.sum_decode_steps_ms`).
+* Other steps (prefill chunks, admissions, preemptions) run one by one, touching
+  only the prefilling requests unless a decode must be preempted.
+
+It relies on the shape vLLM's running list always has: decodes first, then the
+requests still prefilling (see `snapshot.prepare`), and on every running decode
+fitting in each step's token budget (``max_num_batched_tokens >= max_num_seqs``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from .block_pool import BlockPool
+from .exec_model import ExecModel
+from .result import WhatIf
+from .snapshot import PreparedInstance, SeqSpec
+
+__all__ = ["FastSim"]
+
+#: Guard against a schedule that never makes progress (an invariant, not a limit).
+MAX_ITERATIONS = 10_000_000
+
+
+class _Seq:
+    """Mutable per-request state; decodes keep only their anchor up to date."""
+
+    __slots__ = ("request_id", "num_prompt_tokens", "max_output_tokens", "num_output_tokens",
+                 "num_computed_tokens", "num_shared_blocks", "num_owned_blocks", "is_target",
+                 "is_decoding", "anchor_step", "anchor_tokens", "residue", "serial")
+
+    def __init__(self, spec: SeqSpec) -> None:
+        self.request_id = spec.request_id
+        self.num_prompt_tokens = spec.num_prompt_tokens
+        self.max_output_tokens = spec.max_output_tokens
+        self.num_output_tokens = spec.num_output_tokens
+        self.num_computed_tokens = spec.num_computed_tokens
+        self.num_shared_blocks = spec.num_shared_blocks
+        self.num_owned_blocks = spec.num_owned_blocks
+        self.is_target = spec.is_target
+        self.is_decoding = False
+        self.anchor_step = self.anchor_tokens = self.residue = 0
+        self.serial = -1  # identifies the current decode anchor in the finish heap
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class FastSim:
+    """One what-if run: load a prepared instance and the target, run until it finishes."""
+
+    def __init__(self, instance: PreparedInstance, target: SeqSpec,
+                 exec_model: ExecModel) -> None:
+        config = instance.config
+        self.exec_model = exec_model
+        self.block_size = config.block_size
+        self.max_num_seqs = config.max_num_seqs
+        self.token_budget = config.max_num_batched_tokens
+        self.num_usable_blocks = config.num_usable_blocks
+        self.watermark_blocks = config.num_watermark_blocks
+        self.prefix_caching = config.enable_prefix_caching
+        self.reserve_full_input = config.reserve_full_input
+        self.pool = BlockPool(instance.num_free_blocks, track_owners=config.enable_prefix_caching)
+        # Running: decodes are running[:num_decoding], prefills follow.
+        self.running: list[_Seq] = []
+        self.target = _Seq(target)
+        self.waiting: deque[_Seq] = deque(_Seq(s) for s in instance.waiting)
+        self.waiting.append(self.target)
+        self.num_decoding = 0
+        self.residue_counts = [0] * config.block_size
+        self.decode_tokens_base = 0  # sum of (anchor_tokens - anchor_step) over decodes
+        self.finish_heap: list[tuple[int, int, _Seq]] = []
+        self.next_serial = 0
+        self.step = 0
+        self.now_s = 0.0
+        self.num_unfinished = len(instance.running) + len(self.waiting)
+        self.num_preemptions = 0
+        self.ttft_s: float | None = None
+        self.queueing_s: float | None = None
+        self.e2e_s: float | None = None
+        self.delay_to_others_s = 0.0
+        for spec in instance.running:
+            seq = _Seq(spec)
+            self.running.append(seq)
+            if not spec.is_prefilling:
+                self._start_decoding(seq, 0)
+
+    # -- driver -------------------------------------------------------------------------
+    def run(self) -> WhatIf:
+        """Simulate until the target request produces its last token."""
+        for _ in range(MAX_ITERATIONS):
+            if self.e2e_s is not None:
+                break
+            if not self._fast_forward():
+                self._single_step()
+        else:  # pragma: no cover - invariant
+            raise AssertionError("simulation made no progress")
+        assert self.ttft_s is not None and self.queueing_s is not None
+        return WhatIf(self.ttft_s, self.e2e_s, self.queueing_s, self.delay_to_others_s,
+                      self.step, self.num_preemptions)
+
+    # -- implicit decodes -----------------------------------------------------------------
+    def _start_decoding(self, seq: _Seq, step: int) -> None:
+        """Anchor `seq` as a decode from `step` on (it must be running[num_decoding])."""
+        assert self.running[self.num_decoding] is seq
+        num_tokens = seq.num_prompt_tokens + seq.num_output_tokens
+        seq.is_decoding = True
+        seq.anchor_step = step
+        seq.anchor_tokens = num_tokens
+        # A decode needs a new block when its length before the step is a multiple
+        # of the block size, i.e. on steps congruent to this residue.
+        seq.residue = (step - num_tokens + 1) % self.block_size
+        finish_step = step + seq.max_output_tokens - seq.num_output_tokens - 1
+        self.next_serial += 1
+        seq.serial = self.next_serial
+        self.residue_counts[seq.residue] += 1
+        self.decode_tokens_base += num_tokens - step
+        self.num_decoding += 1
+        heapq.heappush(self.finish_heap, (finish_step, seq.serial, seq))
+
+    def _stop_decoding(self, seq: _Seq, num_tokens: int) -> None:
+        """Turn `seq` back into an explicit sequence whose tokens all but one are computed."""
+        seq.is_decoding = False
+        seq.serial = -1
+        seq.num_output_tokens = num_tokens - seq.num_prompt_tokens
+        seq.num_computed_tokens = num_tokens - 1
+        self.residue_counts[seq.residue] -= 1
+        self.decode_tokens_base -= seq.anchor_tokens - seq.anchor_step
+        self.num_decoding -= 1
+
+    def _decode_tokens_at(self, seq: _Seq, step: int) -> int:
+        return seq.anchor_tokens + step - seq.anchor_step
+
+    def _next_finish_step(self) -> int:
+        heap = self.finish_heap
+        while heap[0][2].serial != heap[0][1]:
+            heapq.heappop(heap)
+        return heap[0][0]
+
+    # -- stable decode phases -------------------------------------------------------------
+    def _fast_forward(self) -> bool:
+        """Jump over decode-only steps up to the next event; False if none can be skipped."""
+        num_decoding = self.num_decoding
+        if not num_decoding or len(self.running) != num_decoding:
+            return False
+        step = self.step
+        num_free = self.pool.num_free
+        first_need = self.residue_counts[step % self.block_size]
+        if first_need > num_free or self._admission_possible(num_free - first_need):
+            return False
+        max_steps = self._next_finish_step() - step + 1
+        if self._head_reuse_may_grow():
+            max_steps = 1
+        num_steps, num_blocks = self._steps_within(num_free, max_steps)
+        self._advance_decodes(num_steps, num_blocks)
+        return True
+
+    def _admission_possible(self, num_free: int) -> bool:
+        if not self.waiting or len(self.running) >= self.max_num_seqs:
+            return False
+        budget = self.token_budget - self.num_decoding
+        return budget > 0 and self._admission_plan(self.waiting[0], budget, num_free) is not None
+
+    def _head_reuse_may_grow(self) -> bool:
+        # NOTE: without the full-input admission check a preempted head request
+        # needs fewer new blocks as its cached blocks are evicted, so it may become
+        # admissible while blocks shrink; step one at a time then (rare setting).
+        return (self.prefix_caching and not self.reserve_full_input and bool(self.waiting)
+                and self.pool.num_cached(self.waiting[0].request_id) > 0)
+
+    def _steps_within(self, num_free: int, max_steps: int) -> tuple[int, int]:
+        """Most decode steps (<= max_steps) whose new blocks fit in `num_free`, and the blocks.
+
+        Each decode needs exactly one block every `block_size` steps, so whole cycles
+        cost `num_decoding` blocks; only the last partial cycle is walked.
+        """
+        block_size = self.block_size
+        num_decoding = self.num_decoding
+        cycles = min(max_steps // block_size, num_free // num_decoding)
+        num_steps = cycles * block_size
+        num_blocks = cycles * num_decoding
+        counts = self.residue_counts
+        start = self.step % block_size
+        for offset in range(min(max_steps - num_steps, block_size)):
+            need = counts[(start + offset) % block_size]
+            if num_blocks + need > num_free:
+                return num_steps + offset, num_blocks
+            num_blocks += need
+        return min(max_steps, num_steps + block_size), num_blocks
+
+    def _advance_decodes(self, num_steps: int, num_blocks: int) -> None:
+        """Run `num_steps` identical decode-only steps, then retire who finished."""
+        model = self.exec_model
+        step = self.step
+        num_decoding = self.num_decoding
+        context = self.decode_tokens_base + num_decoding * step
+        duration_ms = model.sum_decode_steps_ms(num_decoding, context, num_steps)
+        target = self.target
+        if target.is_decoding and self.num_unfinished > 1:
+            marginal_ms = (model.decode_base_ms(num_decoding)
+                           - model.decode_base_ms(num_decoding - 1))
+            first_tokens = self._decode_tokens_at(target, step)
+            extra_ms = (num_steps * marginal_ms + model.decode_context_ms
+                        * (num_steps * first_tokens + num_steps * (num_steps - 1) // 2))
+            self.delay_to_others_s += extra_ms / 1000.0 * (self.num_unfinished - 1)
+        self.pool.allocate(num_blocks)
+        self.now_s += duration_ms / 1000.0
+        self.step = step + num_steps
+        self._retire_decodes(step + num_steps - 1)
+
+    def _retire_decodes(self, step: int) -> None:
+        """Finish the decodes whose last token came out of `step`."""
+        heap = self.finish_heap
+        while heap and heap[0][0] == step:
+            _, serial, seq = heapq.heappop(heap)
+            if seq.serial != serial:
+                continue
+            num_tokens = self._decode_tokens_at(seq, step)
+            self._stop_decoding(seq, num_tokens)
+            self.running.remove(seq)
+            seq.num_computed_tokens = num_tokens
+            seq.num_owned_blocks = _cdiv(num_tokens, self.block_size) - seq.num_shared_blocks
+            self._release(seq)
+            self._finished(seq)
+
+    def _release(self, seq: _Seq, owner: str | None = None) -> None:
+        """Free `seq`'s blocks; full ones stay cached (for `owner`, if given)."""
+        full = seq.num_computed_tokens // self.block_size - seq.num_shared_blocks
+        self.pool.release(seq.num_owned_blocks, min(max(full, 0), seq.num_owned_blocks), owner)
+        seq.num_owned_blocks = 0
+
+    def _finished(self, seq: _Seq) -> None:
+        self.num_unfinished -= 1
+        if seq.is_target:
+            self.e2e_s = self.now_s
+
+    # -- one explicit step ----------------------------------------------------------------
+    def _single_step(self) -> None:
+        step = self.step
+        if not self.running:
+            self._reclaim_idle_blocks()
+        preempted = self._schedule_decodes(step)
+        budget = self.token_budget - self.num_decoding
+        chunks: list[tuple[_Seq, int, int]] = []  # (seq, new tokens, computed before)
+        budget, preempted = self._schedule_prefills(budget, chunks, preempted)
+        if not preempted:
+            self._schedule_waiting(budget, chunks)
+        self._execute(step, chunks)
+        self.step = step + 1
+        self._retire_decodes(step)
+        self._update_prefills(chunks, step)
+
+    def _reclaim_idle_blocks(self) -> None:
+        missing = self.num_usable_blocks - self.pool.num_free
+        if missing > 0:
+            self.pool.free(missing, reusable=False)
+
+    def _schedule_decodes(self, step: int) -> bool:
+        """Give each decode its block; True if that took a preemption."""
+        if not self.num_decoding:
+            return False
+        block_size = self.block_size
+        pool = self.pool
+        need = self.residue_counts[step % block_size]
+        if need <= pool.num_free:
+            pool.allocate(need)
+            return False
+        # Blocks run out inside the decode batch: walk it in order, as vLLM does.
+        running = self.running
+        preempted = False
+        index = 0
+        while index < self.num_decoding:
+            seq = running[index]
+            if (self._decode_tokens_at(seq, step) - 1) % block_size == 0:
+                victim = None
+                while pool.num_free < 1:
+                    victim = running[-1]
+                    self._preempt(victim, step)
+                    preempted = True
+                    if victim is seq:
+                        break
+                if victim is seq:
+                    break
+                pool.allocate(1)
+            index += 1
+        return preempted
+
+    def _schedule_prefills(self, budget: int, chunks: list[tuple[_Seq, int, int]],
+                           preempted: bool) -> tuple[int, bool]:
+        running = self.running
+        pool = self.pool
+        block_size = self.block_size
+        index = self.num_decoding
+        while index < len(running) and budget > 0:
+            seq = running[index]
+            computed = seq.num_computed_tokens
+            num_new = min(seq.num_prompt_tokens + seq.num_output_tokens - computed, budget)
+            need = (_cdiv(computed + num_new, block_size) - seq.num_shared_blocks
+                    - seq.num_owned_blocks)
+            victim = None
+            while need > pool.num_free:
+                victim = running[-1]
+                self._preempt(victim, self.step)
+                preempted = True
+                if victim is seq:
+                    break
+            if victim is seq:
+                break
+            pool.allocate(need)
+            seq.num_owned_blocks += need
+            chunks.append((seq, num_new, computed))
+            budget -= num_new
+            index += 1
+        return budget, preempted
+
+    def _schedule_waiting(self, budget: int, chunks: list[tuple[_Seq, int, int]]) -> None:
+        waiting = self.waiting
+        while budget > 0 and waiting and len(self.running) < self.max_num_seqs:
+            plan = self._admission_plan(waiting[0], budget, self.pool.num_free)
+            if plan is None:
+                return
+            num_new, computed, reused, num_blocks = plan
+            seq = waiting.popleft()
+            if self.prefix_caching:
+                self.pool.reclaim(seq.request_id, reused)
+            self.pool.allocate(num_blocks - reused)
+            seq.num_owned_blocks = num_blocks
+            seq.num_computed_tokens = computed
+            self.running.append(seq)
+            chunks.append((seq, num_new, computed))
+            budget -= num_new
+
+    def _admission_plan(self, seq: _Seq, budget: int,
+                        num_free: int) -> tuple[int, int, int, int] | None:
+        """(new tokens, computed tokens, reused own blocks, blocks to hold) or None."""
+        block_size = self.block_size
+        num_tokens = seq.num_prompt_tokens + seq.num_output_tokens
+        shared = seq.num_shared_blocks
+        reused = 0
+        if self.prefix_caching:
+            max_hit_blocks = (num_tokens - 1) // block_size
+            reused = min(self.pool.num_cached(seq.request_id), max_hit_blocks - shared)
+        computed = (shared + reused) * block_size
+        num_new = min(num_tokens - computed, budget)
+        watermark = self.watermark_blocks if self.running else 0
+        if self.reserve_full_input and (
+                _cdiv(num_tokens, block_size) - shared + watermark > num_free):
+            return None
+        num_blocks = _cdiv(computed + num_new, block_size) - shared
+        if num_blocks + watermark > num_free:
+            return None
+        return num_new, computed, reused, num_blocks
+
+    def _preempt(self, seq: _Seq, step: int) -> None:
+        """Drop the last running request's KV and put it first in waiting."""
+        assert self.running[-1] is seq
+        self.running.pop()
+        if seq.is_decoding:
+            num_tokens = self._decode_tokens_at(seq, step)
+            self._stop_decoding(seq, num_tokens)
+            seq.num_owned_blocks = _cdiv(num_tokens - 1, self.block_size) - seq.num_shared_blocks
+        self._release(seq, seq.request_id if self.prefix_caching else None)
+        seq.num_computed_tokens = 0
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _execute(self, step: int, chunks: list[tuple[_Seq, int, int]]) -> None:
+        """Price the step, and account for the target if it ran in it."""
+        num_decodes = self.num_decoding
+        decode_context = self.decode_tokens_base + num_decodes * step
+        prefill_tokens = prefill_seqs = chunk_x_context = chunk_sq = 0
+        target_part: tuple[int, int, int, int, int, int] | None = None
+        target = self.target
+        if target.is_decoding:
+            target_part = (0, 1, 0, self._decode_tokens_at(target, step), 0, 0)
+        for seq, num_new, computed in chunks:
+            num_tokens = seq.num_prompt_tokens + seq.num_output_tokens
+            if num_new == 1 and computed == num_tokens - 1:
+                part = (0, 1, 0, num_tokens, 0, 0)
+            else:
+                part = (num_new, 0, 1, 0, num_new * computed, num_new * num_new)
+            prefill_tokens += part[0]
+            num_decodes += part[1]
+            prefill_seqs += part[2]
+            decode_context += part[3]
+            chunk_x_context += part[4]
+            chunk_sq += part[5]
+            if seq is target:
+                target_part = part
+        totals = (prefill_tokens, num_decodes, prefill_seqs, decode_context, chunk_x_context,
+                  chunk_sq)
+        duration_ms = self.exec_model.step_ms_of(*totals)
+        if target_part is not None:
+            if self.queueing_s is None:
+                self.queueing_s = self.now_s
+            if self.num_unfinished > 1:
+                rest = [a - b for a, b in zip(totals, target_part)]
+                extra_ms = duration_ms - self.exec_model.step_ms_of(*rest)
+                self.delay_to_others_s += extra_ms / 1000.0 * (self.num_unfinished - 1)
+        self.now_s += duration_ms / 1000.0
+
+    def _update_prefills(self, chunks: list[tuple[_Seq, int, int]], step: int) -> None:
+        """Advance scheduled chunks; complete prefills sample a token and start decoding."""
+        for seq, num_new, _ in chunks:
+            seq.num_computed_tokens += num_new
+            if seq.num_computed_tokens < seq.num_prompt_tokens + seq.num_output_tokens:
+                continue
+            seq.num_output_tokens += 1
+            if seq.is_target and self.ttft_s is None:
+                self.ttft_s = self.now_s
+            if seq.num_output_tokens >= seq.max_output_tokens:
+                self.running.remove(seq)
+                self._release(seq)
+                self._finished(seq)
+            else:
+                self._start_decoding(seq, step + 1)

@@ -1,0 +1,277 @@
+"""A step-by-step model of vLLM v1's scheduler: which tokens run in each engine step.
+
+One `Scheduler.schedule()` call is one forward pass, as in
+``vllm/v1/core/sched/scheduler.py``: running requests first (decodes and partial
+prefills, in running order) under the token budget, preempting the last running
+request by recompute when KV blocks run out; then, if nothing was preempted,
+waiting requests first come first served while the budget, ``max_num_seqs`` and
+the blocks (with the watermark) allow. ``update_from_output()`` then appends one
+sampled token to every request whose tokens are all computed and retires the
+finished ones. Time is not modelled here; an execution-time model prices each
+step's `BatchStats`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from enum import IntEnum
+
+from .block_pool import BlockPool
+from .exec_model import BatchStats
+from .snapshot import InstanceConfig, SeqSpec, shared_prefix_blocks
+
+__all__ = ["Scheduler", "SchedulerOutput", "SeqState", "SeqStatus", "StepResult"]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class SeqStatus(IntEnum):
+    WAITING = 0
+    PREEMPTED = 1
+    RUNNING = 2
+    FINISHED = 3
+
+
+@dataclass(slots=True, eq=False)
+class SeqState:
+    """One request inside the scheduler."""
+
+    request_id: str
+    num_prompt_tokens: int
+    #: Output length at which the request finishes.
+    max_output_tokens: int
+    num_output_tokens: int = 0
+    num_computed_tokens: int = 0
+    #: Prompt-prefix tokens cached in blocks other requests hold (prefix caching).
+    num_cached_tokens: int = 0
+    status: SeqStatus = SeqStatus.WAITING
+    #: Prefix blocks shared with other requests: held at no cost, never freed by us.
+    num_shared_blocks: int = 0
+    #: Blocks this request holds and frees when it finishes or is preempted.
+    num_owned_blocks: int = 0
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @classmethod
+    def from_spec(cls, spec: SeqSpec) -> SeqState:
+        return cls(spec.request_id, spec.num_prompt_tokens, spec.max_output_tokens,
+                   spec.num_output_tokens, spec.num_computed_tokens, spec.num_cached_tokens,
+                   num_shared_blocks=spec.num_shared_blocks,
+                   num_owned_blocks=spec.num_owned_blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    """What one step computes."""
+
+    #: Tokens scheduled per request, in schedule order.
+    num_scheduled_tokens: dict[str, int]
+    #: The batch composition, for the execution-time model.
+    stats: BatchStats
+    #: Requests preempted (back to waiting, KV dropped) while scheduling this step.
+    preempted_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """A scheduled step and its outcome."""
+
+    output: SchedulerOutput
+    #: Requests that produced one output token in this step.
+    sampled_ids: tuple[str, ...]
+    #: Requests that produced their last token in this step.
+    finished_ids: tuple[str, ...]
+
+
+class Scheduler:
+    """vLLM v1 scheduling (FCFS, chunked prefill, recompute preemption) of one instance."""
+
+    def __init__(self, config: InstanceConfig, num_free_blocks: int | None = None) -> None:
+        self.config = config
+        free = config.num_usable_blocks if num_free_blocks is None else num_free_blocks
+        self.block_pool = BlockPool(free, track_owners=config.enable_prefix_caching)
+        #: Unfinished requests by id.
+        self.requests: dict[str, SeqState] = {}
+        self.waiting: deque[SeqState] = deque()
+        self.running: list[SeqState] = []
+        self.num_preemptions = 0
+
+    # -- requests in ------------------------------------------------------------------
+    def add_request(self, seq: SeqState) -> None:
+        """Queue a request (new, or waiting in a snapshot) at the back of waiting."""
+        self._register(seq)
+        seq.status = SeqStatus.WAITING if not seq.num_output_tokens else SeqStatus.PREEMPTED
+        seq.num_computed_tokens = 0
+        seq.num_shared_blocks = shared_prefix_blocks(seq.num_prompt_tokens,
+                                                     seq.num_cached_tokens, self.config)
+        self.waiting.append(seq)
+
+    def restore_running(self, seq: SeqState) -> None:
+        """Append a request that is already running, as a snapshot shows it.
+
+        Its shared and owned blocks are as given (see `SeqSpec`); the pool's free
+        count must already exclude them.
+        """
+        self._register(seq)
+        assert seq.num_computed_tokens < seq.num_tokens, seq
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+
+    def _register(self, seq: SeqState) -> None:
+        if seq.request_id in self.requests:
+            raise ValueError(f"duplicate request id {seq.request_id!r}")
+        if seq.num_output_tokens >= seq.max_output_tokens:
+            raise ValueError(f"{seq.request_id}: already has all its output tokens")
+        self.requests[seq.request_id] = seq
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    # -- one step -----------------------------------------------------------------------
+    def step(self) -> StepResult:
+        """One engine step: schedule it, then take its output."""
+        return self.update_from_output(self.schedule())
+
+    def schedule(self) -> SchedulerOutput:
+        """Choose this step's tokens; advances ``num_computed_tokens`` like vLLM does."""
+        if not self.running:
+            self._reclaim_idle_blocks()
+        budget = self.config.max_num_batched_tokens
+        scheduled: dict[str, int] = {}
+        preempted: list[SeqState] = []
+        budget = self._schedule_running(budget, scheduled, preempted)
+        if not preempted:
+            self._schedule_waiting(budget, scheduled)
+        stats = BatchStats()
+        for request_id, num_new in scheduled.items():
+            seq = self.requests[request_id]
+            stats += BatchStats.of_chunk(num_new, seq.num_computed_tokens, seq.num_tokens)
+            seq.num_computed_tokens += num_new
+        self._check_invariants(scheduled)
+        return SchedulerOutput(scheduled, stats, tuple(s.request_id for s in preempted))
+
+    def update_from_output(self, output: SchedulerOutput) -> StepResult:
+        """Sample one token for each fully computed request; retire finished ones."""
+        sampled: list[str] = []
+        finished: list[str] = []
+        for request_id in output.num_scheduled_tokens:
+            seq = self.requests[request_id]
+            if seq.num_computed_tokens < seq.num_tokens:
+                continue  # a partial prefill samples nothing
+            seq.num_output_tokens += 1
+            sampled.append(request_id)
+            if seq.num_output_tokens >= seq.max_output_tokens:
+                self._finish(seq)
+                finished.append(request_id)
+        return StepResult(output, tuple(sampled), tuple(finished))
+
+    # -- scheduling helpers -------------------------------------------------------------
+    def _schedule_running(self, budget: int, scheduled: dict[str, int],
+                          preempted: list[SeqState]) -> int:
+        block_size = self.config.block_size
+        pool = self.block_pool
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            assert num_new > 0, seq
+            num_needed = (_cdiv(seq.num_computed_tokens + num_new, block_size)
+                          - seq.num_shared_blocks - seq.num_owned_blocks)
+            while num_needed > pool.num_free:
+                # NOTE: FCFS preempts the last running request; it is never one
+                # already scheduled this step, as those all come before `seq`.
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    return budget
+            pool.allocate(num_needed)
+            seq.num_owned_blocks += num_needed
+            scheduled[seq.request_id] = num_new
+            budget -= num_new
+            index += 1
+        return budget
+
+    def _schedule_waiting(self, budget: int, scheduled: dict[str, int]) -> None:
+        while budget > 0 and self.waiting and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            num_new = self._try_admit(seq, budget)
+            if not num_new:
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            scheduled[seq.request_id] = num_new
+            budget -= num_new
+
+    def _try_admit(self, seq: SeqState, budget: int) -> int:
+        """Allocate the first chunk of a waiting request; 0 when it does not fit."""
+        config = self.config
+        block_size = config.block_size
+        pool = self.block_pool
+        shared = seq.num_shared_blocks
+        own_cached = 0
+        if config.enable_prefix_caching:
+            max_hit_blocks = (seq.num_tokens - 1) // block_size
+            own_cached = min(pool.num_cached(seq.request_id), max_hit_blocks - shared)
+        num_computed = (shared + own_cached) * block_size
+        num_new = min(seq.num_tokens - num_computed, budget)
+        watermark = config.num_watermark_blocks if self.running else 0
+        if config.reserve_full_input and (
+                _cdiv(seq.num_tokens, block_size) - shared + watermark > pool.num_free):
+            return 0
+        num_needed = _cdiv(num_computed + num_new, block_size) - shared
+        if num_needed + watermark > pool.num_free:
+            return 0
+        if config.enable_prefix_caching:
+            pool.reclaim(seq.request_id, own_cached)
+        pool.allocate(num_needed - own_cached)
+        seq.num_owned_blocks = num_needed
+        seq.num_computed_tokens = num_computed
+        seq.status = SeqStatus.RUNNING
+        return num_new
+
+    def _preempt(self, seq: SeqState) -> None:
+        """Drop `seq`'s KV and put it at the front of waiting (recompute on resume)."""
+        owner = seq.request_id if self.config.enable_prefix_caching else None
+        self.block_pool.release(seq.num_owned_blocks, self._num_full_blocks(seq), owner)
+        seq.num_owned_blocks = 0
+        seq.num_computed_tokens = 0
+        seq.status = SeqStatus.PREEMPTED
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _finish(self, seq: SeqState) -> None:
+        self.running.remove(seq)
+        del self.requests[seq.request_id]
+        self.block_pool.release(seq.num_owned_blocks, self._num_full_blocks(seq))
+        seq.num_owned_blocks = 0
+        seq.status = SeqStatus.FINISHED
+
+    def _num_full_blocks(self, seq: SeqState) -> int:
+        """Owned blocks full of computed tokens: vLLM caches these, not a partial last one."""
+        full = seq.num_computed_tokens // self.config.block_size - seq.num_shared_blocks
+        return min(max(full, 0), seq.num_owned_blocks)
+
+    def _reclaim_idle_blocks(self) -> None:
+        # NOTE: with nothing running every block is free. A snapshot's counts can
+        # disagree (shared prefix blocks have no owner here); trust the idle state.
+        missing = self.config.num_usable_blocks - self.block_pool.num_free
+        if missing > 0:
+            self.block_pool.free(missing, reusable=False)
+
+    def _check_invariants(self, scheduled: dict[str, int]) -> None:
+        config = self.config
+        assert sum(scheduled.values()) <= config.max_num_batched_tokens, scheduled
+        assert len(self.running) <= config.max_num_seqs, len(self.running)
+        held = sum(s.num_owned_blocks for s in self.running)
+        assert self.block_pool.num_free >= 0, self.block_pool.num_free
+        assert held + self.block_pool.num_free <= config.num_usable_blocks, (
+            held, self.block_pool.num_free)

@@ -1,0 +1,304 @@
+"""Instance snapshots as engine workers publish them, and their normalised simulator form."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+__all__ = [
+    "InstanceConfig",
+    "InstanceSnapshot",
+    "OverrunPolicy",
+    "PreparedInstance",
+    "SeqSpec",
+    "SimRequest",
+    "prepare",
+    "shared_prefix_blocks",
+    "snapshot_from_dict",
+    "target_output_tokens",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceConfig:
+    """The vLLM settings that shape one instance's schedule."""
+
+    #: KV-cache blocks on the GPU (vLLM's ``num_gpu_blocks``; one is reserved, see
+    #: `num_usable_blocks`).
+    num_total_blocks: int
+    #: Tokens per KV block.
+    block_size: int
+    #: Most requests in the running batch (``max_num_seqs``).
+    max_num_seqs: int
+    #: Token budget of one step (``max_num_batched_tokens``); chunked prefill is always on.
+    max_num_batched_tokens: int
+    #: Longest sequence (prompt + output) the instance accepts.
+    max_model_len: int
+    #: Fraction of blocks kept free when admitting waiting requests (vLLM ``watermark``).
+    watermark: float = 0.0
+    #: Whether cached prefix blocks are reused instead of recomputed.
+    enable_prefix_caching: bool = False
+    #: Admit a waiting request only if its whole input fits, not just its first chunk
+    #: (vLLM ``scheduler_reserve_full_isl``, on by default).
+    reserve_full_input: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("num_total_blocks", "block_size", "max_num_seqs",
+                     "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # NOTE: vLLM refuses this too; the simulator relies on it (every running
+            # decode fits in every step's budget).
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+        if self.num_usable_blocks * self.block_size < self.max_model_len:
+            raise ValueError("the KV cache must hold at least one max_model_len sequence")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Blocks requests can hold: vLLM's block pool keeps one back as its null block."""
+        return self.num_total_blocks - 1
+
+    @property
+    def num_watermark_blocks(self) -> int:
+        return int(self.watermark * self.num_total_blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    """One request in a snapshot, or the new request being placed.
+
+    A waiting request with output tokens was preempted: it recomputes them on resume.
+    """
+
+    request_id: str
+    #: Prompt length in tokens.
+    num_prompt_tokens: int
+    #: Tokens whose KV is computed (0 for waiting requests).
+    num_computed_tokens: int = 0
+    #: Output tokens generated so far.
+    num_output_tokens: int = 0
+    #: Predicted total output length; ``None`` or 0 when no prediction exists.
+    predicted_output_tokens: int | None = None
+    #: Whether the request is in the running batch (else it waits).
+    is_running: bool = False
+    #: Prompt-prefix tokens already in this instance's prefix cache, in blocks other
+    #: requests hold for longer than this one (a shared system prompt, say); used
+    #: only with prefix caching on.
+    num_cached_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_prompt_tokens <= 0:
+            raise ValueError(f"{self.request_id}: num_prompt_tokens must be positive")
+        if min(self.num_computed_tokens, self.num_output_tokens, self.num_cached_tokens) < 0:
+            raise ValueError(f"{self.request_id}: token counts must not be negative")
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSnapshot:
+    """What an engine worker publishes: config, free blocks, running and waiting requests."""
+
+    config: InstanceConfig
+    #: Free KV blocks (vLLM counts evictable cached blocks as free).
+    num_free_blocks: int
+    #: Requests in published order; running ones keep vLLM's running order.
+    requests: tuple[SimRequest, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.num_free_blocks <= self.config.num_usable_blocks:
+            raise ValueError(f"num_free_blocks {self.num_free_blocks} outside "
+                             f"[0, {self.config.num_usable_blocks}]")
+
+    @property
+    def running(self) -> tuple[SimRequest, ...]:
+        return tuple(r for r in self.requests if r.is_running)
+
+    @property
+    def waiting(self) -> tuple[SimRequest, ...]:
+        return tuple(r for r in self.requests if not r.is_running)
+
+
+@dataclass(frozen=True, slots=True)
+class OverrunPolicy:
+    """Remaining length for a request that has already outrun its prediction.
+
+    Output lengths are heavy-tailed, so a request past its prediction is expected to
+    run on roughly in proportion to what it has produced: it gets
+    ``max(min_margin_tokens, ceil(margin_fraction * generated))`` more tokens.
+    """
+
+    margin_fraction: float = 0.25
+    min_margin_tokens: int = 8
+
+
+class SeqSpec(NamedTuple):
+    """A request normalised for simulation: consistent counts and a final length.
+
+    NOTE: a named tuple, not a frozen dataclass: a what-if builds one per request
+    and frozen dataclasses are several times slower to construct.
+    """
+
+    request_id: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    #: 0 for waiting requests; at most one short of all tokens for running ones.
+    num_computed_tokens: int
+    #: Total output tokens the request will produce (prediction, corrected and capped).
+    max_output_tokens: int
+    num_cached_tokens: int = 0
+    #: Prefix blocks found in the cache and held by others (prefix caching only).
+    num_shared_blocks: int = 0
+    #: Blocks a running request holds itself.
+    num_owned_blocks: int = 0
+    is_running: bool = False
+    #: The new request whose timeline a what-if predicts.
+    is_target: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        """Whether more than the last token is still to be computed."""
+        return self.num_computed_tokens < self.num_tokens - 1
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedInstance:
+    """A snapshot in schedule order, ready for simulators to load (and to reuse)."""
+
+    config: InstanceConfig
+    #: Decodes first, then requests still prefilling (see `prepare`).
+    running: tuple[SeqSpec, ...]
+    #: FCFS order.
+    waiting: tuple[SeqSpec, ...]
+    #: Free blocks, never more than the running requests leave.
+    num_free_blocks: int
+    #: Ids of all its requests.
+    request_ids: frozenset[str]
+
+    def target(self, new_request: SimRequest) -> SeqSpec:
+        """`new_request` normalised as the request a what-if follows."""
+        if new_request.is_running or new_request.num_output_tokens:
+            raise ValueError("the new request must be waiting with no output yet")
+        if not new_request.predicted_output_tokens or new_request.predicted_output_tokens < 0:
+            raise ValueError(f"{new_request.request_id}: the new request needs a "
+                             f"predicted output length")
+        if new_request.request_id in self.request_ids:
+            raise ValueError(f"{new_request.request_id}: id already in the snapshot")
+        return _normalise(new_request, self.config, OverrunPolicy())._replace(is_target=True)
+
+
+def shared_prefix_blocks(num_prompt_tokens: int, num_cached_tokens: int,
+                         config: InstanceConfig) -> int:
+    """Whole prompt-prefix blocks found in the cache and held by other requests.
+
+    vLLM recomputes at least the last prompt token, so the hit stops one short.
+    """
+    if not config.enable_prefix_caching:
+        return 0
+    return min(num_cached_tokens, num_prompt_tokens - 1) // config.block_size
+
+
+def target_output_tokens(request: SimRequest, config: InstanceConfig,
+                         overrun: OverrunPolicy = OverrunPolicy()) -> int:
+    """Total output length to simulate for `request`: never below what it has produced."""
+    generated = request.num_output_tokens
+    predicted = request.predicted_output_tokens or 0
+    if predicted > generated:
+        total = predicted
+    else:
+        margin = math.ceil(overrun.margin_fraction * generated)
+        total = generated + max(overrun.min_margin_tokens, margin, 1)
+    # vLLM stops a request once prompt + output reaches max_model_len.
+    total = min(total, config.max_model_len - request.num_prompt_tokens)
+    return max(total, generated + 1)
+
+
+def _normalise(request: SimRequest, config: InstanceConfig, overrun: OverrunPolicy) -> SeqSpec:
+    if request.num_prompt_tokens >= config.max_model_len:
+        raise ValueError(f"{request.request_id}: prompt of {request.num_prompt_tokens} tokens "
+                         f"does not fit max_model_len {config.max_model_len}")
+    num_tokens = request.num_prompt_tokens + request.num_output_tokens
+    shared = shared_prefix_blocks(request.num_prompt_tokens, request.num_cached_tokens, config)
+    computed = owned = 0
+    if request.is_running:
+        # NOTE: a snapshot taken while a step is in flight can show every token as
+        # computed; the last one is then still to be produced, as between steps.
+        computed = min(request.num_computed_tokens, num_tokens - 1)
+        shared = min(shared, computed // config.block_size)
+        owned = -(-computed // config.block_size) - shared
+    return SeqSpec(request.request_id, request.num_prompt_tokens, request.num_output_tokens,
+                   computed, target_output_tokens(request, config, overrun),
+                   min(request.num_cached_tokens, request.num_prompt_tokens), shared, owned,
+                   request.is_running)
+
+
+def prepare(snapshot: InstanceSnapshot,
+            overrun: OverrunPolicy = OverrunPolicy()) -> PreparedInstance:
+    """Normalise a snapshot for simulation; reuse the result for every new request.
+
+    Running requests are ordered decodes first, then those still prefilling, each
+    group in published order. vLLM's running list always has this shape: a request
+    gets prefill tokens only after every request ahead of it got all it asked for,
+    so a prefill never finishes ahead of an earlier one.
+    """
+    config = snapshot.config
+    specs = [_normalise(r, config, overrun) for r in snapshot.requests]
+    running = sorted((s for s in specs if s.is_running), key=_is_prefilling)
+    waiting = tuple(s for s in specs if not s.is_running)
+    request_ids = frozenset(s.request_id for s in specs)
+    if len(request_ids) != len(specs):
+        raise ValueError("request ids in a snapshot must be unique")
+    held = sum(s.num_owned_blocks for s in running)
+    num_free = min(snapshot.num_free_blocks, config.num_usable_blocks - held)
+    if num_free < 0:
+        raise ValueError(f"running requests hold {held} blocks, more than the "
+                         f"{config.num_usable_blocks} the instance can give")
+    return PreparedInstance(config, tuple(running), waiting, num_free, request_ids)
+
+
+def _is_prefilling(spec: SeqSpec) -> bool:
+    return spec.is_prefilling
+
+
+def snapshot_from_dict(data: Mapping[str, Any], *, watermark: float = 0.0,
+                       enable_prefix_caching: bool = False) -> InstanceSnapshot:
+    """Build a snapshot from its JSON form.
+
+    Keys: ``num_total_blocks, num_free_blocks, block_size, max_num_seqs,
+    max_num_batched_tokens, max_model_len, requests`` and optionally ``watermark``,
+    ``enable_prefix_caching`` (overriding the keyword defaults); each request has
+    ``request_id, num_prompt_tokens, num_computed_tokens, num_output_tokens,
+    predicted_output_tokens, is_running`` and optionally ``num_cached_tokens``.
+    """
+    config = InstanceConfig(
+        num_total_blocks=int(data["num_total_blocks"]),
+        block_size=int(data["block_size"]),
+        max_num_seqs=int(data["max_num_seqs"]),
+        max_num_batched_tokens=int(data["max_num_batched_tokens"]),
+        max_model_len=int(data["max_model_len"]),
+        watermark=float(data.get("watermark", watermark)),
+        enable_prefix_caching=bool(data.get("enable_prefix_caching", enable_prefix_caching)),
+    )
+    requests = tuple(_request_from_dict(r) for r in data.get("requests", ()))
+    return InstanceSnapshot(config, int(data["num_free_blocks"]), requests)
+
+
+def _request_from_dict(data: Mapping[str, Any]) -> SimRequest:
+    predicted = data.get("predicted_output_tokens")
+    return SimRequest(
+        request_id=str(data["request_id"]),
+        num_prompt_tokens=int(data["num_prompt_tokens"]),
+        num_computed_tokens=int(data.get("num_computed_tokens", 0)),
+        num_output_tokens=int(data.get("num_output_tokens", 0)),
+        predicted_output_tokens=None if predicted is None else int(predicted),
+        is_running=bool(data.get("is_running", False)),
+        num_cached_tokens=int(data.get("num_cached_tokens", 0)),
+    )
+

@@ -1,0 +1,74 @@
+"""What if this instance got this request now? Predicted TTFT, end-to-end latency, delays."""
+
+from __future__ import annotations
+
+from .exec_model import BatchStats, ExecModel
+from .fastsim import FastSim
+from .result import WhatIf
+from .scheduler import Scheduler, SeqState
+from .snapshot import (InstanceSnapshot, OverrunPolicy, PreparedInstance, SeqSpec, SimRequest,
+                       prepare)
+
+__all__ = ["WhatIf", "predict_what_if", "predict_what_if_prepared", "predict_what_if_stepwise"]
+
+
+def predict_what_if(snapshot: InstanceSnapshot, new_request: SimRequest, exec_model: ExecModel,
+                    overrun: OverrunPolicy = OverrunPolicy()) -> WhatIf:
+    """Simulate the instance from `snapshot` with `new_request` queued last, event by event.
+
+    Requests finish at their predicted lengths (corrected by `overrun` for those
+    already past them); the run stops when the new request finishes. To ask about
+    several new requests against one snapshot, `prepare` it once and call
+    `predict_what_if_prepared`.
+    """
+    return predict_what_if_prepared(prepare(snapshot, overrun), new_request, exec_model)
+
+
+def predict_what_if_prepared(instance: PreparedInstance, new_request: SimRequest,
+                             exec_model: ExecModel) -> WhatIf:
+    """`predict_what_if` on a snapshot already normalised by `prepare`."""
+    return FastSim(instance, instance.target(new_request), exec_model).run()
+
+
+def predict_what_if_stepwise(snapshot: InstanceSnapshot, new_request: SimRequest,
+                             exec_model: ExecModel,
+                             overrun: OverrunPolicy = OverrunPolicy()) -> WhatIf:
+    """`predict_what_if` by plain step-by-step scheduling: slow, the reference it must match."""
+    instance = prepare(snapshot, overrun)
+    return _run_stepwise(instance, instance.target(new_request), exec_model)
+
+
+def _run_stepwise(instance: PreparedInstance, target_spec: SeqSpec,
+                  exec_model: ExecModel) -> WhatIf:
+    scheduler = Scheduler(instance.config, instance.num_free_blocks)
+    for spec in instance.running:
+        scheduler.restore_running(SeqState.from_spec(spec))
+    for spec in (*instance.waiting, target_spec):
+        scheduler.add_request(SeqState.from_spec(spec))
+    target = scheduler.requests[target_spec.request_id]
+    now_s = 0.0
+    ttft_s = queueing_s = None
+    delay_s = 0.0
+    num_steps = 0
+    while True:
+        output = scheduler.schedule()
+        duration_s = exec_model.step_ms(output.stats) / 1000.0
+        num_new = output.num_scheduled_tokens.get(target.request_id, 0)
+        if num_new:
+            if queueing_s is None:
+                queueing_s = now_s
+            others = len(scheduler.running) + len(scheduler.waiting) - 1
+            if others:
+                part = BatchStats.of_chunk(num_new, target.num_computed_tokens - num_new,
+                                           target.num_tokens)
+                extra_ms = (exec_model.step_ms(output.stats)
+                            - exec_model.step_ms(output.stats - part))
+                delay_s += extra_ms / 1000.0 * others
+        result = scheduler.update_from_output(output)
+        now_s += duration_s
+        num_steps += 1
+        if ttft_s is None and target.request_id in result.sampled_ids:
+            ttft_s = now_s
+        if target.request_id in result.finished_ids:
+            return WhatIf(ttft_s, now_s, queueing_s, delay_s, num_steps,
+                          scheduler.num_preemptions)
