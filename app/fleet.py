@@ -37,6 +37,11 @@ class InstanceStatus:
     num_assigned: int
 
     @property
+    def accepting(self) -> bool:
+        """False while the instance finishes its work before stopping: route nothing new."""
+        return bool(self.state.get("accepting", True))
+
+    @property
     def num_running(self) -> int:
         return int(self.state.get("num_running", 0))
 
@@ -116,8 +121,9 @@ class Fleet:
             for i, instance_id in enumerate(ids)
         ]
 
-    def alive(self) -> list[InstanceStatus]:
-        return [status for status in self.statuses() if status.alive]
+    def routable(self) -> list[InstanceStatus]:
+        """Instances with a fresh heartbeat that accept new requests: routing candidates."""
+        return [status for status in self.statuses() if status.alive and status.accepting]
 
     def ping(self) -> bool:
         return bool(self.redis.ping())

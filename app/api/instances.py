@@ -25,6 +25,7 @@ def _instance_to_dict(status: InstanceStatus) -> dict[str, Any]:
         "id": status.instance_id,
         "object": "instance",
         "alive": status.alive,
+        "accepting": status.accepting,
         "engine_kind": state.get("engine_kind"),
         "model": state.get("model"),
         "running": status.num_running,

@@ -191,5 +191,8 @@ def test_instances_lists_published_state_and_heartbeat_age(client: FlaskClient) 
     assert inst["id"] == "gpu.0" and inst["alive"] is True and inst["engine_kind"] == "vllm"
     assert (inst["running"], inst["waiting"], inst["free_kv_blocks"]) == (3, 1, 90)
     assert 0 <= inst["seconds_since_heartbeat"] < 5
+    svc.fleet.publish("gpu.1", {"engine_kind": "vllm", "accepting": False})
+    assert [s.instance_id for s in svc.fleet.routable()] == ["gpu.0"]
     svc.fleet.mark_stopped("gpu.0")
     assert client.get("/v1/instances").get_json()["data"][0]["alive"] is False
+    assert svc.fleet.routable() == []

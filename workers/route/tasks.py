@@ -39,7 +39,7 @@ def route(request_id: str) -> None:
         )
         priority = Priority(request.priority).rank
     started = time.perf_counter()
-    candidates = [_instance_view(status) for status in rt.fleet.alive()]
+    candidates = [_instance_view(status) for status in rt.fleet.routable()]
     if not candidates:
         dispatch.enqueue_route(
             celery, request_id, priority=priority, countdown=rt.settings.route_retry_s

@@ -61,6 +61,7 @@ class EngineHost(EngineListener):
         self.rt = runtime
         self._samples: deque[StepSample] = deque(maxlen=100_000)
         self._stop = threading.Event()
+        self._accepting = True
         self._threads: list[threading.Thread] = []
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -75,12 +76,16 @@ class EngineHost(EngineListener):
         logger.info("engine host %s ready", self.instance_id)
 
     def withdraw(self) -> None:
-        """Stop taking new work: routers stop choosing this instance at once."""
-        self._stop.set()
-        self.rt.fleet.mark_stopped(self.instance_id)
+        """Stop taking new work (warm shutdown begins): routers stop choosing this instance at
+        once, while the heartbeat goes on so that the work it is finishing is not re-routed."""
+        self._accepting = False
+        self._publish_once()
 
     def stop(self) -> None:
-        self.withdraw()
+        """Once the pool has drained: stop publishing; whatever is left here gets re-routed."""
+        self._accepting = False
+        self._stop.set()
+        self.rt.fleet.mark_stopped(self.instance_id)
         for thread in self._threads:
             thread.join(timeout=5)
         self._flush_samples()
@@ -197,6 +202,7 @@ class EngineHost(EngineListener):
         state: dict[str, Any] = dataclasses.asdict(snapshot)
         state["instance_id"] = self.instance_id
         state["model"] = self.rt.settings.model_name
+        state["accepting"] = self._accepting
         self.rt.fleet.publish(self.instance_id, state)
         in_flight = [r.request_id for r in snapshot.requests]
         for request_id in self.rt.fleet.cancelled(in_flight):
