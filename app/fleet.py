@@ -104,9 +104,10 @@ class Fleet:
 
     def statuses(self) -> list[InstanceStatus]:
         """Every registered instance, alive or not, sorted by id."""
-        ids = sorted(m.decode() if isinstance(m, bytes) else m for m in self.redis.smembers(
-            self._key("instances")
-        ))
+        ids = sorted(
+            m.decode() if isinstance(m, bytes) else m
+            for m in self.redis.smembers(self._key("instances"))
+        )
         if not ids:
             return []
         with self.redis.pipeline(transaction=False) as pipe:

@@ -25,8 +25,14 @@ def _tables(url: str) -> set[str]:
 def test_upgrade_downgrade_upgrade_on_postgresql() -> None:
     recreate_database(MIGRATIONS_DB)
     upgrade(MIGRATIONS_DB)
-    expected = {"requests", "request_events", "instances", "engine_step_samples",
-                "webhook_deliveries", "alembic_version"}
+    expected = {
+        "requests",
+        "request_events",
+        "instances",
+        "engine_step_samples",
+        "webhook_deliveries",
+        "alembic_version",
+    }
     assert expected <= _tables(MIGRATIONS_DB)
     downgrade(MIGRATIONS_DB, "base")
     assert _tables(MIGRATIONS_DB) == {"alembic_version"}

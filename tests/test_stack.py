@@ -79,8 +79,11 @@ class WebhookReceiver:
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 with receiver.lock:
                     receiver.deliveries.append((self.path, headers, body))
-                    seen = sum(1 for p, h, _ in receiver.deliveries
-                               if p == self.path and h["webhook-id"] == headers["webhook-id"])
+                    seen = sum(
+                        1
+                        for p, h, _ in receiver.deliveries
+                        if p == self.path and h["webhook-id"] == headers["webhook-id"]
+                    )
                 failing = self.path == "/flaky" and seen <= 2
                 self.send_response(500 if failing else 200)
                 self.end_headers()
@@ -103,21 +106,33 @@ def _submit(client: httpx.Client, **body: Any) -> str:
 
 
 def _wait_terminal(
-    client: httpx.Client, ids: list[str], timeout_s: float = 120, seen: dict[str, list[str]] | None = None
+    client: httpx.Client,
+    ids: list[str],
+    timeout_s: float = 120,
+    seen: dict[str, list[str]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     done: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout_s
     while len(done) < len(ids):
         if time.monotonic() > deadline:
             stuck = [client.get(f"/v1/requests/{i}").json() for i in ids if i not in done]
-            pytest.fail(f"{len(stuck)} requests unfinished: " + json.dumps(
-                [{k: r[k] for k in ("id", "status", "instance_id", "attempt", "events")}
-                 for r in stuck[:3]], indent=1))
+            pytest.fail(
+                f"{len(stuck)} requests unfinished: "
+                + json.dumps(
+                    [
+                        {k: r[k] for k in ("id", "status", "instance_id", "attempt", "events")}
+                        for r in stuck[:3]
+                    ],
+                    indent=1,
+                )
+            )
         for request_id in ids:
             if request_id in done:
                 continue
             body = client.get(f"/v1/requests/{request_id}").json()
-            if seen is not None and (not seen[request_id] or seen[request_id][-1] != body["status"]):
+            if seen is not None and (
+                not seen[request_id] or seen[request_id][-1] != body["status"]
+            ):
                 seen[request_id].append(body["status"])
             if body["status"] in TERMINAL:
                 done[request_id] = body
@@ -135,13 +150,21 @@ def test_requests_flow_end_to_end_with_webhooks(start_stack: Callable[..., Stack
     client = httpx.Client(base_url=stack.api_url, timeout=30)
     try:
         with ThreadPoolExecutor(8) as pool:
-            ids = list(pool.map(
-                lambda i: _submit(client, prompt=f"Question {i}: tell me about queues.",
-                                  max_tokens=8 + i % 24, webhook_url=f"{receiver.url}/ok"),
-                range(95),
-            ))
-        flaky = [_submit(client, prompt=f"Flaky {i}", max_tokens=8,
-                         webhook_url=f"{receiver.url}/flaky") for i in range(5)]
+            ids = list(
+                pool.map(
+                    lambda i: _submit(
+                        client,
+                        prompt=f"Question {i}: tell me about queues.",
+                        max_tokens=8 + i % 24,
+                        webhook_url=f"{receiver.url}/ok",
+                    ),
+                    range(95),
+                )
+            )
+        flaky = [
+            _submit(client, prompt=f"Flaky {i}", max_tokens=8, webhook_url=f"{receiver.url}/flaky")
+            for i in range(5)
+        ]
         seen: dict[str, list[str]] = defaultdict(list)
         results = _wait_terminal(client, ids + flaky, seen=seen)
     finally:
@@ -168,8 +191,9 @@ def test_requests_flow_end_to_end_with_webhooks(start_stack: Callable[..., Stack
     db = Database(stack.settings.resolved_database_url)
     with db.session() as session:
         attempts = session.execute(
-            select(WebhookDelivery.request_id, WebhookDelivery.attempt, WebhookDelivery.succeeded)
-            .where(WebhookDelivery.request_id.in_(flaky))
+            select(
+                WebhookDelivery.request_id, WebhookDelivery.attempt, WebhookDelivery.succeeded
+            ).where(WebhookDelivery.request_id.in_(flaky))
         ).all()
         num_samples = session.scalar(select(func.count()).select_from(EngineStepSample))
     db.dispose()
@@ -183,16 +207,20 @@ def _assert_webhooks(receiver: WebhookReceiver, *, ok_ids: set[str], flaky_ids: 
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with receiver.lock:
-            delivered_ok = {json.loads(b)["data"]["id"] for p, _, b in receiver.deliveries if p == "/ok"}
-            flaky_count = Counter(json.loads(b)["data"]["id"]
-                                  for p, _, b in receiver.deliveries if p == "/flaky")
+            delivered_ok = {
+                json.loads(b)["data"]["id"] for p, _, b in receiver.deliveries if p == "/ok"
+            }
+            flaky_count = Counter(
+                json.loads(b)["data"]["id"] for p, _, b in receiver.deliveries if p == "/flaky"
+            )
         if delivered_ok == ok_ids and all(flaky_count[i] == 3 for i in flaky_ids):
             break
         time.sleep(0.2)
     assert delivered_ok == ok_ids
     assert all(flaky_count[i] == 3 for i in flaky_ids), flaky_count
-    verifier = OpenAI(api_key="unused", base_url="http://127.0.0.1:9",
-                      webhook_secret=TEST_WEBHOOK_SECRET)
+    verifier = OpenAI(
+        api_key="unused", base_url="http://127.0.0.1:9", webhook_secret=TEST_WEBHOOK_SECRET
+    )
     for _path, headers, body in receiver.deliveries:
         event = verifier.webhooks.unwrap(body, headers)  # verifies the signature, or raises
         assert event.type == "request.succeeded"
@@ -262,7 +290,9 @@ def test_sigkilled_engine_worker_loses_nothing(start_stack: Callable[..., Stack]
         results = _wait_terminal(client, ids)
 
     assert Counter(r["status"] for r in results.values()) == {"succeeded": 40}
-    requeued = [r for r in results.values() if any("lost" in (e["detail"] or "") for e in r["events"])]
+    requeued = [
+        r for r in results.values() if any("lost" in (e["detail"] or "") for e in r["events"])
+    ]
     assert requeued, "no request was running on the killed instance"
     for r in results.values():
         assert [e["status"] for e in r["events"]].count("succeeded") == 1

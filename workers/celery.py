@@ -1,4 +1,4 @@
-"""The Celery entrypoint (`celery -A workers`): the app built from Settings, worker signals wired."""
+"""The Celery entrypoint (`celery -A workers`): the app built from Settings, signals wired."""
 
 from app.settings import Settings
 from workers.celery_app import create_celery

@@ -1,4 +1,4 @@
-"""A small registry of named implementations (policies, predictors): duplicates and unknowns raise."""
+"""A registry of named implementations (policies, predictors): duplicates and unknowns raise."""
 
 from __future__ import annotations
 

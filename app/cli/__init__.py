@@ -39,14 +39,21 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--requests", "num_requests", default=240, show_default=True,
-              help="How many sample prompts to send (the shipped file has 300).")
+@click.option(
+    "--requests",
+    "num_requests",
+    default=240,
+    show_default=True,
+    help="How many sample prompts to send (the shipped file has 300).",
+)
 def demo(num_requests: int) -> None:
     """Start the local stack, run the sample job through the API, print a summary, shut down."""
     settings = Settings.load()
     stack = Stack(settings, env=_prepare(settings))
-    console.print(f"starting the local stack ({settings.num_instances} engine workers, "
-                  f"database {'PostgreSQL' if settings.database_url else 'embedded SQLite'})")
+    console.print(
+        f"starting the local stack ({settings.num_instances} engine workers, "
+        f"database {'PostgreSQL' if settings.database_url else 'embedded SQLite'})"
+    )
     try:
         stack.start()
         stack.wait_ready(num_instances=settings.num_instances)

@@ -39,8 +39,12 @@ def run_sample_job(
 
 
 def _submit(client: httpx.Client, row: dict[str, Any]) -> str:
-    body = {"prompt": row["prompt"], "max_tokens": row["max_tokens"], "temperature": 0.8,
-            "metadata": {"source": row.get("source", "sample")}}
+    body = {
+        "prompt": row["prompt"],
+        "max_tokens": row["max_tokens"],
+        "temperature": 0.8,
+        "metadata": {"source": row.get("source", "sample")},
+    }
     response = client.post("/v1/requests", json=body)
     response.raise_for_status()
     return response.json()["id"]
@@ -108,13 +112,19 @@ def summarize(summary: JobSummary, console: Console) -> None:
         table.add_row(f"requests on {instance_id}", str(count))
     for name, values in (("TTFT", summary.ttft_s), ("end-to-end latency", summary.e2e_s)):
         if values:
-            table.add_row(f"{name} p50 / p99 (s)",
-                          f"{np.percentile(values, 50):.2f} / {np.percentile(values, 99):.2f}")
+            table.add_row(
+                f"{name} p50 / p99 (s)",
+                f"{np.percentile(values, 50):.2f} / {np.percentile(values, 99):.2f}",
+            )
     if summary.actual_tokens:
         predicted = np.array(summary.predicted_tokens, dtype=float)
         actual = np.array(summary.actual_tokens, dtype=float)
-        table.add_row("output tokens: mean predicted / mean actual",
-                      f"{predicted.mean():.1f} / {actual.mean():.1f}")
-        table.add_row("output tokens: mean absolute error", f"{np.abs(predicted - actual).mean():.1f}")
+        table.add_row(
+            "output tokens: mean predicted / mean actual",
+            f"{predicted.mean():.1f} / {actual.mean():.1f}",
+        )
+        table.add_row(
+            "output tokens: mean absolute error", f"{np.abs(predicted - actual).mean():.1f}"
+        )
         table.add_row("throughput (output tokens/s)", f"{actual.sum() / summary.wall_s:.0f}")
     console.print(table)

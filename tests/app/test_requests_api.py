@@ -181,9 +181,18 @@ def test_instances_lists_published_state_and_heartbeat_age(client: FlaskClient) 
     svc = services_of(client)
     svc.fleet.publish(
         "gpu.0",
-        {"engine_kind": "vllm", "model": "tiny-llama", "num_running": 3, "num_waiting": 1,
-         "num_free_blocks": 90, "num_total_blocks": 100, "max_num_seqs": 48,
-         "max_num_batched_tokens": 512, "block_size": 16, "max_model_len": 2048},
+        {
+            "engine_kind": "vllm",
+            "model": "tiny-llama",
+            "num_running": 3,
+            "num_waiting": 1,
+            "num_free_blocks": 90,
+            "num_total_blocks": 100,
+            "max_num_seqs": 48,
+            "max_num_batched_tokens": 512,
+            "block_size": 16,
+            "max_model_len": 2048,
+        },
     )
     data = client.get("/v1/instances").get_json()["data"]
     assert len(data) == 1

@@ -13,8 +13,15 @@ from workers.webhooks.signing import new_secret, signed_headers, verify
 
 def test_signature_verifies_with_openai_client_and_rejects_tampering() -> None:
     secret = new_secret()
-    body = json.dumps({"id": "msg_1", "object": "event", "type": "request.succeeded",
-                       "created_at": int(time.time()), "data": {"id": "req_1"}}).encode()
+    body = json.dumps(
+        {
+            "id": "msg_1",
+            "object": "event",
+            "type": "request.succeeded",
+            "created_at": int(time.time()),
+            "data": {"id": "req_1"},
+        }
+    ).encode()
     headers = signed_headers(secret, "msg_1", int(time.time()), body)
     assert verify(secret, headers, body)
     client = OpenAI(api_key="unused", base_url="http://127.0.0.1:9", webhook_secret=secret)

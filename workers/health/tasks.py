@@ -75,4 +75,3 @@ def _repredict_stale(after_s: float) -> int:
             runtime.current_celery(), request_id, priority=Priority(priority).rank
         )
     return len(rows)
-

@@ -13,8 +13,8 @@ import dataclasses
 import logging
 import threading
 from collections import deque
-from datetime import UTC, datetime
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -118,7 +118,10 @@ class EngineHost(EngineListener):
             self._fail(request_id, exc)
 
     def _admit(self, request_id: str, attempt: int) -> GenerationRequest | None:
-        ours = [InferenceRequest.instance_id == self.instance_id, InferenceRequest.attempt == attempt]
+        ours = [
+            InferenceRequest.instance_id == self.instance_id,
+            InferenceRequest.attempt == attempt,
+        ]
         with self.rt.db.session() as session:
             store.transition(
                 session,

@@ -1,5 +1,6 @@
-"""Engine-worker lifecycle: a Celery worker that consumes exactly one `gpu.<k>` queue hosts that
-instance's engine. Built before consumption starts, withdrawn at shutdown's start, stopped at its end.
+"""Engine-worker lifecycle: a Celery worker consuming exactly one `gpu.<k>` queue hosts that
+instance's engine, built before consumption starts, withdrawn when shutdown starts, stopped at
+its end.
 
 `celery -A workers worker -Q gpu.0 --pool threads --concurrency 128` is an engine worker;
 workers on other queues never build an engine.
