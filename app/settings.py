@@ -101,6 +101,37 @@ class Settings(BaseSettings):
         1.0, gt=0, description="How often engine workers write buffered step samples."
     )
 
+    # --- the emulated engine (engine_kind "emulated": no GPU, a simulated vLLM instance) -------
+    emulated_exec_model: str = Field(
+        "qwen2-7b-a30",
+        description="Ground-truth execution-time model of the emulated GPU: a model bundled in "
+        "workers/sim/models (qwen2-7b-a30, llama-2-7b-a30).",
+    )
+    emulated_time_scale: float = Field(
+        1.0,
+        gt=0,
+        description="Wall seconds per emulated second: 1.0 runs in real time, 0.1 ten times "
+        "faster (every latency the emulated engine produces shrinks by the same factor).",
+    )
+    emulated_noise: float = Field(
+        0.05,
+        ge=0,
+        description="Sigma of the multiplicative log-normal noise (mean 1) on each emulated "
+        "step's duration; 0 makes steps take exactly what the execution-time model says.",
+    )
+    emulated_num_blocks: int = Field(
+        7289,
+        gt=0,
+        description="KV-cache blocks of an emulated instance (vLLM's num_gpu_blocks; 7289 is "
+        "Qwen2-7B on an A30). Its block size is block_size, or 16 when that is unset.",
+    )
+    emulated_output_lengths: Literal["sharegpt", "max_tokens"] = Field(
+        "sharegpt",
+        description="True output length of an emulated request: 'sharegpt' draws it from "
+        "ShareGPT's answer lengths (a fixed function of the request id), capped by max_tokens; "
+        "'max_tokens' always generates max_tokens.",
+    )
+
     # --- routing -------------------------------------------------------------------------------
     routing_policy: str = Field(
         "round_robin", description="Routing policy by name: round_robin or least_requests."

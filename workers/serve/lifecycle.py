@@ -11,7 +11,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery.signals import celeryd_init, worker_init, worker_shutdown, worker_shutting_down
+from celery.signals import (
+    celeryd_after_setup,
+    celeryd_init,
+    worker_shutdown,
+    worker_shutting_down,
+)
 
 from app.settings import Settings
 
@@ -48,12 +53,13 @@ def _note_queue(sender: Any = None, conf: Any = None, options: Any = None, **_: 
     _queue = engine_queue(queues)
 
 
-@worker_init.connect
-def _start_engine(sender: Any = None, **_: Any) -> None:
+@celeryd_after_setup.connect
+def _start_engine(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """After logging is set up and before the worker consumes anything."""
     global _host
     if _queue is None:
         return
-    pool = getattr(sender, "pool_cls", "")
+    pool = getattr(instance, "pool_cls", "")
     pool_name = pool if isinstance(pool, str) else pool.__module__
     if pool_name.rsplit(".", 1)[-1] not in _THREAD_POOLS:
         raise SystemExit(

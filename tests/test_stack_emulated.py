@@ -1,0 +1,84 @@
+"""The emulated engine behind the real pipeline: API, Celery workers, PostgreSQL and Redis."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from app.cli.stack import Stack
+from app.db import Database
+from app.models import EngineStepSample
+from tests.test_stack import start_stack  # noqa: F401 - the fixture, shared with the vLLM stack
+
+pytestmark = [pytest.mark.services, pytest.mark.stack]
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+def _submit(client: httpx.Client, **body: Any) -> str:
+    response = client.post("/v1/requests", json=body)
+    assert response.status_code == 202, response.text
+    return response.json()["id"]
+
+
+def _wait_terminal(client: httpx.Client, ids: list[str], timeout_s: float = 120) -> dict[str, dict]:
+    done: dict[str, dict] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(done) < len(ids):
+        assert time.monotonic() < deadline, f"{len(ids) - len(done)} requests unfinished"
+        for request_id in ids:
+            if request_id not in done:
+                body = client.get(f"/v1/requests/{request_id}").json()
+                if body["status"] in TERMINAL:
+                    done[request_id] = body
+        time.sleep(0.05)
+    return done
+
+
+def test_emulated_instances_serve_requests_end_to_end(
+    start_stack: Callable[..., Stack],  # noqa: F811 - the imported fixture
+) -> None:
+    stack = start_stack(2, engine_kind="emulated", emulated_time_scale=0.05)
+    with httpx.Client(base_url=stack.api_url, timeout=30) as client:
+        instances = client.get("/v1/instances").json()["data"]
+        with ThreadPoolExecutor(8) as pool:
+            ids = list(pool.map(
+                lambda i: _submit(client, prompt=f"Question {i}: tell me about queues.",
+                                  max_tokens=8 + i % 24),
+                range(50),
+            ))
+        results = _wait_terminal(client, ids)
+
+    assert {i["id"]: i["engine_kind"] for i in instances} == {
+        "gpu.0": "emulated", "gpu.1": "emulated"}
+    assert all(i["total_kv_blocks"] == 7288 and i["config"]["block_size"] == 16
+               for i in instances)
+    assert Counter(r["status"] for r in results.values()) == {"succeeded": 50}
+    assert {r["instance_id"] for r in results.values()} == {"gpu.0", "gpu.1"}
+    for r in results.values():
+        assert r["created_at"] <= r["routed_at"] <= r["first_token_at"] <= r["finished_at"]
+        assert 1 <= r["output_tokens"] <= r["max_tokens"]
+        assert r["output"].startswith("tok")
+    assert _num_step_samples(stack) > 0
+
+
+def _num_step_samples(stack: Stack, timeout_s: float = 10.0) -> int:
+    """Step samples in the database, once the engine workers' periodic flush wrote some."""
+    db = Database(stack.settings.resolved_database_url)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            with db.session() as session:
+                count = session.scalar(select(func.count()).select_from(EngineStepSample)) or 0
+            if count or time.monotonic() > deadline:
+                return count
+            time.sleep(0.2)
+    finally:
+        db.dispose()

@@ -1,0 +1,303 @@
+"""EmulatedEngine: the Engine contract on a simulated vLLM instance, run fast (scaled time)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import wait
+
+import pytest
+
+from workers.serve.emulated_engine import (
+    EmulatedEngine,
+    EmulatedEngineConfig,
+    MaxTokensLengths,
+    ShareGptLengths,
+    sharegpt_output_tokens,
+)
+from workers.serve.engine import (
+    Engine,
+    EngineListener,
+    EngineStopped,
+    GenerationRequest,
+    RequestRejected,
+    StepSample,
+)
+from workers.sim import InstanceConfig, InstanceSnapshot, SimRequest, predict_what_if
+
+RESULT_TIMEOUT_S = 30
+#: 100x faster than real time: a 20 ms decode step takes 0.2 ms.
+FAST = 0.01
+
+
+class Recorder(EngineListener):
+    """Everything the engine reports, for assertions."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.steps: list[StepSample] = []
+        self.first_tokens: dict[str, float] = {}
+        self.deltas: dict[str, list[str]] = {}
+
+    def on_first_token(self, request_id: str, at: float) -> None:
+        with self.lock:
+            self.first_tokens[request_id] = at
+
+    def on_tokens(self, request_id: str, delta_text: str) -> None:
+        with self.lock:
+            self.deltas.setdefault(request_id, []).append(delta_text)
+
+    def on_step(self, sample: StepSample) -> None:
+        with self.lock:
+            self.steps.append(sample)
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def make_engine(recorder: Recorder) -> Iterator:
+    engines: list[EmulatedEngine] = []
+
+    def make(**overrides: object) -> EmulatedEngine:
+        config = EmulatedEngineConfig(**{"time_scale": FAST, "noise": 0.0,
+                                         "output_lengths": MaxTokensLengths(), **overrides})
+        engine = EmulatedEngine(config, recorder)
+        engine.start()
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.stop()
+
+
+def _request(request_id: str, max_tokens: int = 16, prompt_tokens: int = 50,
+             predicted: int | None = None) -> GenerationRequest:
+    # approx_token_count: four characters per token.
+    return GenerationRequest(request_id, "x" * (4 * prompt_tokens), max_tokens=max_tokens,
+                             predicted_output_tokens=predicted)
+
+
+def test_engine_satisfies_protocol_and_says_it_is_emulated(make_engine) -> None:
+    engine = make_engine()
+    assert isinstance(engine, Engine)
+    assert engine.alive
+    idle = engine.snapshot()
+    assert idle.engine_kind == "emulated" and idle.model == "emulated/qwen2-7b-a30"
+    # The Block paper's A30 / Qwen2-7B instance; like vLLM, one block is the null block.
+    assert (idle.num_total_blocks, idle.num_free_blocks) == (7288, 7288)
+    assert (idle.block_size, idle.max_num_seqs, idle.max_num_batched_tokens,
+            idle.max_model_len) == (16, 48, 512, 4096)
+    assert idle.requests == () and idle.num_running == idle.num_waiting == 0
+
+
+def test_request_completes_with_counts_and_ordered_timestamps(make_engine, recorder) -> None:
+    engine = make_engine()
+    result = engine.submit(_request("r1", max_tokens=20, prompt_tokens=30)).result(
+        RESULT_TIMEOUT_S)
+    assert (result.num_prompt_tokens, result.num_output_tokens) == (30, 20)
+    assert result.finish_reason == "length"
+    assert result.admitted_at <= result.first_token_at <= result.finished_at
+    tokens = result.output_text.split()
+    assert len(tokens) == 20 and all(t.startswith("tok") for t in tokens)
+    assert "".join(recorder.deltas["r1"]) == result.output_text
+    assert recorder.first_tokens["r1"] == result.first_token_at
+
+
+def test_sharegpt_lengths_are_capped_by_max_tokens_and_fixed_per_request(make_engine) -> None:
+    engine = make_engine(output_lengths=ShareGptLengths(seed=7))
+    futures = [engine.submit(_request(f"s{i}", max_tokens=60)) for i in range(40)]
+    results = [f.result(RESULT_TIMEOUT_S) for f in futures]
+    assert all(1 <= r.num_output_tokens <= 60 for r in results)
+    stopped = [r for r in results if r.finish_reason == "stop"]
+    capped = [r for r in results if r.finish_reason == "length"]
+    assert stopped and capped  # ShareGPT answers: about 12% end within 60 tokens
+    assert all(r.num_output_tokens < 60 for r in stopped)
+    assert all(r.num_output_tokens == 60 for r in capped)
+    draw = ShareGptLengths(seed=7)
+    for r in stopped:
+        assert draw(_request(r.request_id)) == r.num_output_tokens
+
+
+def test_sharegpt_quantiles_interpolate() -> None:
+    assert sharegpt_output_tokens(0.0) == 3
+    assert sharegpt_output_tokens(50.0) == 286
+    assert sharegpt_output_tokens(100.0) == 1734
+    assert 286 < sharegpt_output_tokens(52.5) < 314
+    draws = [ShareGptLengths()(_request(f"m{i}")) for i in range(2000)]
+    median = sorted(draws)[1000]
+    assert 240 < median < 330
+
+
+def test_output_is_capped_by_max_model_len(make_engine) -> None:
+    engine = make_engine(max_model_len=256, num_blocks=64)
+    result = engine.submit(_request("long", max_tokens=1000, prompt_tokens=200)).result(
+        RESULT_TIMEOUT_S)
+    assert result.num_output_tokens == 56 and result.finish_reason == "length"
+
+
+def test_prompt_longer_than_context_is_rejected(make_engine) -> None:
+    engine = make_engine(max_model_len=256, num_blocks=64)
+    future = engine.submit(_request("huge", prompt_tokens=256))
+    with pytest.raises(RequestRejected, match="max_model_len"):
+        future.result(RESULT_TIMEOUT_S)
+    with pytest.raises(ValueError):
+        engine.submit(_request("zero", max_tokens=0))
+
+
+def test_concurrent_requests_share_steps(make_engine, recorder) -> None:
+    engine = make_engine()
+    futures = [engine.submit(_request(f"c{i}", max_tokens=40)) for i in range(32)]
+    done, _ = wait(futures, timeout=RESULT_TIMEOUT_S)
+    assert len(done) == 32
+    assert all(f.result().num_output_tokens == 40 for f in futures)
+    widest = max(s.num_seqs for s in recorder.steps)
+    assert widest >= 24, widest
+    # 32 requests x 40 tokens, batched: far fewer steps than the 1280 a one-by-one engine takes.
+    assert len(recorder.steps) < 200, len(recorder.steps)
+
+
+def test_step_samples_describe_each_step(make_engine, recorder) -> None:
+    engine = make_engine()
+    engine.submit(_request("p", max_tokens=5, prompt_tokens=700)).result(RESULT_TIMEOUT_S)
+    steps = recorder.steps
+    # 700 prompt tokens under a 512-token budget: two prefill chunks, then four decodes.
+    assert [(s.num_prefill_tokens, s.num_decode_tokens) for s in steps] == [
+        (512, 0), (188, 0), (0, 1), (0, 1), (0, 1), (0, 1)]
+    assert all(s.num_seqs == 1 and s.duration_ms > 0 for s in steps)
+    assert all(0 < s.kv_cache_usage < 1 for s in steps[:-1])
+    assert steps[-1].num_running == 0 and steps[-1].kv_cache_usage == 0.0
+    assert [s.at for s in steps] == sorted(s.at for s in steps)
+
+
+def test_runs_at_the_emulated_pace_and_agrees_with_the_simulator(make_engine, recorder) -> None:
+    """Noise off: one request alone takes what the what-if simulator predicts, times the scale."""
+    scale = 0.05
+    engine = make_engine(time_scale=scale)
+    started = time.monotonic()
+    result = engine.submit(_request("t", max_tokens=60, prompt_tokens=900)).result(
+        RESULT_TIMEOUT_S)
+    elapsed_s = time.monotonic() - started
+    config = InstanceConfig(7289, 16, 48, 512, 4096)
+    predicted = predict_what_if(InstanceSnapshot(config, config.num_usable_blocks),
+                                SimRequest("t", 900, predicted_output_tokens=60),
+                                engine.exec_model)
+    emulated_s = sum(s.duration_ms for s in recorder.steps) / 1000.0
+    assert emulated_s == pytest.approx(predicted.e2e_s * scale, rel=1e-6)
+    actual_e2e = result.finished_at - result.admitted_at
+    assert emulated_s * 0.95 <= actual_e2e <= emulated_s * 1.5 + 0.05, (actual_e2e, emulated_s)
+    assert elapsed_s >= emulated_s * 0.95
+
+
+def test_noise_is_seeded_multiplicative(recorder) -> None:
+    def durations(seed: int) -> list[float]:
+        engine = EmulatedEngine(EmulatedEngineConfig(time_scale=0.001, noise=0.2, seed=seed,
+                                                     output_lengths=MaxTokensLengths()), recorder)
+        engine.start()
+        try:
+            engine.submit(_request("n", max_tokens=30)).result(RESULT_TIMEOUT_S)
+        finally:
+            engine.stop()
+        with recorder.lock:
+            taken = [s.duration_ms for s in recorder.steps]
+            recorder.steps.clear()
+        return taken
+
+    first, again, other = durations(1), durations(1), durations(2)
+    assert first == again and first != other
+    decode = first[1:]  # ~20 ms x 0.001 each, spread by the noise
+    assert 0.01 < min(decode) < max(decode) < 0.04
+    assert len(set(decode)) == len(decode)
+
+
+def test_snapshot_tracks_running_and_waiting_requests(make_engine) -> None:
+    engine = make_engine(time_scale=0.2, max_num_seqs=2)
+    futures = [engine.submit(_request(f"q{i}", max_tokens=400, predicted=123)) for i in range(4)]
+    deadline = time.monotonic() + RESULT_TIMEOUT_S
+    while True:
+        snap = engine.snapshot()
+        if snap.num_running == 2 and all(r.num_output_tokens for r in snap.requests[:2]):
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert snap.num_waiting == 2
+    assert [r.request_id for r in snap.requests] == ["q0", "q1", "q2", "q3"]
+    assert [r.is_running for r in snap.requests] == [True, True, False, False]
+    for r in snap.requests[:2]:
+        assert r.num_computed_tokens in (50 + r.num_output_tokens - 1, 50 + r.num_output_tokens)
+    assert all(r.num_prompt_tokens == 50 and r.predicted_output_tokens == 123
+               for r in snap.requests)
+    held = sum(-(-r.num_computed_tokens // 16) for r in snap.requests[:2])
+    assert snap.num_free_blocks == snap.num_total_blocks - held
+    assert not any(f.done() for f in futures)
+
+
+def test_abort_stops_a_request_and_frees_its_blocks(make_engine, recorder) -> None:
+    engine = make_engine(time_scale=0.05)
+    future = engine.submit(_request("a", max_tokens=3000, prompt_tokens=600))
+    waiting = engine.submit(_request("b", max_tokens=10))  # aborted before or after admission
+    engine.abort("b")
+    deadline = time.monotonic() + RESULT_TIMEOUT_S
+    while "a" not in recorder.first_tokens:
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    engine.abort("a")
+    result = future.result(RESULT_TIMEOUT_S)
+    assert result.finish_reason == "abort" and 1 <= result.num_output_tokens < 3000
+    assert waiting.result(RESULT_TIMEOUT_S).finish_reason in ("abort", "length")
+    snap = engine.snapshot()
+    assert snap.requests == () and snap.num_free_blocks == snap.num_total_blocks
+    engine.abort("a")  # unknown now: a no-op
+    again = engine.submit(_request("a", max_tokens=3))  # aborted ids may come back and run
+    assert again is not future and again.result(RESULT_TIMEOUT_S).num_output_tokens == 3
+
+
+def test_duplicate_submit_returns_the_same_future(make_engine) -> None:
+    engine = make_engine(time_scale=0.05)
+    first = engine.submit(_request("d", max_tokens=50))
+    assert engine.submit(_request("d", max_tokens=50)) is first
+    result = first.result(RESULT_TIMEOUT_S)
+    assert engine.submit(_request("d", max_tokens=50)) is first  # finished, remembered
+    assert result.num_output_tokens == 50
+
+
+def test_tight_kv_cache_preempts_and_still_finishes_everything(make_engine, recorder) -> None:
+    # 40 blocks of 16 tokens: 10 requests growing to 300 tokens each cannot all stay resident.
+    engine = make_engine(num_blocks=40, max_model_len=512)
+    futures = [engine.submit(_request(f"k{i}", max_tokens=200, prompt_tokens=100))
+               for i in range(10)]
+    results = [f.result(RESULT_TIMEOUT_S) for f in futures]
+    assert all(r.num_output_tokens == 200 for r in results)
+    assert max(s.kv_cache_usage for s in recorder.steps) > 0.9
+    # Preempted requests recompute: more prefill tokens than the prompts hold.
+    assert sum(s.num_prefill_tokens for s in recorder.steps) > 10 * 100
+
+
+def test_stop_fails_pending_requests_and_refuses_new_ones(recorder) -> None:
+    engine = EmulatedEngine(EmulatedEngineConfig(time_scale=1.0, output_lengths=MaxTokensLengths()),
+                            recorder)
+    with pytest.raises(EngineStopped):
+        engine.submit(_request("early"))  # not started
+    engine.start()
+    pending = engine.submit(_request("slow", max_tokens=2000))
+    engine.stop()
+    with pytest.raises(EngineStopped):
+        pending.result(RESULT_TIMEOUT_S)
+    with pytest.raises(EngineStopped):
+        engine.submit(_request("late"))
+    assert not engine.alive
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError):
+        EmulatedEngineConfig(time_scale=0)
+    with pytest.raises(ValueError):
+        EmulatedEngineConfig(noise=-0.1)
+    with pytest.raises(ValueError):
+        EmulatedEngineConfig(num_blocks=8, max_model_len=4096)  # cannot hold one sequence
+    with pytest.raises(ValueError, match="known"):
+        EmulatedEngine(EmulatedEngineConfig(exec_model="no-such-gpu"))

@@ -1,0 +1,543 @@
+"""The emulated engine: a digital twin of one GPU instance, for load, chaos and scale tests on CPUs.
+
+`EmulatedEngine` implements `workers.serve.engine.Engine` without a model or a GPU. Its "GPU" is
+`workers.sim.Scheduler` (vLLM v1 scheduling: token budget, max_num_seqs, KV blocks, chunked
+prefill, recompute preemption) stepped in real time, or in scaled time: every step sleeps as long
+as a ground-truth execution-time model (`workers.sim.ExecModel`) says that batch takes, times
+multiplicative noise, times `time_scale` (1.0 is real time; 0.1 runs ten times faster).
+Requests produce synthetic tokens (``"tok123 "``) and finish at their true output length, which
+the emulator draws (see `ShareGptLengths`), capped by max_tokens and max_model_len.
+
+It has VllmEngine's threading shape: one engine thread owns the scheduler and loops "admit what
+was submitted, apply aborts, step"; other threads exchange plain data with it through a
+lock-protected inbox and futures; listener hooks run on the engine thread. It publishes the same
+snapshot and step samples, with ``engine_kind="emulated"`` in every snapshot and "emulated" in
+every log line, so nobody mistakes its numbers for a GPU's.
+
+NOTE: priorities, sampling parameters and stop strings are accepted and ignored: scheduling is
+FCFS, like the instance simulator the router predicts with, and the text is synthetic anyway.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import logging
+import random
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from workers.serve.engine import (
+    EngineListener,
+    EngineSnapshot,
+    EngineStopped,
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    RequestRejected,
+    RequestState,
+    StepSample,
+)
+from workers.sim import (
+    BatchStats,
+    ExecModel,
+    InstanceConfig,
+    Scheduler,
+    SeqState,
+    SeqStatus,
+    bundled_model,
+)
+
+__all__ = [
+    "EmulatedEngine",
+    "EmulatedEngineConfig",
+    "MaxTokensLengths",
+    "OutputLengths",
+    "SHAREGPT_OUTPUT_QUANTILES",
+    "ShareGptLengths",
+    "approx_token_count",
+]
+
+logger = logging.getLogger(__name__)
+
+ENGINE_KIND = "emulated"
+#: Finished requests remembered so that a redelivered submit gets the finished future back.
+NUM_RECENT_RESULTS = 1024
+#: How far the engine may fall behind its emulated clock and still catch up by sleeping less
+#: (sleep overshoot, a busy CPU). Beyond this, lost time is lost: the engine runs slower.
+MAX_CATCH_UP_S = 0.05
+#: Synthetic token ids are drawn below this (Llama-2's vocabulary size).
+SYNTHETIC_VOCAB_SIZE = 32000
+
+#: Output-length distribution of ShareGPT answers (Llama-2 tokens): (percentile, tokens) pairs,
+#: from the 10,000 requests of ../shared/data/traces/vidur_opt_scheduler/sharegpt_val_10k_llama2.csv
+#: (column num_decode_tokens, numpy.percentile, rounded). Mean 326, median 286.
+SHAREGPT_OUTPUT_QUANTILES: tuple[tuple[float, int], ...] = (
+    (0.0, 3), (2.5, 12), (5.0, 23), (7.5, 33), (10.0, 44), (15.0, 75), (20.0, 106),
+    (25.0, 136), (30.0, 167), (35.0, 201), (40.0, 232), (45.0, 260), (50.0, 286), (55.0, 314),
+    (60.0, 341), (65.0, 371), (70.0, 405), (75.0, 446), (80.0, 502), (85.0, 571), (90.0, 681),
+    (92.5, 754), (95.0, 839), (97.5, 938), (99.0, 1000), (99.5, 1044), (100.0, 1734),
+)
+
+
+class OutputLengths(Protocol):
+    """How many tokens a request would generate if max_tokens did not stop it."""
+
+    def __call__(self, request: GenerationRequest) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ShareGptLengths:
+    """Draws from `SHAREGPT_OUTPUT_QUANTILES` (inverse CDF, linear between quantiles).
+
+    NOTE: the draw is a deterministic function of (seed, request_id): an output length is a
+    property of the request, not of the instance serving it, so a request re-routed after a
+    crash, or replayed on another instance, produces the same length there.
+    """
+
+    seed: int = 0
+
+    def __call__(self, request: GenerationRequest) -> int:
+        # random.Random seeds a str through SHA-512: the same in every process (unlike hash()).
+        u = random.Random(f"{self.seed}:{request.request_id}").random() * 100.0
+        return sharegpt_output_tokens(u)
+
+
+@dataclass(frozen=True, slots=True)
+class MaxTokensLengths:
+    """Every request generates exactly max_tokens (an EOS-free model; replay benchmarks)."""
+
+    def __call__(self, request: GenerationRequest) -> int:
+        return request.max_tokens
+
+
+def sharegpt_output_tokens(percentile: float) -> int:
+    """The ShareGPT output length at `percentile` (0-100), interpolated between quantiles."""
+    points = SHAREGPT_OUTPUT_QUANTILES
+    index = bisect.bisect_right([p for p, _ in points], percentile)
+    if index >= len(points):
+        return points[-1][1]
+    (p0, v0), (p1, v1) = points[index - 1], points[index]
+    return max(1, round(v0 + (v1 - v0) * (percentile - p0) / (p1 - p0)))
+
+
+def approx_token_count(text: str) -> int:
+    """About four characters per token (English BPE); at least one (the BOS token)."""
+    return max(1, -(-len(text) // 4))
+
+
+@dataclass(frozen=True, slots=True)
+class EmulatedEngineConfig:
+    """The emulated instance; the defaults are the Block paper's A30 serving Qwen2-7B."""
+
+    # Ground-truth execution-time model: a bundled name (workers/sim/models) or a model.
+    exec_model: str | ExecModel = "qwen2-7b-a30"
+    # Name reported in snapshots. None: "emulated/<exec model name>".
+    model: str | None = None
+    num_blocks: int = 7289  # KV-cache blocks, as vLLM's num_gpu_blocks (one is the null block)
+    block_size: int = 16  # tokens per KV block
+    max_num_seqs: int = 48  # most requests in one batch
+    max_num_batched_tokens: int = 512  # token budget per step (chunked prefill)
+    max_model_len: int = 4096  # most tokens (prompt + output) per request
+    # Wall seconds per emulated second: 1.0 real time, 0.1 ten times faster.
+    time_scale: float = 1.0
+    # Sigma of the multiplicative log-normal noise on every step's duration (mean 1); 0: none.
+    noise: float = 0.05
+    seed: int = 0  # seeds the step-time noise
+    # True output length of a request before the max_tokens / max_model_len cap.
+    output_lengths: OutputLengths = field(default_factory=ShareGptLengths)
+    # Prompt tokens of a prompt text; give the served model's tokenizer to match the API.
+    count_tokens: Callable[[str], int] = approx_token_count
+
+    def __post_init__(self) -> None:
+        if not self.time_scale > 0:
+            raise ValueError(f"time_scale must be positive, got {self.time_scale}")
+        if self.noise < 0:
+            raise ValueError(f"noise must not be negative, got {self.noise}")
+        self.instance_config()  # validates the scheduler settings
+
+    def instance_config(self) -> InstanceConfig:
+        """The scheduler settings, as the instance simulator takes them."""
+        return InstanceConfig(
+            num_total_blocks=self.num_blocks,
+            block_size=self.block_size,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+        )
+
+
+@dataclass(slots=True, eq=False)
+class _Tracked:
+    """One submitted request (written by the engine thread, under the lock)."""
+
+    request: GenerationRequest
+    future: Future[GenerationResult]
+    admitted_at: float
+    num_prompt_tokens: int
+    num_target_tokens: int  # the output length at which it finishes
+    finish_reason: FinishReason  # how it will finish: "length" if a cap cut it short
+    seq: SeqState | None = None  # once handed to the scheduler
+    first_token_at: float | None = None
+    text_parts: list[str] = field(default_factory=list)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.seq.num_output_tokens if self.seq is not None else 0
+
+
+class EmulatedEngine:
+    """`Engine` whose GPU is the vLLM scheduling model run in (scaled) real time."""
+
+    kind = ENGINE_KIND
+
+    def __init__(
+        self, config: EmulatedEngineConfig | None = None, listener: EngineListener | None = None
+    ) -> None:
+        self.config = config if config is not None else EmulatedEngineConfig()
+        self.listener = listener if listener is not None else EngineListener()
+        exec_model = self.config.exec_model
+        self.exec_model = bundled_model(exec_model) if isinstance(exec_model, str) else exec_model
+        self.model = self.config.model or f"emulated/{self.exec_model.name}"
+        self._instance_config = self.config.instance_config()
+        self._cond = threading.Condition(threading.Lock())
+        # --- guarded by _cond ---
+        self._scheduler = Scheduler(self._instance_config)
+        self._inflight: dict[str, _Tracked] = {}
+        self._recent: collections.OrderedDict[str, Future[GenerationResult]] = (
+            collections.OrderedDict()
+        )
+        self._inbox: list[_Tracked] = []
+        self._abort_ids: list[str] = []
+        self._stopping = False
+        # --- engine thread only ---
+        self._rng = random.Random(self.config.seed)  # step-time noise
+        self._thread: threading.Thread | None = None
+        self._clock_s: float | None = None  # monotonic end of the last step; None when idle
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Start the engine thread (nothing to load: ready at once)."""
+        if self._thread is not None:
+            raise RuntimeError("EmulatedEngine.start() called twice")
+        self._thread = threading.Thread(target=self._run, name="emulated-engine", daemon=True)
+        self._thread.start()
+        config = self.config
+        logger.info(
+            "emulated engine ready (no GPU: simulated vLLM scheduler): exec model=%s blocks=%d "
+            "block_size=%d max_num_seqs=%d budget=%d max_model_len=%d time_scale=%g noise=%g",
+            self.exec_model.name, config.num_blocks, config.block_size, config.max_num_seqs,
+            config.max_num_batched_tokens, config.max_model_len, config.time_scale, config.noise,
+        )
+
+    def stop(self) -> None:
+        """End the engine loop; pending futures fail with EngineStopped."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    @property
+    def alive(self) -> bool:
+        """True while the engine loop runs and accepts requests."""
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    # ---------------------------------------------------------------- requests
+
+    def submit(self, request: GenerationRequest) -> Future[GenerationResult]:
+        """Queue a request for the next step; a request id in flight (or recently finished)
+        returns its existing future instead of starting a second generation.
+
+        A prompt that does not fit max_model_len gets a future failed with `RequestRejected`.
+        """
+        if request.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be positive, got {request.max_tokens}")
+        with self._cond:
+            known = self._known_future(request.request_id)
+            if known is not None:
+                return known
+        num_prompt_tokens = self.config.count_tokens(request.prompt)  # outside the lock: slow
+        with self._cond:
+            known = self._known_future(request.request_id)
+            if known is not None:
+                return known
+            if self._stopping or not self.alive:
+                raise EngineStopped(
+                    f"emulated engine is not running; cannot take {request.request_id}"
+                )
+            future: Future[GenerationResult] = Future()
+            max_len = self.config.max_model_len
+            if num_prompt_tokens >= max_len:
+                future.set_exception(RequestRejected(
+                    f"{request.request_id}: prompt of {num_prompt_tokens} tokens does not fit "
+                    f"max_model_len {max_len} (emulated engine)"))
+                return future
+            tracked = self._track(request, future, num_prompt_tokens)
+            self._inflight[request.request_id] = tracked
+            self._inbox.append(tracked)
+            self._cond.notify_all()
+            return future
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request; its future resolves with finish_reason "abort". Unknown ids: no-op."""
+        with self._cond:
+            if request_id in self._inflight:
+                self._abort_ids.append(request_id)
+                self._cond.notify_all()
+
+    def snapshot(self) -> EngineSnapshot:
+        """Exact scheduler state: running requests in running order, then waiting ones in
+        scheduling order, then those submitted since the last step."""
+        with self._cond:
+            scheduler = self._scheduler
+            seqs = [*scheduler.running, *scheduler.waiting]
+            requests = [self._state_of(self._inflight[s.request_id]) for s in seqs]
+            requests += [self._state_of(t) for t in self._inbox]
+            num_running = len(scheduler.running)
+            num_free = scheduler.block_pool.num_free
+        config = self.config
+        return EngineSnapshot(
+            engine_kind=ENGINE_KIND,
+            model=self.model,
+            num_running=num_running,
+            num_waiting=len(requests) - num_running,
+            # NOTE: like VllmEngine, the blocks requests can hold (vLLM keeps a null block).
+            num_total_blocks=self._instance_config.num_usable_blocks,
+            num_free_blocks=num_free,
+            block_size=config.block_size,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=config.max_model_len,
+            requests=tuple(requests),
+            taken_at=time.time(),
+        )
+
+    def _known_future(self, request_id: str) -> Future[GenerationResult] | None:
+        """The future of a request in flight or recently finished. Called under the lock."""
+        tracked = self._inflight.get(request_id)
+        return tracked.future if tracked is not None else self._recent.get(request_id)
+
+    def _track(
+        self, request: GenerationRequest, future: Future[GenerationResult], num_prompt_tokens: int
+    ) -> _Tracked:
+        """Bookkeeping for a new request, with the output length at which it will finish."""
+        num_room = self.config.max_model_len - num_prompt_tokens  # vLLM stops at max_model_len
+        num_drawn = max(1, int(self.config.output_lengths(request)))
+        num_cap = min(request.max_tokens, num_room)
+        # An emulated EOS when the drawn length comes first; otherwise a cap cut it ("length").
+        reason: FinishReason = "stop" if num_drawn < num_cap else "length"
+        return _Tracked(request, future, time.time(), num_prompt_tokens, min(num_drawn, num_cap),
+                        reason)
+
+    @staticmethod
+    def _state_of(tracked: _Tracked) -> RequestState:
+        seq = tracked.seq
+        return RequestState(
+            request_id=tracked.request.request_id,
+            num_prompt_tokens=tracked.num_prompt_tokens,
+            num_computed_tokens=seq.num_computed_tokens if seq is not None else 0,
+            num_output_tokens=tracked.num_output_tokens,
+            predicted_output_tokens=tracked.request.predicted_output_tokens,
+            is_running=seq is not None and seq.status == SeqStatus.RUNNING,
+        )
+
+    # ---------------------------------------------------------------- engine thread
+
+    def _run(self) -> None:
+        error: BaseException | None = None
+        try:
+            self._loop()
+        except BaseException as err:  # noqa: BLE001 - the loop died: fail every request
+            logger.exception("emulated engine loop died")
+            error = err
+        finally:
+            with self._cond:
+                self._stopping = True
+                pending = list(self._inflight.values())
+                self._inflight.clear()
+                self._inbox.clear()
+            reason = "emulated engine stopped" if error is None else (
+                f"emulated engine died: {error!r}")
+            for tracked in pending:
+                if not tracked.future.done():
+                    exc = EngineStopped(f"{reason}; request {tracked.request.request_id} lost")
+                    exc.__cause__ = error
+                    tracked.future.set_exception(exc)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                if not self._scheduler.has_unfinished_requests:
+                    self._clock_s = None  # idle: the next step starts when work comes
+                while not (self._stopping or self._inbox or self._abort_ids
+                           or self._scheduler.has_unfinished_requests):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                aborted = self._take_inbox_and_aborts()
+                has_work = self._scheduler.has_unfinished_requests
+            now = time.time()
+            for tracked in aborted:
+                self._resolve(tracked, "abort", now)
+            if has_work:
+                self._step()
+
+    def _take_inbox_and_aborts(self) -> list[_Tracked]:
+        """Hand new requests to the scheduler, take aborted ones out. Called under the lock."""
+        abort_ids = set(self._abort_ids)
+        self._abort_ids = []
+        admitted, self._inbox = self._inbox, []
+        for tracked in admitted:
+            if tracked.request.request_id in abort_ids:
+                continue
+            if not tracked.future.set_running_or_notify_cancel():  # cancelled before admission
+                del self._inflight[tracked.request.request_id]
+                continue
+            tracked.seq = SeqState(tracked.request.request_id, tracked.num_prompt_tokens,
+                                   tracked.num_target_tokens)
+            self._scheduler.add_request(tracked.seq)
+        aborted = [self._inflight.pop(rid) for rid in abort_ids if rid in self._inflight]
+        for tracked in aborted:
+            if tracked.seq is not None:
+                self._drop_from_scheduler(tracked.seq)
+        return aborted
+
+    def _drop_from_scheduler(self, seq: SeqState) -> None:
+        """Take an aborted request out of the scheduler and free its blocks. Under the lock.
+
+        NOTE: `workers.sim.Scheduler` has no abort (vLLM's ``finish_requests``): the simulator
+        never needs one. This does the same on its public state, between two steps.
+        """
+        scheduler = self._scheduler
+        if seq.status == SeqStatus.RUNNING:
+            scheduler.running.remove(seq)
+        else:
+            scheduler.waiting.remove(seq)
+        del scheduler.requests[seq.request_id]
+        scheduler.block_pool.free(seq.num_owned_blocks, reusable=False)
+        seq.num_owned_blocks = 0
+        seq.status = SeqStatus.FINISHED
+
+    def _step(self) -> None:
+        """One emulated forward pass: schedule, "run" it (sleep its duration), take its output."""
+        with self._cond:
+            output = self._scheduler.schedule()
+        assert output.num_scheduled_tokens, "requests wait but none can be scheduled"
+        duration_s = self._step_duration_s(output.stats)
+        self._sleep_until(self._advance_clock(duration_s))
+        now = time.time()
+        first_tokens: list[str] = []
+        deltas: list[tuple[str, str]] = []
+        finished: list[_Tracked] = []
+        with self._cond:
+            result = self._scheduler.update_from_output(output)
+            for request_id in result.sampled_ids:
+                tracked = self._inflight[request_id]
+                if tracked.first_token_at is None:
+                    tracked.first_token_at = now
+                    first_tokens.append(request_id)
+                text = _synthetic_token(request_id, tracked.num_output_tokens)
+                tracked.text_parts.append(text)
+                deltas.append((request_id, text))
+            for request_id in result.finished_ids:
+                tracked = self._inflight.pop(request_id)
+                self._remember(request_id, tracked.future)
+                finished.append(tracked)
+            sample = self._sample(output.stats, len(output.num_scheduled_tokens), duration_s, now)
+        for request_id in first_tokens:
+            self._notify("on_first_token", request_id, now)
+        for request_id, text in deltas:
+            self._notify("on_tokens", request_id, text)
+        for tracked in finished:
+            self._resolve(tracked, tracked.finish_reason, now)
+        self._notify("on_step", sample)
+
+    def _step_duration_s(self, stats: BatchStats) -> float:
+        """Wall seconds of a step: ground truth x log-normal noise (mean 1) x time scale."""
+        sigma = self.config.noise
+        factor = self._rng.lognormvariate(-sigma * sigma / 2.0, sigma) if sigma > 0 else 1.0
+        return self.exec_model.step_ms(stats) / 1000.0 * factor * self.config.time_scale
+
+    def _advance_clock(self, duration_s: float) -> float:
+        """The monotonic time at which the step ends.
+
+        Back-to-back steps follow each other on the emulated clock, not on the wall clock,
+        so sleep overshoot and bookkeeping between steps do not add up over a long run.
+        """
+        now = time.monotonic()
+        start = now if self._clock_s is None else max(self._clock_s, now - MAX_CATCH_UP_S)
+        self._clock_s = start + duration_s
+        return self._clock_s
+
+    def _sleep_until(self, deadline: float) -> None:
+        with self._cond:
+            while not self._stopping:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._cond.wait(remaining)
+
+    def _sample(
+        self, stats: BatchStats, num_seqs: int, duration_s: float, now: float
+    ) -> StepSample:
+        """The step as VllmEngine reports one. Called under the lock.
+
+        NOTE: duration_ms is the step's emulated duration in wall time (time_scale applied):
+        the clock every other timing of this engine (TTFT, latency) is measured on.
+        """
+        scheduler = self._scheduler
+        usable = self._instance_config.num_usable_blocks
+        return StepSample(
+            at=now,
+            duration_ms=duration_s * 1000.0,
+            num_seqs=num_seqs,
+            num_prefill_tokens=stats.num_prefill_tokens,
+            num_decode_tokens=stats.num_decode_seqs,
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting) + len(self._inbox),
+            kv_cache_usage=1.0 - scheduler.block_pool.num_free / usable,
+        )
+
+    def _resolve(self, tracked: _Tracked, reason: FinishReason, now: float) -> None:
+        """Complete a request's future (outside the lock: done-callbacks run right here)."""
+        if tracked.future.done():  # cancelled by its caller before admission
+            return
+        tracked.future.set_result(GenerationResult(
+            request_id=tracked.request.request_id,
+            output_text="".join(tracked.text_parts),
+            num_prompt_tokens=tracked.num_prompt_tokens,
+            num_output_tokens=tracked.num_output_tokens,
+            finish_reason=reason,
+            admitted_at=tracked.admitted_at,
+            first_token_at=tracked.first_token_at,
+            finished_at=now,
+        ))
+
+    def _remember(self, request_id: str, future: Future[GenerationResult]) -> None:
+        """Keep a completed request's future for deduplication. Called under the lock.
+
+        NOTE: aborted requests are not remembered: re-routed after a drain, they must run again.
+        """
+        self._recent[request_id] = future
+        while len(self._recent) > NUM_RECENT_RESULTS:
+            self._recent.popitem(last=False)
+
+    def _notify(self, hook: str, *args: object) -> None:
+        # NOTE: a faulty listener must not take every in-flight request down with the engine.
+        try:
+            getattr(self.listener, hook)(*args)
+        except Exception:  # noqa: BLE001
+            logger.exception("emulated engine: listener %s failed", hook)
+
+
+def _synthetic_token(request_id: str, index: int) -> str:
+    """The text of output token `index` (1-based) of a request: ``"tok<id> "``, deterministic."""
+    token_id = (zlib.crc32(request_id.encode()) + 7919 * index) % SYNTHETIC_VOCAB_SIZE
+    return f"tok{token_id} "
