@@ -44,9 +44,21 @@ def enqueue_predict(celery: Celery, request_id: str, *, priority: int) -> None:
     celery.send_task(TASK_PREDICT, args=[request_id], queue=QUEUE_PREDICT, priority=priority)
 
 
-def enqueue_route(celery: Celery, request_id: str, *, priority: int, countdown: float = 0) -> None:
+def enqueue_route(
+    celery: Celery,
+    request_id: str,
+    *,
+    priority: int,
+    countdown: float = 0,
+    predict_started_at: float | None = None,
+) -> None:
     celery.send_task(
-        TASK_ROUTE, args=[request_id], queue=QUEUE_ROUTE, priority=priority, countdown=countdown
+        TASK_ROUTE,
+        args=[request_id],
+        kwargs={"predict_started_at": predict_started_at},
+        queue=QUEUE_ROUTE,
+        priority=priority,
+        countdown=countdown,
     )
 
 

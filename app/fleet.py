@@ -33,8 +33,13 @@ class InstanceStatus:
     heartbeat_age_s: float | None
     # The published state: engine_kind, model, counts, KV blocks, config, requests.
     state: dict[str, Any]
-    # Requests routed here that the engine has not admitted yet (not in `state` yet).
-    num_assigned: int
+    # Requests routed here that the published state does not show yet, in routing order:
+    # {"request_id", "num_prompt_tokens", "predicted_output_tokens", "at"}.
+    assigned: tuple[dict[str, Any], ...]
+
+    @property
+    def num_assigned(self) -> int:
+        return len(self.assigned)
 
     @property
     def accepting(self) -> bool:
@@ -63,9 +68,13 @@ class Fleet:
 
     # --- engine workers ------------------------------------------------------------------------
     def publish(self, instance_id: str, state: dict[str, Any]) -> None:
-        """Store the state and renew the heartbeat in one round trip."""
+        """Store the state and renew the heartbeat in one round trip; the requests the state
+        shows are no longer counted as assigned."""
         payload = json.dumps({**state, "published_at": time.time()})
-        with self.redis.pipeline(transaction=False) as pipe:
+        shown = [r["request_id"] for r in state.get("requests", ())]
+        with self.redis.pipeline(transaction=True) as pipe:
+            if shown:
+                pipe.hdel(self._key("instance", instance_id, "assigned"), *shown)
             pipe.sadd(self._key("instances"), instance_id)
             pipe.set(self._key("instance", instance_id, "state"), payload)
             pipe.set(
@@ -78,8 +87,8 @@ class Fleet:
     def mark_stopped(self, instance_id: str) -> None:
         self.redis.delete(self._key("instance", instance_id, "alive"))
 
-    def admitted(self, instance_id: str, request_id: str) -> None:
-        """The engine took the request: it now shows in the published state instead."""
+    def unassign(self, instance_id: str, request_id: str) -> None:
+        """The engine will not run this request (it was re-routed, finished or cancelled)."""
         self.redis.hdel(self._key("instance", instance_id, "assigned"), request_id)
 
     def cancelled(self, request_ids: Iterable[str]) -> set[str]:
@@ -90,9 +99,23 @@ class Fleet:
         return {rid for rid, flag in zip(ids, flags, strict=True) if flag}
 
     # --- routers -------------------------------------------------------------------------------
-    def assign(self, instance_id: str, request_id: str) -> None:
+    def assign(
+        self,
+        instance_id: str,
+        request_id: str,
+        *,
+        num_prompt_tokens: int,
+        predicted_output_tokens: int | None,
+    ) -> None:
+        """Record a routing decision so the next decision sees it before the engine shows it."""
+        entry = {
+            "request_id": request_id,
+            "num_prompt_tokens": num_prompt_tokens,
+            "predicted_output_tokens": predicted_output_tokens,
+            "at": time.time(),
+        }
         self.redis.hset(
-            self._key("instance", instance_id, "assigned"), request_id, str(time.time())
+            self._key("instance", instance_id, "assigned"), request_id, json.dumps(entry)
         )
 
     def next_round_robin(self) -> int:
@@ -114,7 +137,7 @@ class Fleet:
             for instance_id in ids:
                 pipe.get(self._key("instance", instance_id, "state"))
                 pipe.exists(self._key("instance", instance_id, "alive"))
-                pipe.hlen(self._key("instance", instance_id, "assigned"))
+                pipe.hvals(self._key("instance", instance_id, "assigned"))
             replies = pipe.execute()
         now = time.time()
         return [
@@ -131,14 +154,15 @@ class Fleet:
 
 
 def _status(
-    instance_id: str, raw_state: bytes | None, alive: int, num_assigned: int, *, now: float
+    instance_id: str, raw_state: bytes | None, alive: int, raw_assigned: list[bytes], *, now: float
 ) -> InstanceStatus:
     state = json.loads(raw_state) if raw_state else {}
     published_at = state.get("published_at")
+    assigned = sorted((json.loads(raw) for raw in raw_assigned), key=lambda entry: entry["at"])
     return InstanceStatus(
         instance_id=instance_id,
         alive=bool(alive),
         heartbeat_age_s=None if published_at is None else max(0.0, now - published_at),
         state=state,
-        num_assigned=int(num_assigned),
+        assigned=tuple(assigned),
     )

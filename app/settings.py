@@ -134,7 +134,16 @@ class Settings(BaseSettings):
 
     # --- routing -------------------------------------------------------------------------------
     routing_policy: str = Field(
-        "round_robin", description="Routing policy by name: round_robin or least_requests."
+        "round_robin",
+        description="Routing policy by name: round_robin, random, least_requests, infaas, "
+        "llumnix, least_tokens, block, block_ttft, or po2_<name> / po4_<name> (power-of-k "
+        "probing) for a scoring policy.",
+    )
+    routing_exec_model: str | None = Field(
+        None,
+        description="Execution-time model the block policies simulate instances with: a model "
+        "bundled in workers/sim/models (e.g. qwen2-7b-a30) or a path to a fitted model JSON. "
+        "Unset: emulated_exec_model for emulated engines, qwen2-7b-a30 otherwise.",
     )
     route_retry_s: float = Field(
         0.5, gt=0, description="Delay before routing is tried again when no instance is alive."

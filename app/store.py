@@ -149,6 +149,7 @@ def request_to_dict(request: InferenceRequest, *, include_events: bool = True) -
         "max_tokens": request.max_tokens,
         "instance_id": request.instance_id,
         "policy": request.policy,
+        "routing": request.routing,
         "attempt": request.attempt,
         "output": request.output_text,
         "finish_reason": request.finish_reason,

@@ -82,3 +82,24 @@ def _num_step_samples(stack: Stack, timeout_s: float = 10.0) -> int:
             time.sleep(0.2)
     finally:
         db.dispose()
+
+
+def test_block_routing_records_every_decision(
+    start_stack: Callable[..., Stack],  # noqa: F811 - the imported fixture
+) -> None:
+    stack = start_stack(3, engine_kind="emulated", emulated_time_scale=0.05,
+                        routing_policy="block")
+    with httpx.Client(base_url=stack.api_url, timeout=30) as client:
+        ids = [_submit(client, prompt=f"Explain topic {i} in depth.", max_tokens=64 + i)
+               for i in range(45)]
+        results = _wait_terminal(client, ids)
+
+    assert Counter(r["status"] for r in results.values()) == {"succeeded": 45}
+    assert {r["instance_id"] for r in results.values()} == {"gpu.0", "gpu.1", "gpu.2"}
+    for r in results.values():
+        routing = r["routing"]
+        assert r["policy"] == "block"
+        assert set(routing["scores"]) == set(routing["what_ifs"]) == {"gpu.0", "gpu.1", "gpu.2"}
+        # The winner has the lowest simulated end-to-end latency (the block policy's score).
+        assert routing["scores"][r["instance_id"]] == min(routing["scores"].values())
+        assert routing["decision_ms"] > 0 and routing["overhead_ms"] >= routing["decision_ms"]

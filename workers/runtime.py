@@ -7,6 +7,7 @@ need from `get()`; tests and the engine worker may `configure()` it explicitly f
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -17,6 +18,9 @@ from app.db import Database
 from app.fleet import Fleet
 from app.prompts import PromptCodec
 from app.settings import Settings
+from workers.sim import ExecModel, bundled_model, bundled_model_names
+
+DEFAULT_EXEC_MODEL = "qwen2-7b-a30"
 
 __all__ = ["Runtime", "get", "configure", "current_celery"]
 
@@ -36,6 +40,18 @@ class Runtime:
     @cached_property
     def fleet(self) -> Fleet:
         return Fleet(self.redis, heartbeat_ttl_s=self.settings.heartbeat_ttl_s)
+
+    @cached_property
+    def routing_exec_model(self) -> ExecModel:
+        """The execution-time model the block policies simulate instances with."""
+        name = self.settings.routing_exec_model or (
+            self.settings.emulated_exec_model
+            if self.settings.engine_kind == "emulated"
+            else DEFAULT_EXEC_MODEL
+        )
+        if name in bundled_model_names():
+            return bundled_model(name)
+        return ExecModel.load(Path(name))
 
     @cached_property
     def prompts(self) -> PromptCodec:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from celery import shared_task
 
 from app import dispatch, store
@@ -16,6 +18,7 @@ PREDICTOR = RunningMeanPredictor()
 @shared_task(name=dispatch.TASK_PREDICT)
 def annotate(request_id: str) -> None:
     """Predict the output length, then hand the request to the router. Safe to run twice."""
+    started_at = time.time()
     rt = runtime.get()
     with rt.db.session() as session:
         store.transition(
@@ -29,4 +32,6 @@ def annotate(request_id: str) -> None:
         request.predictor = PREDICTOR.name
         request.predicted_at = utcnow()
         priority = Priority(request.priority).rank
-    dispatch.enqueue_route(runtime.current_celery(), request_id, priority=priority)
+    dispatch.enqueue_route(
+        runtime.current_celery(), request_id, priority=priority, predict_started_at=started_at
+    )

@@ -1,25 +1,60 @@
 """Routing policies: one decision each, registered by name. Pure: no I/O, no clock.
 
-A policy scores every candidate (lower is better) and the lowest wins, ties broken at random, so
-every decision can be recorded with all candidates' scores.
+A policy scores the candidates (lower is better) and the lowest wins, ties broken at random, so
+every decision can be recorded with all candidates' scores. Policies only read `InstanceView`
+fields; what is expensive to know (a simulated what-if per instance) the caller computes first,
+with `FleetLedger` or `predict_what_ifs` below, and passes in the views.
+
+Names (the Block paper's in brackets): ``round_robin``, ``random``, ``least_requests``,
+``infaas`` [INFaaS++], ``llumnix`` [Llumnix-], ``least_tokens`` [Block-NoSim], ``block``
+[Block], ``block_ttft``, and ``po2_<name>`` / ``po4_<name>`` [Po2/Po4] for every scoring
+policy: k candidates drawn at random, the best of them by ``<name>``. The oracle mode
+[Block*] is not a policy: it is the caller predicting lengths with the true ones.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from workers.registry import Registry
+from workers.sim import (
+    ExecModel,
+    InstanceSnapshot,
+    PreparedInstance,
+    SimRequest,
+    WhatIf,
+    predict_what_if_prepared,
+    prepare,
+    target_output_tokens,
+)
 
-__all__ = ["RequestView", "InstanceView", "RoutingContext", "Decision", "Policy", "POLICIES", "decide"]
+__all__ = [
+    "POLICIES",
+    "PROBE_COUNTS",
+    "SCORING_POLICIES",
+    "Decision",
+    "FleetLedger",
+    "InstanceView",
+    "Policy",
+    "PowerOfK",
+    "RequestView",
+    "RoutingContext",
+    "decide",
+    "instance_view",
+    "needs_what_if",
+    "predict_what_ifs",
+    "prepare_published",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class RequestView:
     request_id: str
     num_prompt_tokens: int
+    # The length the router plans with: a prediction, or the true length in oracle benchmarks.
     predicted_output_tokens: int | None
     max_tokens: int
 
@@ -33,6 +68,17 @@ class InstanceView:
     num_assigned: int
     num_free_blocks: int
     num_total_blocks: int
+    # KV blocks the waiting and assigned requests need to be admitted (their prompts, plus the
+    # output a preempted request recomputes): Llumnix's "blocks of waiting requests".
+    num_waiting_prompt_blocks: int = 0
+    # Tokens still to compute over running, waiting and assigned requests: prompt tokens not yet
+    # in the KV cache plus predicted output tokens not yet generated; None when not known.
+    num_outstanding_tokens: int | None = None
+    # Simulated time to first token of the request being routed, had this instance got it at its
+    # published moment (seconds); None when the caller did not compute it.
+    what_if_ttft_s: float | None = None
+    # Simulated end-to-end latency of the request being routed, as above.
+    what_if_e2e_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,14 +92,19 @@ class RoutingContext:
 class Decision:
     policy: str
     instance_id: str
+    # Score of every candidate the policy considered (lower is better); a power-of-k policy
+    # considers only the instances it probed.
     scores: dict[str, float]
 
 
 class Policy(Protocol):
+    #: Whether the caller must fill ``what_if_ttft_s`` / ``what_if_e2e_s`` in the views.
+    needs_what_if: ClassVar[bool]
+
     def scores(
         self, request: RequestView, fleet: Sequence[InstanceView], ctx: RoutingContext
-    ) -> list[float]:
-        """One score per instance of `fleet`, in order; the lowest wins."""
+    ) -> list[float | None]:
+        """One score per instance of `fleet`, in order; the lowest wins; None: not a candidate."""
         ...
 
 
@@ -62,15 +113,132 @@ POLICIES: Registry[Policy] = Registry("routing policy")
 
 @POLICIES.register("round_robin")
 class RoundRobin:
+    needs_what_if = False
+
     def scores(self, request, fleet, ctx):  # type: ignore[no-untyped-def]
         chosen = ctx.ticket % len(fleet)
         return [0.0 if i == chosen else 1.0 for i in range(len(fleet))]
 
 
+@POLICIES.register("random")
+class Random:
+    needs_what_if = False
+
+    def scores(self, request, fleet, ctx):  # type: ignore[no-untyped-def]
+        # NOTE: all tie, so the tie break draws the winner uniformly.
+        return [0.0] * len(fleet)
+
+
 @POLICIES.register("least_requests")
 class LeastRequests:
+    needs_what_if = False
+
     def scores(self, request, fleet, ctx):  # type: ignore[no-untyped-def]
         return [float(i.num_running + i.num_waiting + i.num_assigned) for i in fleet]
+
+
+@POLICIES.register("infaas")
+class Infaas:
+    """INFaaS++: most free KV blocks per running request (assigned ones will run too)."""
+
+    needs_what_if = False
+
+    def scores(self, request, fleet, ctx):  # type: ignore[no-untyped-def]
+        return [-i.num_free_blocks / max(i.num_running + i.num_assigned, 1) for i in fleet]
+
+
+@POLICIES.register("llumnix")
+class Llumnix:
+    """Llumnix-: freeness = (free blocks - blocks of waiting requests) / max(running, 1)."""
+
+    needs_what_if = False
+
+    def scores(self, request, fleet, ctx):  # type: ignore[no-untyped-def]
+        return [-(i.num_free_blocks - i.num_waiting_prompt_blocks) / max(i.num_running, 1)
+                for i in fleet]
+
+
+@POLICIES.register("least_tokens")
+class LeastTokens:
+    """Block-NoSim: least outstanding predicted tokens."""
+
+    needs_what_if = False
+
+    def scores(self, request, fleet, ctx):  # type: ignore[no-untyped-def]
+        return [float(_required(i, "num_outstanding_tokens", i.num_outstanding_tokens))
+                for i in fleet]
+
+
+@POLICIES.register("block")
+class Block:
+    """Block: minimum simulated end-to-end latency of the new request."""
+
+    needs_what_if = True
+
+    def scores(self, request, fleet, ctx):  # type: ignore[no-untyped-def]
+        return [_required(i, "what_if_e2e_s", i.what_if_e2e_s) for i in fleet]
+
+
+@POLICIES.register("block_ttft")
+class BlockTtft:
+    """Minimum simulated time to first token of the new request."""
+
+    needs_what_if = True
+
+    def scores(self, request, fleet, ctx):  # type: ignore[no-untyped-def]
+        return [_required(i, "what_if_ttft_s", i.what_if_ttft_s) for i in fleet]
+
+
+def _required(view: InstanceView, field: str, value: float | None) -> float:
+    if value is None:
+        raise ValueError(f"{view.instance_id}: the caller must compute {field} for this policy "
+                         f"(see FleetLedger.views)")
+    return value
+
+
+class PowerOfK:
+    """Probe `num_probes` candidates drawn at random; the best of them by `inner` wins."""
+
+    def __init__(self, inner: Policy, num_probes: int) -> None:
+        if num_probes < 1:
+            raise ValueError(f"num_probes must be positive, got {num_probes}")
+        self.inner = inner
+        self.num_probes = num_probes
+        self.needs_what_if = inner.needs_what_if  # type: ignore[misc]
+
+    def scores(self, request, fleet, ctx):  # type: ignore[no-untyped-def]
+        probed = sorted(ctx.rng.sample(range(len(fleet)), min(self.num_probes, len(fleet))))
+        inner_scores = self.inner.scores(request, [fleet[i] for i in probed], ctx)
+        scores: list[float | None] = [None] * len(fleet)
+        for index, score in zip(probed, inner_scores, strict=True):
+            scores[index] = score
+        return scores
+
+
+#: Policies that rank instances by a load signal: each gets power-of-k variants.
+SCORING_POLICIES = ("least_requests", "infaas", "llumnix", "least_tokens", "block", "block_ttft")
+#: The k of the registered power-of-k variants (``po2_block``, ``po4_block``, ...).
+PROBE_COUNTS = (2, 4)
+
+
+def _register_power_of_k(num_probes: int, inner_name: str) -> None:
+    class Probing(PowerOfK):
+        def __init__(self) -> None:
+            super().__init__(POLICIES.create(inner_name), num_probes)
+
+    Probing.__name__ = Probing.__qualname__ = f"Po{num_probes}_{inner_name}"
+    POLICIES.register(f"po{num_probes}_{inner_name}")(Probing)
+
+
+for _k in PROBE_COUNTS:
+    for _name in SCORING_POLICIES:
+        _register_power_of_k(_k, _name)
+del _k, _name
+
+
+def needs_what_if(policy_name: str) -> bool:
+    """Whether the named policy reads the what-if fields (so the caller must simulate)."""
+    return bool(POLICIES.create(policy_name).needs_what_if)
 
 
 def decide(
@@ -81,10 +249,158 @@ def decide(
         raise ValueError("no candidate instances")
     ordered = sorted(fleet, key=lambda i: i.instance_id)
     scores = POLICIES.create(policy_name).scores(request, ordered, ctx)
-    best = min(scores)
-    winners = [inst.instance_id for inst, score in zip(ordered, scores, strict=True) if score == best]
-    return Decision(
-        policy=policy_name,
-        instance_id=ctx.rng.choice(winners),
-        scores={inst.instance_id: s for inst, s in zip(ordered, scores, strict=True)},
+    considered = {inst.instance_id: s for inst, s in zip(ordered, scores, strict=True)
+                  if s is not None}
+    assert considered, f"{policy_name} considered no instance"
+    best = min(considered.values())
+    winners = [instance_id for instance_id, score in considered.items() if score == best]
+    return Decision(policy=policy_name, instance_id=ctx.rng.choice(winners), scores=considered)
+
+
+# -- inputs the caller computes: views and what-ifs from published states ---------------------
+
+def prepare_published(snapshot: InstanceSnapshot,
+                      assigned: Sequence[SimRequest] = ()) -> PreparedInstance:
+    """A published snapshot with the requests routed to it since, queued last in routing order.
+
+    NOTE: the engine admits those requests after everything it had waiting (FCFS), so a
+    what-if from this state sees them ahead of the new request: a burst spreads out instead
+    of piling onto the instance that looked idle when it published.
+    """
+    if assigned:
+        snapshot = InstanceSnapshot(snapshot.config, snapshot.num_free_blocks,
+                                    snapshot.requests + tuple(assigned))
+    return prepare(snapshot)
+
+
+def predict_what_ifs(request: SimRequest, instances: Mapping[str, PreparedInstance],
+                     exec_model: ExecModel) -> dict[str, WhatIf]:
+    """The new request's simulated timeline on each instance, from its published moment.
+
+    `request` carries the length to plan with in ``predicted_output_tokens`` (the prediction,
+    or the true length in oracle benchmarks). One call per instance of `instances`.
+    """
+    return {instance_id: predict_what_if_prepared(instance, request, exec_model)
+            for instance_id, instance in instances.items()}
+
+
+def instance_view(instance_id: str, snapshot: InstanceSnapshot,
+                  assigned: Sequence[SimRequest] = (),
+                  what_if: WhatIf | None = None) -> InstanceView:
+    """The view policies read, from a published snapshot and the requests routed since."""
+    waiting_blocks, outstanding = _load_of(snapshot.requests, snapshot)
+    assigned_blocks, assigned_outstanding = _load_of(assigned, snapshot)
+    num_running = sum(1 for r in snapshot.requests if r.is_running)
+    return InstanceView(
+        instance_id=instance_id,
+        num_running=num_running,
+        num_waiting=len(snapshot.requests) - num_running,
+        num_assigned=len(assigned),
+        num_free_blocks=snapshot.num_free_blocks,
+        num_total_blocks=snapshot.config.num_total_blocks,
+        num_waiting_prompt_blocks=waiting_blocks + assigned_blocks,
+        num_outstanding_tokens=outstanding + assigned_outstanding,
+        what_if_ttft_s=None if what_if is None else what_if.ttft_s,
+        what_if_e2e_s=None if what_if is None else what_if.e2e_s,
     )
+
+
+def _load_of(requests: Iterable[SimRequest], snapshot: InstanceSnapshot) -> tuple[int, int]:
+    """(blocks the waiting ones need to be admitted, outstanding tokens) of `requests`."""
+    config = snapshot.config
+    block_size = config.block_size
+    waiting_blocks = outstanding = 0
+    for r in requests:
+        num_tokens = r.num_prompt_tokens + r.num_output_tokens
+        computed = min(r.num_computed_tokens, num_tokens) if r.is_running else 0
+        if not r.is_running:
+            waiting_blocks += -(-num_tokens // block_size)
+        remaining_output = target_output_tokens(r, config) - r.num_output_tokens
+        outstanding += num_tokens - computed + remaining_output
+    return waiting_blocks, outstanding
+
+
+@dataclass(slots=True)
+class _Published:
+    snapshot: InstanceSnapshot
+    published_at_s: float
+    # Routed here since the snapshot, in routing order, with their routing times.
+    assigned: list[tuple[SimRequest, float]]
+    # Derived and cached; None when stale.
+    prepared: PreparedInstance | None = None
+    view: InstanceView | None = None
+
+
+class FleetLedger:
+    """What a router knows: each instance's latest published state and what it routed since.
+
+    The caller publishes snapshots as they arrive and records every assignment; `views` then
+    gives each instance's view with the assignments made since its snapshot counted in, and
+    with what-ifs simulated when an `exec_model` is given. Pure bookkeeping, no clock: times
+    are the caller's.
+    """
+
+    def __init__(self) -> None:
+        self._instances: dict[str, _Published] = {}
+
+    def publish(self, instance_id: str, snapshot: InstanceSnapshot, published_at_s: float) -> None:
+        """Replace `instance_id`'s state; assignments the snapshot already shows are dropped.
+
+        A request shows if it is in the snapshot, or was routed at or before the snapshot
+        moment (the engine had it then: it may already have finished).
+        """
+        old = self._instances.get(instance_id)
+        assigned: list[tuple[SimRequest, float]] = []
+        if old is not None:
+            ids = {r.request_id for r in snapshot.requests}
+            assigned = [(r, at) for r, at in old.assigned
+                        if at > published_at_s and r.request_id not in ids]
+        self._instances[instance_id] = _Published(snapshot, published_at_s, assigned)
+
+    def assign(self, instance_id: str, request: SimRequest, assigned_at_s: float) -> None:
+        """Record that `request` (waiting, with the length planned with) was routed here."""
+        entry = self._entry(instance_id)
+        entry.assigned.append((request, assigned_at_s))
+        entry.prepared = entry.view = None
+
+    def assigned(self, instance_id: str) -> tuple[SimRequest, ...]:
+        """Requests routed to `instance_id` that its latest snapshot does not show yet."""
+        return tuple(r for r, _ in self._entry(instance_id).assigned)
+
+    def prepared(self, instance_id: str) -> PreparedInstance:
+        """The published state plus assignments since, normalised for what-ifs (cached)."""
+        entry = self._entry(instance_id)
+        if entry.prepared is None:
+            entry.prepared = prepare_published(entry.snapshot, [r for r, _ in entry.assigned])
+        return entry.prepared
+
+    def views(self, request: SimRequest | None = None,
+              exec_model: ExecModel | None = None) -> list[InstanceView]:
+        """Every instance's view; with what-ifs for `request` when `exec_model` is given."""
+        views = []
+        for instance_id, entry in self._instances.items():
+            if entry.view is None:
+                entry.view = instance_view(instance_id, entry.snapshot,
+                                           [r for r, _ in entry.assigned])
+            view = entry.view
+            if exec_model is not None:
+                if request is None:
+                    raise ValueError("what-ifs need the request being routed")
+                what_if = predict_what_if_prepared(self.prepared(instance_id), request,
+                                                   exec_model)
+                view = _with_what_if(view, what_if)
+            views.append(view)
+        return views
+
+    def _entry(self, instance_id: str) -> _Published:
+        try:
+            return self._instances[instance_id]
+        except KeyError:
+            raise ValueError(f"instance {instance_id!r} has published no state") from None
+
+
+def _with_what_if(view: InstanceView, what_if: WhatIf) -> InstanceView:
+    return InstanceView(view.instance_id, view.num_running, view.num_waiting, view.num_assigned,
+                        view.num_free_blocks, view.num_total_blocks,
+                        view.num_waiting_prompt_blocks, view.num_outstanding_tokens,
+                        what_if.ttft_s, what_if.e2e_s)

@@ -5,20 +5,24 @@ from __future__ import annotations
 import random
 import time
 
-from celery import shared_task
+from celery import Celery, shared_task
 
 from app import dispatch, store
-from app.fleet import InstanceStatus
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
 from workers import runtime
-from workers.route.policies import InstanceView, RequestView, RoutingContext, decide
+from workers.route.planner import plan_route
+from workers.route.policies import RequestView, RoutingContext, needs_what_if
 
 _rng = random.Random()
 
 
 @shared_task(name=dispatch.TASK_ROUTE)
-def route(request_id: str) -> None:
-    """Pick an alive instance, record the decision, then publish to its queue. Safe to rerun."""
+def route(request_id: str, predict_started_at: float | None = None) -> None:
+    """Pick an alive instance, record the decision, then publish to its queue. Safe to rerun.
+
+    `predict_started_at` (Unix time the predict stage took the request) lets the decision record
+    the whole overhead from entering predict to the publish on gpu.<k>.
+    """
     rt = runtime.get()
     celery = runtime.current_celery()
     with rt.db.session() as session:
@@ -39,16 +43,36 @@ def route(request_id: str) -> None:
         )
         priority = Priority(request.priority).rank
     started = time.perf_counter()
-    candidates = [_instance_view(status) for status in rt.fleet.routable()]
+    candidates = rt.fleet.routable()
     if not candidates:
         dispatch.enqueue_route(
             celery, request_id, priority=priority, countdown=rt.settings.route_retry_s
         )
         return
-    ctx = RoutingContext(ticket=rt.fleet.next_round_robin(), rng=_rng)
-    decision = decide(rt.settings.routing_policy, view, candidates, ctx)
+    policy = rt.settings.routing_policy
+    plan = plan_route(
+        policy,
+        view,
+        candidates,
+        RoutingContext(ticket=rt.fleet.next_round_robin(), rng=_rng),
+        rt.routing_exec_model if needs_what_if(policy) else None,
+    )
+    decision = plan.decision
     decision_ms = (time.perf_counter() - started) * 1000
-    rt.fleet.assign(decision.instance_id, request_id)
+    rt.fleet.assign(
+        decision.instance_id,
+        request_id,
+        num_prompt_tokens=view.num_prompt_tokens,
+        predicted_output_tokens=view.predicted_output_tokens,
+    )
+    routing = {
+        "scores": decision.scores,
+        "what_ifs": plan.what_ifs,
+        "decision_ms": round(decision_ms, 3),
+    }
+    if predict_started_at is not None:
+        # NOTE: measured as the decision is written; the publish follows its commit at once.
+        routing["overhead_ms"] = round((time.time() - predict_started_at) * 1000, 3)
     with rt.db.session() as session:
         routed = store.transition(
             session,
@@ -58,18 +82,20 @@ def route(request_id: str) -> None:
             detail=f"{decision.policy} -> {decision.instance_id}",
             instance_id=decision.instance_id,
             policy=decision.policy,
-            routing={"scores": decision.scores, "decision_ms": round(decision_ms, 3)},
+            routing=routing,
             routed_at=utcnow(),
             attempt=InferenceRequest.attempt + 1,
         )
         request = session.get(InferenceRequest, request_id)
         if routed and request is not None:
             session.refresh(request)
-    if routed and request is not None:
-        _publish(request, celery)
+    if not routed or request is None:
+        rt.fleet.unassign(decision.instance_id, request_id)
+        return
+    _publish(request, celery)
 
 
-def _publish(request: InferenceRequest, celery) -> None:  # type: ignore[no-untyped-def]
+def _publish(request: InferenceRequest, celery: Celery) -> None:
     assert request.instance_id is not None
     dispatch.enqueue_generate(
         celery,
@@ -77,15 +103,4 @@ def _publish(request: InferenceRequest, celery) -> None:  # type: ignore[no-unty
         instance_id=request.instance_id,
         attempt=request.attempt,
         priority=Priority(request.priority).rank,
-    )
-
-
-def _instance_view(status: InstanceStatus) -> InstanceView:
-    return InstanceView(
-        instance_id=status.instance_id,
-        num_running=status.num_running,
-        num_waiting=status.num_waiting,
-        num_assigned=status.num_assigned,
-        num_free_blocks=int(status.state.get("num_free_blocks", 0)),
-        num_total_blocks=int(status.state.get("num_total_blocks", 0)),
     )

@@ -97,8 +97,14 @@ class EngineHost(EngineListener):
     # --- one request ---------------------------------------------------------------------------
     def run(self, request_id: str, attempt: int) -> None:
         """Generate one request if it is still ours to run, and write its completion once."""
+        try:
+            self._run(request_id, attempt)
+        finally:
+            # Whatever happened, this request no longer waits to be admitted here.
+            self.rt.fleet.unassign(self.instance_id, request_id)
+
+    def _run(self, request_id: str, attempt: int) -> None:
         generation = self._admit(request_id, attempt)
-        self.rt.fleet.admitted(self.instance_id, request_id)
         if generation is None:
             return
         try:

@@ -1,0 +1,207 @@
+"""The cluster simulation: ground-truth instances, the routed run, predictors, capacity."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from workers.route.cluster_sim import (
+    ClusterSetup,
+    GroundTruthInstance,
+    LogNormalPredictor,
+    MeanPredictor,
+    OraclePredictor,
+    SimulatedRequest,
+    capacity_bounds,
+    predictor_from_spec,
+    saturation_rate,
+    simulate,
+)
+from workers.route.workload import Workload, poisson_unit_arrivals
+from workers.sim import InstanceConfig, Scheduler, SeqState
+
+
+def _workload(lengths: list[tuple[int, int]], seed: int = 0) -> Workload:
+    return Workload("test", poisson_unit_arrivals(len(lengths), seed),
+                    tuple(p for p, _ in lengths), tuple(d for _, d in lengths))
+
+
+def _random_workload(n: int, seed: int = 0) -> Workload:
+    rng = random.Random(seed)
+    return _workload([(rng.randint(8, 200), rng.randint(1, 120)) for _ in range(n)], seed)
+
+
+# -- the ground truth follows the scheduler model ---------------------------------------------
+
+def test_ground_truth_instance_schedules_exactly_like_the_scheduler_model(toy_model) -> None:  # type: ignore[no-untyped-def]
+    num_preemptions = 0
+    for case in range(40):
+        rng = random.Random(case)
+        block_size = rng.choice([1, 4, 16])
+        max_model_len = rng.choice([64, 128, 256])
+        min_blocks = -(-max_model_len // block_size) + 1
+        config = InstanceConfig(rng.randint(min_blocks, 3 * min_blocks), block_size,
+                                rng.randint(1, 8), rng.randint(8, 64), max_model_len,
+                                watermark=rng.choice([0.0, 0.05]),
+                                reserve_full_input=rng.random() < 0.8)
+        reference, instance = Scheduler(config), GroundTruthInstance("g", config, toy_model)
+        arrivals: dict[int, list[tuple[str, int, int]]] = {}
+        for i in range(rng.randint(1, 16)):
+            prompt = rng.randint(1, max_model_len - 1)
+            arrivals.setdefault(rng.randint(0, 30), []).append(
+                (f"r{i}", prompt, rng.randint(1, max_model_len - prompt)))
+        for step in range(5000):
+            for request_id, prompt, output in arrivals.pop(step, []):
+                reference.add_request(SeqState(request_id, prompt, output))
+                instance.add(SimulatedRequest(request_id, 0.0, prompt, output, output), 0.0)
+            if not reference.has_unfinished_requests:
+                if not arrivals:
+                    break
+                continue
+            expected = reference.schedule()
+            reference.update_from_output(expected)
+            got = instance.step()
+            assert [(r.request_id, n) for r, n in got] == list(
+                expected.num_scheduled_tokens.items()), (case, step)
+        assert not instance.has_work
+        assert instance.num_preemptions == reference.num_preemptions
+        num_preemptions += reference.num_preemptions
+    assert num_preemptions > 20  # the cases do exercise preemption
+
+
+def test_ground_truth_records_first_token_and_finish_times(toy_model, small_config) -> None:  # type: ignore[no-untyped-def]
+    instance = GroundTruthInstance("g", small_config, toy_model)
+    request = SimulatedRequest("r", 1.0, 100, 3, 3)
+    instance.add(request, 1.0)
+    instance.run_to_end()
+    assert instance.num_steps == 3  # one prefill (it fits the 128-token budget), two decodes
+    assert 1.0 < request.first_token_s < request.finish_s == instance.now_s
+    assert request.instance_id == "g"
+    assert instance.num_free_blocks == small_config.num_usable_blocks
+
+
+def test_snapshot_shows_predicted_lengths_not_true_ones(toy_model, small_config) -> None:  # type: ignore[no-untyped-def]
+    instance = GroundTruthInstance("g", small_config, toy_model)
+    instance.add(SimulatedRequest("r", 0.0, 40, 30, 12), 0.0)
+    instance.add(SimulatedRequest("s", 0.0, 500, 5, 7), 0.0)
+    instance.step()
+    snapshot = instance.snapshot()
+    running, waiting = snapshot.running, snapshot.waiting
+    assert [r.request_id for r in running] == ["r", "s"] and not waiting
+    assert running[0].predicted_output_tokens == 12
+    assert (running[0].num_output_tokens, running[0].num_computed_tokens) == (1, 40)
+    assert running[1].num_computed_tokens == 88  # 128-token budget minus r's 40
+    assert snapshot.num_free_blocks == small_config.num_usable_blocks - 3 - 6
+
+
+def test_step_noise_is_seeded_and_averages_to_one(toy_model, small_config) -> None:  # type: ignore[no-untyped-def]
+    def run(seed: int, sigma: float) -> float:
+        instance = GroundTruthInstance("g", small_config, toy_model, sigma, seed)
+        instance.add(SimulatedRequest("r", 0.0, 10, 400, 400), 0.0)
+        instance.run_to_end()
+        return instance.now_s
+
+    exact = run(0, 0.0)
+    assert run(1, 0.2) == run(1, 0.2) != run(2, 0.2)
+    assert run(1, 0.2) == pytest.approx(exact, rel=0.05)
+
+
+# -- routed runs -------------------------------------------------------------------------------
+
+def _setup(toy_model, small_config, **kwargs) -> ClusterSetup:  # type: ignore[no-untyped-def]
+    return ClusterSetup(3, small_config, toy_model, **kwargs)
+
+
+def test_a_run_is_deterministic_for_a_seed(toy_model, small_config) -> None:  # type: ignore[no-untyped-def]
+    workload = _random_workload(150)
+    setup = _setup(toy_model, small_config, exec_noise_sigma=0.1)
+    for policy in ("random", "block", "po2_llumnix"):
+        runs = [simulate(workload, 12.0, setup, policy, LogNormalPredictor(0.5), seed=seed,
+                         keep_samples=True) for seed in (3, 3, 4)]
+        first, again, other = runs
+        assert (first.ttft_s, first.e2e_s) == (again.ttft_s, again.e2e_s)
+        assert first.ttft_p99_s == again.ttft_p99_s and first.e2e_p50_s == again.e2e_p50_s
+        assert first.ttft_s != other.ttft_s
+
+
+def test_every_request_finishes_with_sane_latencies(toy_model, small_config) -> None:  # type: ignore[no-untyped-def]
+    workload = _random_workload(200, seed=2)
+    result = simulate(workload, 15.0, _setup(toy_model, small_config), "least_tokens",
+                      OraclePredictor(), keep_samples=True)
+    assert not result.aborted and result.num_requests == 200 == len(result.ttft_s)
+    assert all(0 < t <= e for t, e in zip(result.ttft_s, result.e2e_s, strict=True))
+    assert result.ttft_p50_s <= result.ttft_p99_s and result.e2e_p50_s <= result.e2e_p99_s
+    assert result.throughput_rps > 0 and math.isnan(result.e2e_prediction_error_p50)
+
+
+def test_block_beats_round_robin_on_a_skewed_workload(toy_model, small_config) -> None:  # type: ignore[no-untyped-def]
+    # Every third request is long: round robin sends all of them to the same instance.
+    lengths = [(300, 150) if i % 3 == 0 else (20, 4) for i in range(150)]
+    workload = Workload("skewed", tuple(i * 0.05 for i in range(150)),
+                        tuple(p for p, _ in lengths), tuple(d for _, d in lengths))
+    setup = _setup(toy_model, small_config, exec_noise_sigma=0.05)
+    results = {policy: simulate(workload, 1.0, setup, policy, OraclePredictor())
+               for policy in ("round_robin", "block")}
+    rr, block = results["round_robin"], results["block"]
+    assert block.ttft_p99_s < 0.5 * rr.ttft_p99_s
+    assert block.e2e_p99_s < rr.e2e_p99_s
+    assert block.e2e_prediction_error_p50 < 0.2
+
+
+def test_the_router_sees_stale_states_but_its_own_assignments(toy_model, small_config) -> None:  # type: ignore[no-untyped-def]
+    # A burst within one publication interval: least_requests still spreads it, because the
+    # ledger counts what it routed since the last snapshot.
+    workload = Workload("burst", tuple(i * 1e-4 for i in range(6)), (50,) * 6, (20,) * 6)
+    setup = _setup(toy_model, small_config, publish_interval_s=10.0)
+    result = simulate(workload, 1.0, setup, "least_requests", OraclePredictor(),
+                      keep_samples=True)
+    assert result.ttft_p99_s < 0.2  # two per instance: nobody waits behind a pile-up
+
+
+def test_an_overloaded_run_is_abandoned(toy_model, small_config) -> None:  # type: ignore[no-untyped-def]
+    workload = _random_workload(400, seed=1)
+    setup = _setup(toy_model, small_config, abort_ttft_s=1.0)
+    result = simulate(workload, 100.0, setup, "round_robin", MeanPredictor())
+    assert result.aborted and math.isinf(result.ttft_p99_s)
+
+
+# -- predictors and capacity ------------------------------------------------------------------
+
+def test_predictors() -> None:
+    workload = _workload([(10, 100), (10, 300), (10, 20)] * 100)
+    assert OraclePredictor().predict(workload, 0) == list(workload.num_output_tokens)
+    assert MeanPredictor().predict(workload, 0) == [140] * 300
+    noisy = LogNormalPredictor(0.15).predict(workload, 0)
+    assert noisy == LogNormalPredictor(0.15).predict(workload, 0) != LogNormalPredictor(
+        0.15).predict(workload, 1)
+    errors = sorted(abs(p - t) / t for p, t in zip(noisy, workload.num_output_tokens, strict=True))
+    assert 0.06 < errors[len(errors) // 2] < 0.14  # sigma 0.15: about 10 % median error
+    assert predictor_from_spec("lognormal:0.5") == LogNormalPredictor(0.5)
+    assert predictor_from_spec("oracle").name == "oracle"
+    with pytest.raises(ValueError, match="known: oracle"):
+        predictor_from_spec("psychic")
+
+
+def test_capacity_bounds() -> None:
+    p99 = {20.0: 1.0, 22.0: 2.5, 24.0: 3.5, 26.0: 2.9, 28.0: 9.0}
+    assert capacity_bounds(p99, 3.0) == (22.0, 24.0)  # 26 passes by luck above a failure
+    assert capacity_bounds(p99, 10.0) == (28.0, None)
+    assert capacity_bounds(p99, 0.5) == (None, 20.0)
+    assert capacity_bounds({20.0: math.inf}, 3.0) == (None, 20.0)
+
+
+def test_setup_refuses_prefix_caching(toy_model) -> None:  # type: ignore[no-untyped-def]
+    config = InstanceConfig(65, 16, 8, 128, 512, enable_prefix_caching=True)
+    with pytest.raises(ValueError, match="prefix caching"):
+        ClusterSetup(2, config, toy_model)
+
+
+def test_saturation_rate_is_the_throughput_of_a_full_queue(toy_model, small_config) -> None:  # type: ignore[no-untyped-def]
+    workload = _workload([(16, 10)] * 16)
+    # 8 at a time (max_num_seqs): one 128-token prefill step, then 9 decode steps of 8.
+    rate = saturation_rate(workload, small_config, toy_model)
+    decodes_ms = sum(toy_model.step_ms_of(0, 8, 0, 8 * (17 + i), 0, 0) for i in range(9))
+    assert 16 / rate == pytest.approx(2 * (toy_model.step_ms_of(128, 0, 8, 0, 0, 0)
+                                           + decodes_ms) / 1000)

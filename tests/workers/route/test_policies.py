@@ -1,0 +1,255 @@
+"""Routing policies: pure decisions over instance views, and the inputs callers compute."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from workers.route.policies import (
+    POLICIES,
+    PROBE_COUNTS,
+    SCORING_POLICIES,
+    FleetLedger,
+    InstanceView,
+    RequestView,
+    RoutingContext,
+    decide,
+    instance_view,
+    needs_what_if,
+    predict_what_ifs,
+    prepare_published,
+)
+from workers.sim import InstanceConfig, InstanceSnapshot, SimRequest
+
+REQUEST = RequestView("req_1", num_prompt_tokens=10, predicted_output_tokens=20, max_tokens=64)
+
+
+def _inst(instance_id: str, running: int = 0, waiting: int = 0, assigned: int = 0,
+          free: int = 100, **extra: object) -> InstanceView:
+    return InstanceView(instance_id, running, waiting, assigned, num_free_blocks=free,
+                        num_total_blocks=100, **extra)  # type: ignore[arg-type]
+
+
+def _ctx(ticket: int = 0, seed: int = 0) -> RoutingContext:
+    return RoutingContext(ticket=ticket, rng=random.Random(seed))
+
+
+# -- each policy's choice -------------------------------------------------------------------
+
+def test_round_robin_cycles_in_id_order_whatever_the_input_order() -> None:
+    fleet = [_inst("gpu.2"), _inst("gpu.0"), _inst("gpu.1")]
+    chosen = [decide("round_robin", REQUEST, fleet, _ctx(t)).instance_id for t in range(6)]
+    assert chosen == ["gpu.0", "gpu.1", "gpu.2"] * 2
+
+
+def test_random_draws_every_instance_and_scores_them_all_equal() -> None:
+    fleet = [_inst("gpu.0", running=9), _inst("gpu.1"), _inst("gpu.2")]
+    decisions = [decide("random", REQUEST, fleet, _ctx(seed=s)) for s in range(40)]
+    assert {d.instance_id for d in decisions} == {"gpu.0", "gpu.1", "gpu.2"}
+    assert decisions[0].scores == {"gpu.0": 0.0, "gpu.1": 0.0, "gpu.2": 0.0}
+
+
+def test_least_requests_counts_running_waiting_and_unadmitted_assignments() -> None:
+    fleet = [_inst("gpu.0", running=2), _inst("gpu.1", running=1, assigned=2),
+             _inst("gpu.2", waiting=1)]
+    decision = decide("least_requests", REQUEST, fleet, _ctx())
+    assert decision.instance_id == "gpu.2"
+    assert decision.scores == {"gpu.0": 2.0, "gpu.1": 3.0, "gpu.2": 1.0}
+    assert decision.policy == "least_requests"
+
+
+def test_infaas_picks_most_free_blocks_per_running_request() -> None:
+    fleet = [_inst("gpu.0", running=4, free=100),  # 25 per request
+             _inst("gpu.1", running=2, free=60),  # 30
+             _inst("gpu.2", running=1, assigned=2, free=60)]  # 20: assigned ones will run
+    decision = decide("infaas", REQUEST, fleet, _ctx())
+    assert decision.instance_id == "gpu.1"
+    assert decision.scores == {"gpu.0": -25.0, "gpu.1": -30.0, "gpu.2": -20.0}
+
+
+def test_llumnix_freeness_subtracts_waiting_prompt_blocks_and_divides_by_running() -> None:
+    fleet = [_inst("gpu.0", running=2, free=100, num_waiting_prompt_blocks=40),  # 30
+             _inst("gpu.1", running=4, free=100),  # 25
+             _inst("gpu.2", running=0, free=50, num_waiting_prompt_blocks=15)]  # 35 / max(0, 1)
+    decision = decide("llumnix", REQUEST, fleet, _ctx())
+    assert decision.instance_id == "gpu.2"
+    assert decision.scores == {"gpu.0": -30.0, "gpu.1": -25.0, "gpu.2": -35.0}
+
+
+def test_least_tokens_picks_least_outstanding_predicted_tokens_and_needs_them() -> None:
+    fleet = [_inst("gpu.0", num_outstanding_tokens=900), _inst("gpu.1", num_outstanding_tokens=300),
+             _inst("gpu.2", running=0, num_outstanding_tokens=301)]
+    assert decide("least_tokens", REQUEST, fleet, _ctx()).instance_id == "gpu.1"
+    with pytest.raises(ValueError, match="num_outstanding_tokens"):
+        decide("least_tokens", REQUEST, [_inst("gpu.0")], _ctx())
+
+
+def test_block_minimises_end_to_end_and_block_ttft_minimises_first_token() -> None:
+    fleet = [_inst("gpu.0", what_if_ttft_s=0.5, what_if_e2e_s=4.0),
+             _inst("gpu.1", what_if_ttft_s=0.1, what_if_e2e_s=6.0),
+             _inst("gpu.2", what_if_ttft_s=0.3, what_if_e2e_s=5.0)]
+    block = decide("block", REQUEST, fleet, _ctx())
+    assert block.instance_id == "gpu.0"
+    assert block.scores == {"gpu.0": 4.0, "gpu.1": 6.0, "gpu.2": 5.0}
+    assert decide("block_ttft", REQUEST, fleet, _ctx()).instance_id == "gpu.1"
+
+
+def test_block_policies_refuse_views_without_what_ifs() -> None:
+    for name in ("block", "block_ttft", "po2_block"):
+        with pytest.raises(ValueError, match="what_if"):
+            decide(name, REQUEST, [_inst("gpu.0"), _inst("gpu.1")], _ctx())
+
+
+def test_which_policies_need_what_ifs() -> None:
+    simulating = {n for n in POLICIES.names() if needs_what_if(n)}
+    assert simulating == {"block", "block_ttft", *(f"po{k}_{p}" for k in PROBE_COUNTS
+                                                   for p in ("block", "block_ttft"))}
+
+
+# -- power of k -------------------------------------------------------------------------------
+
+def test_power_of_k_scores_k_random_candidates_and_picks_their_best() -> None:
+    fleet = [_inst(f"gpu.{i}", running=i) for i in range(8)]
+    seen = set()
+    for seed in range(60):
+        for k in PROBE_COUNTS:
+            decision = decide(f"po{k}_least_requests", REQUEST, fleet, _ctx(seed=seed))
+            assert len(decision.scores) == k
+            assert decision.scores[decision.instance_id] == min(decision.scores.values())
+            seen.add(decision.instance_id)
+    assert len(seen) > 4  # not always the global best (gpu.0)
+
+
+def test_power_of_k_probes_everyone_in_a_small_fleet() -> None:
+    fleet = [_inst("gpu.0", running=3), _inst("gpu.1", running=1)]
+    decision = decide("po4_least_requests", REQUEST, fleet, _ctx())
+    assert decision.instance_id == "gpu.1" and set(decision.scores) == {"gpu.0", "gpu.1"}
+
+
+def test_every_scoring_policy_has_power_of_k_variants() -> None:
+    names = set(POLICIES.names())
+    assert {f"po{k}_{p}" for k in PROBE_COUNTS for p in SCORING_POLICIES} <= names
+
+
+@pytest.mark.parametrize("name", POLICIES.names())
+def test_every_policy_scores_every_candidate_it_considers(name: str) -> None:
+    fleet = [_inst(f"gpu.{i}", running=i, free=100 - i, num_outstanding_tokens=10 * i,
+                   what_if_ttft_s=0.1 * i, what_if_e2e_s=1.0 + i) for i in range(5)]
+    decision = decide(name, REQUEST, fleet, _ctx(ticket=3, seed=1))
+    assert decision.policy == name
+    assert decision.instance_id in decision.scores
+    assert set(decision.scores) <= {i.instance_id for i in fleet}
+    assert len(decision.scores) == (int(name[2]) if name.startswith("po") else 5)
+
+
+# -- tie breaks and misuse ------------------------------------------------------------------
+
+def test_ties_are_broken_at_random() -> None:
+    fleet = [_inst("gpu.0"), _inst("gpu.1")]
+    winners = {decide("least_requests", REQUEST, fleet, _ctx(seed=s)).instance_id
+               for s in range(20)}
+    assert winners == {"gpu.0", "gpu.1"}
+
+
+def test_unknown_policy_names_the_known_ones_and_empty_fleet_raises() -> None:
+    with pytest.raises(ValueError, match="block, block_ttft, infaas, least_requests"):
+        decide("fastest", REQUEST, [_inst("gpu.0")], _ctx())
+    with pytest.raises(ValueError, match="no candidate"):
+        decide("round_robin", REQUEST, [], _ctx())
+
+
+def test_duplicate_registration_raises() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        POLICIES.register("round_robin")(type("Again", (), {}))
+
+
+# -- views and what-ifs from published states ------------------------------------------------
+
+CONFIG = InstanceConfig(num_total_blocks=101, block_size=16, max_num_seqs=8,
+                        max_num_batched_tokens=256, max_model_len=1024)
+
+
+def _snapshot(*requests: SimRequest, free: int = 80) -> InstanceSnapshot:
+    return InstanceSnapshot(CONFIG, free, requests)
+
+
+def test_instance_view_counts_load_from_the_snapshot_and_the_assigned_requests() -> None:
+    snapshot = _snapshot(
+        SimRequest("a", 40, num_computed_tokens=49, num_output_tokens=10,
+                   predicted_output_tokens=30, is_running=True),  # 1 + 20 outstanding
+        SimRequest("b", 20, num_computed_tokens=8, predicted_output_tokens=5,
+                   is_running=True),  # 12 prompt + 5 output
+        SimRequest("c", 33, predicted_output_tokens=7),  # waiting: 3 blocks, 40 tokens
+    )
+    assigned = [SimRequest("d", 16, predicted_output_tokens=4)]  # 1 block, 20 tokens
+    view = instance_view("gpu.0", snapshot, assigned)
+    assert (view.num_running, view.num_waiting, view.num_assigned) == (2, 1, 1)
+    assert (view.num_free_blocks, view.num_total_blocks) == (80, 101)
+    assert view.num_waiting_prompt_blocks == 3 + 1
+    assert view.num_outstanding_tokens == 21 + 17 + 40 + 20
+    assert view.what_if_e2e_s is None
+
+
+def test_outstanding_tokens_follow_the_planned_lengths() -> None:
+    short = instance_view("gpu.0", _snapshot(SimRequest("a", 16, predicted_output_tokens=10)))
+    long = instance_view("gpu.0", _snapshot(SimRequest("a", 16, predicted_output_tokens=100)))
+    assert long.num_outstanding_tokens - short.num_outstanding_tokens == 90
+
+
+def test_what_ifs_use_the_length_the_request_carries(toy_model) -> None:  # type: ignore[no-untyped-def]
+    prepared = {"gpu.0": prepare_published(_snapshot())}
+    predicted = predict_what_ifs(SimRequest("new", 32, predicted_output_tokens=10), prepared,
+                                 toy_model)
+    oracle = predict_what_ifs(SimRequest("new", 32, predicted_output_tokens=50), prepared,
+                              toy_model)
+    assert predicted["gpu.0"].ttft_s == oracle["gpu.0"].ttft_s
+    assert oracle["gpu.0"].e2e_s > predicted["gpu.0"].e2e_s
+
+
+def test_assigned_requests_queue_ahead_of_the_new_one(toy_model) -> None:  # type: ignore[no-untyped-def]
+    new = SimRequest("new", 32, predicted_output_tokens=10)
+    alone = predict_what_ifs(new, {"i": prepare_published(_snapshot())}, toy_model)["i"]
+    behind = predict_what_ifs(new, {"i": prepare_published(
+        _snapshot(), [SimRequest("x", 200, predicted_output_tokens=50)])}, toy_model)["i"]
+    assert behind.ttft_s > alone.ttft_s and behind.e2e_s > alone.e2e_s
+
+
+def test_ledger_makes_an_assignment_visible_to_the_next_decision(toy_model) -> None:  # type: ignore[no-untyped-def]
+    ledger = FleetLedger()
+    for instance_id in ("gpu.0", "gpu.1"):
+        ledger.publish(instance_id, _snapshot(free=CONFIG.num_usable_blocks), 0.0)
+    first = SimRequest("r1", 200, predicted_output_tokens=100)
+    views = ledger.views(first, toy_model)
+    assert views[0].what_if_e2e_s == views[1].what_if_e2e_s
+    decision = decide("block", RequestView("r1", 200, 100, 800), views, _ctx())
+    ledger.assign(decision.instance_id, first, 0.01)
+    second = SimRequest("r2", 200, predicted_output_tokens=100)
+    views = {v.instance_id: v for v in ledger.views(second, toy_model)}
+    other = "gpu.1" if decision.instance_id == "gpu.0" else "gpu.0"
+    assert views[decision.instance_id].num_assigned == 1
+    assert views[decision.instance_id].what_if_e2e_s > views[other].what_if_e2e_s
+    assert decide("block", RequestView("r2", 200, 100, 800), list(views.values()),
+                  _ctx()).instance_id == other
+
+
+def test_ledger_drops_assignments_a_newer_snapshot_shows() -> None:
+    ledger = FleetLedger()
+    ledger.publish("gpu.0", _snapshot(), 0.0)
+    for name, at in (("a", 0.01), ("b", 0.02), ("c", 0.05)):
+        ledger.assign("gpu.0", SimRequest(name, 16, predicted_output_tokens=4), at)
+    assert [r.request_id for r in ledger.assigned("gpu.0")] == ["a", "b", "c"]
+    # Published at 0.03: "a" shows as waiting; "b" was routed before (it may have finished).
+    ledger.publish("gpu.0", _snapshot(SimRequest("a", 16, predicted_output_tokens=4)), 0.03)
+    assert [r.request_id for r in ledger.assigned("gpu.0")] == ["c"]
+    view = ledger.views()[0]
+    assert (view.num_waiting, view.num_assigned) == (1, 1)
+
+
+def test_ledger_refuses_unknown_instances_and_what_ifs_without_a_request(toy_model) -> None:  # type: ignore[no-untyped-def]
+    ledger = FleetLedger()
+    with pytest.raises(ValueError, match="published no state"):
+        ledger.assign("gpu.9", SimRequest("a", 16, predicted_output_tokens=4), 0.0)
+    ledger.publish("gpu.0", _snapshot(), 0.0)
+    with pytest.raises(ValueError, match="request"):
+        ledger.views(None, toy_model)

@@ -1,0 +1,35 @@
+"""The route stage's pure core (policies, cluster simulation, workloads) needs no services."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import workers.route
+
+ROUTE_DIR = Path(workers.route.__file__).resolve().parent
+PURE_MODULES = ("policies.py", "cluster_sim.py", "workload.py")
+ALLOWED = {"numpy", "workers"}
+#: What the pure modules may import from this project.
+ALLOWED_OURS = ("workers.registry", "workers.sim", "workers.route.")
+
+
+def imports_of(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_pure_route_modules_import_only_stdlib_numpy_and_the_pure_core() -> None:
+    for name in PURE_MODULES:
+        names = imports_of(ROUTE_DIR / name)
+        foreign = {n for n in names if n.split(".")[0] not in sys.stdlib_module_names
+                   and n.split(".")[0] not in ALLOWED}
+        assert not foreign, f"{name} imports {sorted(foreign)}"
+        ours = {n for n in names if n.split(".")[0] == "workers"}
+        assert all(n.startswith(ALLOWED_OURS) for n in ours), (name, sorted(ours))
