@@ -1,0 +1,486 @@
+"""Cluster benchmark: routing policies on N simulated instances, capacity under a TTFT SLO.
+
+Replays a workload through `workers.route.cluster_sim` (discrete-event, no Celery): 12 vLLM
+instances whose ground truth is the scheduler with the true output lengths and noisy step
+times, and a router that sees only published states (refreshed every 100 ms), the requests it
+routed since, and predicted output lengths. Setup as the Block paper: max_num_seqs 48, token
+budget 512, block size 16, max_model_len 4096; Llama-2-7B on A30 (1052 KV blocks) and
+Qwen2-7B on A30 (7289 blocks); ShareGPT lengths with Poisson arrivals, or the Azure
+conversation / code traces with their real arrival times rescaled to each rate.
+
+For every configuration (``policy`` or ``policy@predictor``) it runs a grid of rates, then
+bisects towards the capacity: the highest rate whose TTFT p99 stays under each SLO. Then it
+runs every configuration at round robin's capacity rate (3 s SLO) for latency CDFs and the
+end-to-end comparison. Prints tables (rich, or Markdown with ``--markdown``), writes PNG plots
+and, with ``--json``, every measured point.
+
+Usage::
+
+    python scripts/bench_cluster.py [--models llama-2-7b-a30 qwen2-7b-a30]
+        [--workload sharegpt|azure_conv|azure_code] [--configs round_robin block@oracle ...]
+        [--predictor lognormal:0.15] [--rates LO:HI:STEP] [--bisect 3] [--jobs 2]
+        [--num-requests 10000] [--seed 0] [--plot-dir docs/img] [--json FILE] [--markdown]
+        [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from workers.route.cluster_sim import (
+    ClusterSetup,
+    RunResult,
+    capacity_bounds,
+    predictor_from_spec,
+    saturation_rate,
+    simulate,
+)
+from workers.route.policies import needs_what_if
+from workers.route.workload import (
+    AZURE_CODE,
+    AZURE_CONV,
+    SHAREGPT,
+    Workload,
+    load_azure_trace,
+    load_length_trace,
+)
+from workers.sim import InstanceConfig, bundled_model
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+#: ``../shared/data`` next to the repository checkout.
+DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data"
+DEFAULT_PLOT_DIR = REPO_ROOT / "docs" / "img"
+
+#: KV blocks of one A30 per model (the Block paper's vLLM numbers).
+NUM_BLOCKS = {"llama-2-7b-a30": 1052, "qwen2-7b-a30": 7289}
+#: Default rate grids (requests/s for 12 instances): around the paper's capacities.
+DEFAULT_RATES = {"llama-2-7b-a30": "20:34:2", "qwen2-7b-a30": "48:76:4"}
+DEFAULT_CONFIGS = ("round_robin", "random", "least_requests", "infaas", "llumnix",
+                   "least_tokens", "block", "block_ttft", "block@oracle", "block@lognormal:0.5",
+                   "block@mean")
+SMOKE_CONFIGS = ("round_robin", "random", "llumnix", "block", "block@oracle")
+WORKLOADS = {"sharegpt": SHAREGPT, "azure_conv": AZURE_CONV, "azure_code": AZURE_CODE}
+#: The Block paper's capacities (QPS, TTFT p99 under 3 s, 12 A30s, ShareGPT).
+PAPER = {
+    "llama-2-7b-a30": {"block": 31.1, "block@oracle": 32.0, "llumnix": 30.6,
+                       "round_robin": 26.7, "random": 26.5},
+    "qwen2-7b-a30": {"block": 67.9, "block@oracle": 68.3, "llumnix": 62.0},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """One routed configuration: a policy and the length predictor it plans with."""
+
+    policy: str
+    predictor: str
+
+    @property
+    def label(self) -> str:
+        return self.policy if self.predictor == "default" else f"{self.policy}@{self.predictor}"
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    workload: Workload
+    setup: ClusterSetup
+    config: Config
+    predictor: str
+    rate: float
+    seed: int
+    keep_samples: bool = False
+
+
+def run_job(job: Job) -> RunResult:
+    return simulate(job.workload, job.rate, job.setup, job.config.policy,
+                    predictor_from_spec(job.predictor), seed=job.seed,
+                    keep_samples=job.keep_samples)
+
+
+@dataclass(slots=True)
+class ModelReport:
+    model: str
+    rates: list[float]
+    slos: list[float]
+    #: (label, rate) -> result
+    points: dict[tuple[str, float], RunResult] = field(default_factory=dict)
+    #: label -> slo -> (passing rate, failing rate)
+    bounds: dict[str, dict[float, tuple[float | None, float | None]]] = field(
+        default_factory=dict)
+    cdf_rate: float | None = None
+    cdf: dict[str, RunResult] = field(default_factory=dict)
+    #: round_robin and block at block's capacity rate (first SLO).
+    block_rate: float | None = None
+    at_block_rate: dict[str, RunResult] = field(default_factory=dict)
+    #: The most requests/s the fleet can complete (N x one saturated instance).
+    ceiling_rps: float = 0.0
+    wall_s: float = 0.0
+
+    def p99_by_rate(self, label: str) -> dict[float, float]:
+        return {rate: r.ttft_p99_s for (lab, rate), r in self.points.items() if lab == label}
+
+    def capacity(self, label: str, slo: float) -> float | None:
+        return self.bounds[label][slo][0]
+
+
+def parse_rates(spec: str, scale: float) -> list[float]:
+    low, high, step = (float(x) for x in spec.split(":"))
+    count = int(round((high - low) / step))
+    return [round((low + i * step) * scale, 3) for i in range(count + 1)]
+
+
+def parse_config(spec: str) -> Config:
+    policy, _, predictor = spec.partition("@")
+    return Config(policy, predictor or "default")
+
+
+def run_model(model: str, args: argparse.Namespace, workload: Workload,
+              pool: ProcessPoolExecutor) -> ModelReport:
+    started = time.perf_counter()
+    scale = args.num_instances / 12
+    config = InstanceConfig(num_total_blocks=NUM_BLOCKS[model], block_size=16, max_num_seqs=48,
+                            max_num_batched_tokens=512, max_model_len=4096)
+    setup = ClusterSetup(args.num_instances, config, bundled_model(model),
+                         publish_interval_s=args.publish_interval, exec_noise_sigma=args.exec_noise,
+                         abort_ttft_s=args.abort_ttft)
+    configs = [parse_config(c) for c in args.configs]
+    rates = parse_rates(args.rates or DEFAULT_RATES[model], scale)
+    step = rates[1] - rates[0] if len(rates) > 1 else rates[0] / 4
+    tolerance = step / 2 ** args.bisect
+    report = ModelReport(model, rates, list(args.slo))
+
+    def job(cfg: Config, rate: float, keep_samples: bool = False) -> Job:
+        predictor = args.predictor if cfg.predictor == "default" else cfg.predictor
+        return Job(workload, setup, cfg, predictor, rate, args.seed, keep_samples)
+
+    def run_round(wanted: Sequence[tuple[Config, float]]) -> None:
+        todo = [(c, r) for c, r in dict.fromkeys(wanted) if (c.label, r) not in report.points]
+        # NOTE: simulating policies take several times longer: start them first.
+        todo.sort(key=lambda point: not needs_what_if(point[0].policy))
+        results = pool.map(run_job, [job(c, r) for c, r in todo])
+        for (cfg, rate), result in zip(todo, results, strict=True):
+            report.points[(cfg.label, rate)] = result
+            status = "aborted" if result.aborted else f"ttft p99 {result.ttft_p99_s:7.2f}s"
+            print(f"  {model} {cfg.label:<24} {rate:7.2f}/s  {status}  ({result.wall_s:.0f}s)",
+                  flush=True)
+
+    run_round([(c, r) for r in rates for c in configs])
+    for _ in range(args.bisect + 8):
+        wanted = []
+        for cfg in configs:
+            p99 = report.p99_by_rate(cfg.label)
+            for slo in args.slo:
+                low, high = capacity_bounds(p99, slo)
+                if high is None:
+                    wanted.append((cfg, round(max(p99) + step, 3)))
+                elif low is None:
+                    if min(p99) - step > 0:
+                        wanted.append((cfg, round(min(p99) - step, 3)))
+                elif high - low > tolerance * 1.01:
+                    wanted.append((cfg, round((low + high) / 2, 3)))
+        if not wanted:
+            break
+        run_round(wanted)
+    for cfg in configs:
+        p99 = report.p99_by_rate(cfg.label)
+        report.bounds[cfg.label] = {slo: capacity_bounds(p99, slo) for slo in args.slo}
+    rr = "round_robin"
+    if rr in report.bounds and report.capacity(rr, args.slo[0]) is not None:
+        report.cdf_rate = report.capacity(rr, args.slo[0])
+        jobs = [job(c, report.cdf_rate, keep_samples=True) for c in configs]
+        for cfg, result in zip(configs, pool.map(run_job, jobs), strict=True):
+            report.cdf[cfg.label] = result
+    block = parse_config("block")
+    if block in configs and report.capacity("block", args.slo[0]) is not None:
+        report.block_rate = report.capacity("block", args.slo[0])
+        pair = [c for c in configs if c.label in ("round_robin", "block")]
+        results = pool.map(run_job, [job(c, report.block_rate) for c in pair])
+        for cfg, result in zip(pair, results, strict=True):
+            report.at_block_rate[cfg.label] = result
+    report.ceiling_rps = args.num_instances * saturation_rate(workload, config, setup.exec_model)
+    report.wall_s = time.perf_counter() - started
+    return report
+
+
+# -- output ------------------------------------------------------------------------------------
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if math.isinf(value):
+        return "overload"
+    return f"{value:.{digits}f}"
+
+
+def capacity_rows(report: ModelReport, labels: Sequence[str]) -> list[list[str]]:
+    slo = report.slos[0]
+    base = {b: report.capacity(b, slo) for b in ("round_robin", "random") if b in report.bounds}
+    paper = PAPER.get(report.model, {})
+    rows = []
+    for label in labels:
+        caps = [report.capacity(label, s) for s in report.slos]
+        cells = [label, *[_capacity_cell(report, label, s) for s in report.slos]]
+        for name in ("round_robin", "random"):
+            ref = base.get(name)
+            cells.append(f"{(caps[0] / ref - 1) * 100:+.1f}%" if caps[0] and ref else "-")
+        cells.append(fmt(paper.get(label), 1))
+        rows.append(cells)
+    return rows
+
+
+def _capacity_cell(report: ModelReport, label: str, slo: float) -> str:
+    low, high = report.bounds[label][slo]
+    if low is None:
+        return f"< {fmt(high)}"
+    if high is None:
+        return f">= {fmt(low)}"
+    return fmt(low)
+
+
+def point_rows(results: dict[str, RunResult]) -> list[list[str]]:
+    rows = []
+    for label, r in results.items():
+        rows.append([label, fmt(r.ttft_p50_s), fmt(r.ttft_p99_s), fmt(r.e2e_p50_s),
+                     fmt(r.e2e_p99_s), fmt(r.throughput_rps), str(r.num_preemptions),
+                     fmt(r.decision_us_p50, 0), fmt(r.e2e_prediction_error_p50 * 100, 1)])
+    return rows
+
+
+def target_rows(report: ModelReport) -> list[list[str]]:
+    slo = report.slos[0]
+    cap = {label: report.capacity(label, slo) for label in report.bounds}
+    rows = []
+
+    def ratio(a: str, b: str) -> float | None:
+        return cap[a] / cap[b] if cap.get(a) and cap.get(b) else None
+
+    for base, need in (("round_robin", 1.167), ("random", 1.167), ("llumnix", 1.0),
+                       ("infaas", 1.0)):
+        value = ratio("block", base)
+        if value is not None:
+            rows.append([f"block capacity >= {need:.3f} x {base}", f"{value:.3f} x",
+                         "yes" if value >= need else "no"])
+    for label in [lab for lab in cap if lab.startswith("block@") and lab != "block@oracle"]:
+        value = ratio(label, "block@oracle")
+        if value is not None:
+            rows.append([f"{label} capacity vs block@oracle", f"{(value - 1) * 100:+.1f}%",
+                         "(realistic case)"])
+    value = ratio("block", "block@oracle")
+    if value is not None:
+        rows.append(["block within 3% of block@oracle", f"{(value - 1) * 100:+.1f}%",
+                     "yes" if value >= 0.97 else "no"])
+    if "block" in report.cdf and "round_robin" in report.cdf:
+        b, rr = report.cdf["block"].e2e_p99_s, report.cdf["round_robin"].e2e_p99_s
+        rows.append([f"block p99 e2e <= 0.6 x round_robin's at {fmt(report.cdf_rate)}/s",
+                     f"{b / rr:.3f} x", "yes" if b <= 0.6 * rr else "no"])
+    if len(report.at_block_rate) == 2:
+        b = report.at_block_rate["block"].e2e_p99_s
+        rr = report.at_block_rate["round_robin"].e2e_p99_s
+        measured = "round_robin overloaded" if math.isinf(rr) else f"{b / rr:.3f} x"
+        rows.append([f"(context) block p99 e2e vs round_robin's at {fmt(report.block_rate)}/s",
+                     measured, ""])
+    if report.ceiling_rps:
+        rows.append(["(context) fleet ceiling: N x one saturated instance",
+                     f"{report.ceiling_rps:.1f} req/s", ""])
+    return rows
+
+
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]],
+                markdown: bool) -> None:
+    if markdown:
+        print(f"\n**{title}**\n")
+        print(f"| {' | '.join(headers)} |")
+        print("|" + "|".join("---" if i == 0 else "---:" for i in range(len(headers))) + "|")
+        for row in rows:
+            print(f"| {' | '.join(row)} |")
+        return
+    table = Table(title=title)
+    for i, header in enumerate(headers):
+        table.add_column(header, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
+
+
+def print_report(report: ModelReport, args: argparse.Namespace) -> None:
+    labels = list(report.bounds)
+    slo_headers = [f"capacity @ TTFT p99 {s:g}s" for s in report.slos]
+    print_table(f"{report.model}: capacity (req/s, {args.num_instances} instances, "
+                f"{args.workload}, predictor {args.predictor})",
+                ["config", *slo_headers, "vs round_robin", "vs random", "paper"],
+                capacity_rows(report, labels), args.markdown)
+    if report.cdf:
+        print_table(f"{report.model}: at round_robin's capacity, {fmt(report.cdf_rate)} req/s "
+                    f"(latencies in s)",
+                    ["config", "TTFT p50", "TTFT p99", "e2e p50", "e2e p99", "req/s",
+                     "preemptions", "decision us", "what-if e2e err %"],
+                    point_rows(report.cdf), args.markdown)
+    print_table(f"{report.model}: targets (TTFT p99 SLO {report.slos[0]:g}s)",
+                ["target", "measured", "met"], target_rows(report), args.markdown)
+    if args.all_points:
+        rows = [[label, fmt(rate), *point_rows({label: r})[0][1:]]
+                for (label, rate), r in sorted(report.points.items(), key=lambda kv: kv[0])]
+        print_table(f"{report.model}: every measured point",
+                    ["config", "rate", "TTFT p50", "TTFT p99", "e2e p50", "e2e p99", "req/s",
+                     "preemptions", "decision us", "what-if e2e err %"], rows, args.markdown)
+    print(f"\n{report.model}: {len(report.points) + len(report.cdf)} runs in "
+          f"{report.wall_s:.0f} s")
+
+
+def plot_report(report: ModelReport, args: argparse.Namespace) -> list[Path]:
+    # NOTE: imported here so that tables need no plotting stack (--no-plots).
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    args.plot_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"cluster_{args.workload}_{report.model}{'_smoke' if args.smoke else ''}"
+    paths = []
+    fig, ax = plt.subplots(figsize=(8, 5))
+    y_cap = args.abort_ttft or 3 * max(report.slos)  # aborted runs plot here
+    for label in report.bounds:
+        points = sorted(report.p99_by_rate(label).items())
+        ax.plot([r for r, _ in points], [min(p, y_cap) for _, p in points], marker="o",
+                markersize=3, label=label, linestyle="--" if "@" in label else "-")
+    for slo in report.slos:
+        ax.axhline(slo, color="grey", linewidth=0.8, linestyle=":")
+    if report.ceiling_rps:
+        ax.axvline(report.ceiling_rps, color="black", linewidth=0.8, linestyle=":")
+        ax.text(report.ceiling_rps, y_cap, " fleet ceiling", fontsize=7, va="top")
+    ax.set_yscale("log")
+    ax.set_xlabel("arrival rate (req/s)")
+    ax.set_ylabel(f"TTFT p99 (s, capped at {y_cap:g})")
+    ax.set_title(f"{report.model}, {args.num_instances} instances, {args.workload}")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(True, which="both", alpha=0.3)
+    paths.append(args.plot_dir / f"{stem}_p99_ttft.png")
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    if report.cdf:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+        for label, result in report.cdf.items():
+            for ax, values in zip(axes, (result.ttft_s, result.e2e_s), strict=True):
+                data = sorted(values)
+                n = len(data)
+                ax.plot(data, [(i + 1) / n for i in range(n)], label=label,
+                        linestyle="--" if "@" in label else "-")
+        for ax, name in zip(axes, ("TTFT", "end-to-end latency"), strict=True):
+            ax.set_xscale("log")
+            ax.set_xlabel(f"{name} (s)")
+            ax.set_ylabel("fraction of requests")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].legend(fontsize=7)
+        fig.suptitle(f"{report.model}, {fmt(report.cdf_rate)} req/s (round_robin's capacity)")
+        paths.append(args.plot_dir / f"{stem}_cdf.png")
+        fig.tight_layout()
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def dump_json(reports: Sequence[ModelReport], args: argparse.Namespace) -> None:
+    def clean(value: object) -> object:
+        return None if isinstance(value, float) and not math.isfinite(value) else value
+
+    def point(result: RunResult) -> dict:
+        data = asdict(result)
+        data.pop("ttft_s")
+        data.pop("e2e_s")
+        return {k: clean(v) for k, v in data.items()}
+
+    out = {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "models": [{
+            "model": r.model,
+            "capacity": {label: {f"{slo:g}": list(b) for slo, b in slos.items()}
+                         for label, slos in r.bounds.items()},
+            "ceiling_rps": r.ceiling_rps,
+            "cdf_rate": r.cdf_rate,
+            "at_cdf_rate": {label: point(res) for label, res in r.cdf.items()},
+            "block_rate": r.block_rate,
+            "at_block_rate": {label: point(res) for label, res in r.at_block_rate.items()},
+            "points": [{"config": label, **point(res)} for (label, _), res in
+                       sorted(r.points.items())],
+        } for r in reports],
+    }
+    args.json.write_text(json.dumps(out, indent=1) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR,
+                        help="shared data directory (default: ../shared/data)")
+    parser.add_argument("--models", nargs="+", default=list(NUM_BLOCKS), choices=list(NUM_BLOCKS))
+    parser.add_argument("--workload", default="sharegpt", choices=list(WORKLOADS))
+    parser.add_argument("--num-requests", type=int, default=10_000)
+    parser.add_argument("--num-instances", type=int, default=12)
+    parser.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS),
+                        help="policy or policy@predictor (oracle, mean, lognormal:<sigma>)")
+    parser.add_argument("--predictor", default="lognormal:0.15",
+                        help="length predictor of configs that name none (default: "
+                             "lognormal:0.15, about 10%% median error)")
+    parser.add_argument("--rates", help="rate grid LO:HI:STEP for 12 instances (scaled to "
+                                        "--num-instances); default per model")
+    parser.add_argument("--slo", type=float, nargs="+", default=[3.0, 10.0],
+                        help="TTFT p99 SLOs in seconds; the first is the headline")
+    parser.add_argument("--bisect", type=int, default=3,
+                        help="halvings of the grid step when narrowing a capacity")
+    parser.add_argument("--publish-interval", type=float, default=0.1,
+                        help="seconds between two published instance states")
+    parser.add_argument("--exec-noise", type=float, default=0.1,
+                        help="sigma of the lognormal noise on ground-truth step times")
+    parser.add_argument("--abort-ttft", type=float, default=20.0,
+                        help="give up a run once 1%% of requests waited this long")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plot-dir", type=Path, default=DEFAULT_PLOT_DIR)
+    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--json", type=Path, help="write every measured point to this file")
+    parser.add_argument("--all-points", action="store_true", help="print every measured point")
+    parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    parser.add_argument("--smoke", action="store_true",
+                        help="CI size: 4 instances, 400 requests, 5 configs, coarse search")
+    args = parser.parse_args()
+    if args.smoke:
+        args.num_instances, args.num_requests, args.bisect, args.slo = 4, 400, 1, args.slo[:1]
+        if args.configs == list(DEFAULT_CONFIGS):
+            args.configs = list(SMOKE_CONFIGS)
+    path = args.data / WORKLOADS[args.workload]
+    reports = []
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for model in args.models:
+            if args.workload == "sharegpt":
+                workload = load_length_trace(path, max_model_len=4096,
+                                             num_requests=args.num_requests, seed=args.seed)
+            else:
+                workload = load_azure_trace(path, max_model_len=4096,
+                                            num_requests=args.num_requests)
+            model_args = argparse.Namespace(**vars(args))
+            if args.smoke and not args.rates:
+                low, high, _ = (float(x) for x in DEFAULT_RATES[model].split(":"))
+                model_args.rates = f"{low}:{high}:{(high - low) / 3}"
+            report = run_model(model, model_args, workload, pool)
+            reports.append(report)
+            print_report(report, args)
+            if not args.no_plots:
+                for plot in plot_report(report, args):
+                    shown = plot.relative_to(REPO_ROOT) if plot.is_relative_to(REPO_ROOT) else plot
+                    print(f"wrote {shown}")
+    if args.json:
+        dump_json(reports, args)
+
+
+if __name__ == "__main__":
+    main()

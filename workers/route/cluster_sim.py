@@ -1,0 +1,518 @@
+"""Discrete-event simulation of a routed cluster: N instances, one router, one workload. Pure.
+
+The instances are the ground truth: each runs vLLM v1 scheduling (the same rules as
+`workers.sim.Scheduler`) with the requests' TRUE output lengths and step times from an
+execution-time model with seeded multiplicative noise. The router sees only what it would see
+in production: snapshots each instance publishes every ``publish_interval_s`` (at its own
+phase), the requests it routed since (`FleetLedger`), and the output lengths a length
+predictor gave. Block policies simulate each candidate from those with `workers.sim`.
+
+Time advances arrival by arrival. Before a request is routed every instance whose publication
+is due runs up to that moment and publishes; the chosen instance then runs up to the arrival
+and queues the request. An instance runs whole steps: every step that starts before a moment
+is executed, so a snapshot shows the step in flight as done (as a worker publishing mid-step
+would show it; at most one step, about 30-60 ms, ahead).
+
+NOTE: instances step one engine step at a time rather than jumping over decode phases as
+`workers.sim.FastSim` does: a snapshot is due every ``publish_interval_s`` (2-3 steps) and an
+arrival somewhere in the fleet every few steps, so there are few steps to skip; the step loop
+is instead kept lean (plain slots objects, no per-step allocations beyond one list).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from workers.route.policies import FleetLedger, RequestView, RoutingContext, decide, needs_what_if
+from workers.route.workload import Workload
+from workers.sim import ExecModel, InstanceConfig, InstanceSnapshot, SimRequest
+
+__all__ = [
+    "ClusterSetup",
+    "GroundTruthInstance",
+    "LengthPredictor",
+    "LogNormalPredictor",
+    "MeanPredictor",
+    "OraclePredictor",
+    "RunResult",
+    "SimulatedRequest",
+    "capacity_bounds",
+    "predictor_from_spec",
+    "saturation_rate",
+    "simulate",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSetup:
+    """The fleet and what the router can see of it."""
+
+    num_instances: int
+    #: Every instance's vLLM settings.
+    config: InstanceConfig
+    #: Ground-truth step times (before noise).
+    exec_model: ExecModel
+    #: Step times the router's what-ifs use; None: the ground-truth model (noise aside).
+    router_exec_model: ExecModel | None = None
+    #: Seconds between two snapshots an instance publishes; 0: the router sees the present.
+    publish_interval_s: float = 0.1
+    #: Sigma of the lognormal factor (mean 1) multiplying every ground-truth step time.
+    exec_noise_sigma: float = 0.1
+    #: Give up a run once more than 1 % of its requests wait longer than this for a first
+    #: token (TTFT p99 is then known to exceed it); None: never.
+    abort_ttft_s: float | None = 20.0
+
+    def __post_init__(self) -> None:
+        if self.num_instances < 1:
+            raise ValueError("num_instances must be positive")
+        if self.publish_interval_s < 0 or self.exec_noise_sigma < 0:
+            raise ValueError("publish_interval_s and exec_noise_sigma must not be negative")
+        if self.config.enable_prefix_caching:
+            raise ValueError("the cluster simulation does not model prefix caching")
+
+
+# -- length predictors: what the router plans with -----------------------------------------
+
+class LengthPredictor(Protocol):
+    #: Short label for tables, e.g. ``"lognormal:0.5"``.
+    name: str
+
+    def predict(self, workload: Workload, seed: int) -> list[int]:
+        """One predicted output length per request of `workload`, deterministic for `seed`."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class OraclePredictor:
+    """The true lengths (the Block* oracle; benchmarks only)."""
+
+    name: str = "oracle"
+
+    def predict(self, workload: Workload, seed: int) -> list[int]:
+        return list(workload.num_output_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class LogNormalPredictor:
+    """True length times a lognormal factor with median 1: the error of a learned model.
+
+    Sigma 0.15 makes the median absolute error about 10 % (the Block paper's claim for its
+    RoBERTa regressor); 0.5 about 30 %, 1.0 about 50 % (typical of prompt-only predictors).
+    """
+
+    sigma: float
+
+    @property
+    def name(self) -> str:
+        return f"lognormal:{self.sigma:g}"
+
+    def predict(self, workload: Workload, seed: int) -> list[int]:
+        factors = np.random.default_rng([seed, 7]).lognormal(0.0, self.sigma, len(workload))
+        lengths = workload.num_output_tokens
+        return [max(1, round(n * f)) for n, f in zip(lengths, factors, strict=True)]
+
+
+@dataclass(frozen=True, slots=True)
+class MeanPredictor:
+    """The workload's mean output length for every request: a predictor that knows nothing."""
+
+    name: str = "mean"
+
+    def predict(self, workload: Workload, seed: int) -> list[int]:
+        return [max(1, round(workload.mean_output_tokens))] * len(workload)
+
+
+def predictor_from_spec(spec: str) -> LengthPredictor:
+    """``oracle``, ``mean`` or ``lognormal:<sigma>``."""
+    if spec == "oracle":
+        return OraclePredictor()
+    if spec == "mean":
+        return MeanPredictor()
+    kind, _, sigma = spec.partition(":")
+    if kind == "lognormal" and sigma:
+        return LogNormalPredictor(float(sigma))
+    raise ValueError(f"unknown length predictor {spec!r}; known: oracle, mean, lognormal:<sigma>")
+
+
+# -- the ground truth ----------------------------------------------------------------------
+
+class SimulatedRequest:
+    """One request's ground truth and outcome."""
+
+    __slots__ = ("request_id", "arrival_s", "num_prompt_tokens", "max_output_tokens",
+                 "predicted_output_tokens", "num_output_tokens", "num_computed_tokens",
+                 "num_owned_blocks", "first_token_s", "finish_s", "num_preemptions",
+                 "instance_id", "what_if_e2e_s")
+
+    def __init__(self, request_id: str, arrival_s: float, num_prompt_tokens: int,
+                 max_output_tokens: int, predicted_output_tokens: int) -> None:
+        self.request_id = request_id
+        self.arrival_s = arrival_s
+        self.num_prompt_tokens = num_prompt_tokens
+        #: The true output length: the request finishes when it has this many tokens.
+        self.max_output_tokens = max_output_tokens
+        #: What the router planned with (published with the request, as engines do).
+        self.predicted_output_tokens = predicted_output_tokens
+        self.num_output_tokens = 0
+        self.num_computed_tokens = 0
+        self.num_owned_blocks = 0
+        self.first_token_s: float | None = None
+        self.finish_s: float | None = None
+        self.num_preemptions = 0
+        self.instance_id: str | None = None
+        #: The chosen instance's simulated end-to-end latency, when the policy simulated.
+        self.what_if_e2e_s: float | None = None
+
+
+class GroundTruthInstance:
+    """One vLLM instance: FCFS, chunked prefill, recompute preemption, noisy step times.
+
+    The schedule follows `workers.sim.Scheduler` step for step (a test checks it); this
+    version trades its generality (prefix caching, snapshots to restore) for speed.
+    """
+
+    def __init__(self, instance_id: str, config: InstanceConfig, exec_model: ExecModel,
+                 noise_sigma: float = 0.0, seed: int | Sequence[int] = 0) -> None:
+        if config.enable_prefix_caching:
+            raise ValueError("GroundTruthInstance does not model prefix caching")
+        self.instance_id = instance_id
+        self.config = config
+        self.exec_model = exec_model
+        self.now_s = 0.0
+        self.running: list[SimulatedRequest] = []
+        self.waiting: deque[SimulatedRequest] = deque()
+        self.num_free_blocks = config.num_usable_blocks
+        self.num_preemptions = 0
+        self.num_steps = 0
+        self._noise_sigma = noise_sigma
+        self._noise_rng = np.random.default_rng(seed)
+        self._noise: list[float] = []
+        self._noise_index = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def add(self, request: SimulatedRequest, at_s: float) -> None:
+        """Queue `request` arriving at `at_s` (not before the instance's present)."""
+        self.run_until(at_s)
+        if not self.has_work:
+            self.now_s = max(self.now_s, at_s)
+        request.instance_id = self.instance_id
+        self.waiting.append(request)
+
+    def run_until(self, until_s: float) -> None:
+        """Run every step that starts before `until_s`."""
+        while self.now_s < until_s and (self.running or self.waiting):
+            self.step()
+
+    def run_to_end(self) -> None:
+        while self.running or self.waiting:
+            self.step()
+
+    def snapshot(self) -> InstanceSnapshot:
+        """What the engine publishes now (lengths as predicted, not the true ones)."""
+        requests = [SimRequest(r.request_id, r.num_prompt_tokens, r.num_computed_tokens,
+                               r.num_output_tokens, r.predicted_output_tokens, True)
+                    for r in self.running]
+        requests += [SimRequest(r.request_id, r.num_prompt_tokens, 0, r.num_output_tokens,
+                                r.predicted_output_tokens, False) for r in self.waiting]
+        return InstanceSnapshot(self.config, self.num_free_blocks, tuple(requests))
+
+    def step(self) -> list[tuple[SimulatedRequest, int]]:
+        """One engine step; returns what it scheduled: (request, tokens), in schedule order."""
+        config = self.config
+        block_size = config.block_size
+        running = self.running
+        waiting = self.waiting
+        if not running:
+            self.num_free_blocks = config.num_usable_blocks  # idle: every block is free
+        free = self.num_free_blocks
+        budget = config.max_num_batched_tokens
+        scheduled: list[tuple[SimulatedRequest, int]] = []
+        preempted = False
+        # Running requests first, in order; the last one is preempted when blocks run out.
+        index = 0
+        while index < len(running) and budget > 0:
+            seq = running[index]
+            computed = seq.num_computed_tokens
+            num_new = seq.num_prompt_tokens + seq.num_output_tokens - computed
+            if num_new > budget:
+                num_new = budget
+            need = -(-(computed + num_new) // block_size) - seq.num_owned_blocks
+            if need > free:
+                victim = None
+                while need > free:
+                    victim = running.pop()
+                    free += victim.num_owned_blocks
+                    victim.num_owned_blocks = 0
+                    victim.num_computed_tokens = 0
+                    victim.num_preemptions += 1
+                    self.num_preemptions += 1
+                    waiting.appendleft(victim)
+                    preempted = True
+                    if victim is seq:
+                        break
+                if victim is seq:
+                    break
+            free -= need
+            seq.num_owned_blocks += need
+            scheduled.append((seq, num_new))
+            budget -= num_new
+            index += 1
+        # Then waiting requests, first come first served, unless this step preempted.
+        if not preempted:
+            max_num_seqs = config.max_num_seqs
+            reserve_full_input = config.reserve_full_input
+            while budget > 0 and waiting and len(running) < max_num_seqs:
+                seq = waiting[0]
+                num_tokens = seq.num_prompt_tokens + seq.num_output_tokens
+                num_new = num_tokens if num_tokens < budget else budget
+                watermark = config.num_watermark_blocks if running else 0
+                if reserve_full_input and -(-num_tokens // block_size) + watermark > free:
+                    break
+                need = -(-num_new // block_size)
+                if need + watermark > free:
+                    break
+                waiting.popleft()
+                running.append(seq)
+                free -= need
+                seq.num_owned_blocks = need
+                scheduled.append((seq, num_new))
+                budget -= num_new
+        assert scheduled, f"{self.instance_id}: a step with work scheduled nothing"
+        # Price the step.
+        prefill_tokens = num_decodes = prefill_seqs = decode_context = chunk_x_context = 0
+        chunk_sq = 0
+        for seq, num_new in scheduled:
+            num_tokens = seq.num_prompt_tokens + seq.num_output_tokens
+            computed = seq.num_computed_tokens
+            if num_new == 1 and computed == num_tokens - 1:
+                num_decodes += 1
+                decode_context += num_tokens
+            else:
+                prefill_tokens += num_new
+                prefill_seqs += 1
+                chunk_x_context += num_new * computed
+                chunk_sq += num_new * num_new
+            seq.num_computed_tokens = computed + num_new
+        duration_ms = self.exec_model.step_ms_of(prefill_tokens, num_decodes, prefill_seqs,
+                                                 decode_context, chunk_x_context, chunk_sq)
+        self.now_s += duration_ms * self._next_noise() / 1000.0
+        self.num_steps += 1
+        # Sample one token for every request whose tokens are all computed.
+        now_s = self.now_s
+        for seq, _ in scheduled:
+            if seq.num_computed_tokens < seq.num_prompt_tokens + seq.num_output_tokens:
+                continue
+            seq.num_output_tokens += 1
+            if seq.first_token_s is None:
+                seq.first_token_s = now_s
+            if seq.num_output_tokens >= seq.max_output_tokens:
+                running.remove(seq)
+                free += seq.num_owned_blocks
+                seq.num_owned_blocks = 0
+                seq.finish_s = now_s
+        self.num_free_blocks = free
+        return scheduled
+
+    def _next_noise(self) -> float:
+        if not self._noise_sigma:
+            return 1.0
+        if self._noise_index >= len(self._noise):
+            sigma = self._noise_sigma
+            self._noise = self._noise_rng.lognormal(-sigma * sigma / 2, sigma, 4096).tolist()
+            self._noise_index = 0
+        self._noise_index += 1
+        return self._noise[self._noise_index - 1]
+
+
+# -- one run -----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """One (policy, predictor, rate) point. Latencies in seconds; inf once a run is aborted."""
+
+    policy: str
+    predictor: str
+    rate: float
+    num_requests: int
+    #: Given up: more than 1 % of requests waited longer than ``abort_ttft_s``.
+    aborted: bool
+    ttft_p50_s: float
+    ttft_p99_s: float
+    e2e_p50_s: float
+    e2e_p99_s: float
+    #: Finished requests per second, from the first arrival to the last finish.
+    throughput_rps: float
+    output_tokens_per_s: float
+    num_preemptions: int
+    #: Median wall time of one routing decision (views, what-ifs, policy), microseconds.
+    decision_us_p50: float
+    #: Median |simulated - actual| / actual end-to-end latency on the chosen instance
+    #: (policies that simulate; NaN otherwise).
+    e2e_prediction_error_p50: float
+    #: Wall time of the whole run.
+    wall_s: float
+    #: Per-request TTFT and end-to-end latency, in arrival order (when asked for).
+    ttft_s: tuple[float, ...] = field(default=(), repr=False)
+    e2e_s: tuple[float, ...] = field(default=(), repr=False)
+
+    @property
+    def label(self) -> str:
+        return f"{self.policy}[{self.predictor}]"
+
+
+def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
+             predictor: LengthPredictor, *, seed: int = 0,
+             keep_samples: bool = False) -> RunResult:
+    """Replay `workload` at `rate` requests per second through `policy`; deterministic for `seed`.
+
+    The seed fixes the predicted lengths (the same for every policy and rate), the step-time
+    noise of each instance, the publication phases and the router's random draws.
+    """
+    started = time.perf_counter()
+    config = setup.config
+    arrival_times = workload.arrival_times(rate)
+    predicted = predictor.predict(workload, seed)
+    engines = [GroundTruthInstance(f"gpu.{k}", config, setup.exec_model, setup.exec_noise_sigma,
+                                   seed=[seed, 1, k]) for k in range(setup.num_instances)]
+    by_id = {e.instance_id: e for e in engines}
+    router_rng = random.Random(seed)
+    interval = setup.publish_interval_s
+    phases = [router_rng.uniform(0.0, interval) for _ in engines]
+    published_at = [0.0] * len(engines)
+    ledger = FleetLedger()
+    for engine in engines:
+        ledger.publish(engine.instance_id, engine.snapshot(), 0.0)
+    what_if_model = None
+    if needs_what_if(policy):
+        what_if_model = setup.router_exec_model or setup.exec_model
+    requests: list[SimulatedRequest] = []
+    decision_s: list[float] = []
+    aborted = False
+    for index, arrival_s in enumerate(arrival_times):
+        for k, engine in enumerate(engines):
+            due = _last_publication(arrival_s, phases[k], interval)
+            if due > published_at[k]:
+                engine.run_until(due)
+                ledger.publish(engine.instance_id, engine.snapshot(), due)
+                published_at[k] = due
+        request = SimulatedRequest(f"r{index}", arrival_s, workload.num_prompt_tokens[index],
+                                   workload.num_output_tokens[index], predicted[index])
+        requests.append(request)
+        planned = SimRequest(request.request_id, request.num_prompt_tokens,
+                             predicted_output_tokens=predicted[index])
+        view = RequestView(request.request_id, request.num_prompt_tokens, predicted[index],
+                           max_tokens=config.max_model_len - request.num_prompt_tokens)
+        decision_started = time.perf_counter()
+        views = ledger.views(planned, what_if_model)
+        decision = decide(policy, view, views, RoutingContext(ticket=index, rng=router_rng))
+        decision_s.append(time.perf_counter() - decision_started)
+        if what_if_model is not None:
+            request.what_if_e2e_s = next(v.what_if_e2e_s for v in views
+                                         if v.instance_id == decision.instance_id)
+        by_id[decision.instance_id].add(request, arrival_s)
+        ledger.assign(decision.instance_id, planned, arrival_s)
+        if setup.abort_ttft_s is not None and index % 100 == 99 and _too_late(
+                requests, arrival_s, setup.abort_ttft_s, len(workload)):
+            aborted = True
+            break
+    if not aborted:
+        for engine in engines:
+            engine.run_to_end()
+    return _result(policy, predictor.name, rate, workload, requests, engines, decision_s,
+                   aborted, time.perf_counter() - started, keep_samples)
+
+
+def _last_publication(now_s: float, phase_s: float, interval_s: float) -> float:
+    """The latest moment at or before `now_s` an instance published (0: its first state)."""
+    if interval_s <= 0:
+        return now_s
+    if now_s < phase_s:
+        return 0.0
+    return phase_s + math.floor((now_s - phase_s) / interval_s) * interval_s
+
+
+def _too_late(requests: Sequence[SimulatedRequest], now_s: float, limit_s: float,
+              num_total: int) -> bool:
+    """Whether more than 1 % of all requests already waited over `limit_s` for a first token."""
+    late = 0
+    for r in requests:
+        if r.first_token_s is None:
+            late += now_s - r.arrival_s > limit_s
+        else:
+            late += r.first_token_s - r.arrival_s > limit_s
+    return late > 0.01 * num_total
+
+
+def _result(policy: str, predictor: str, rate: float, workload: Workload,
+            requests: Sequence[SimulatedRequest], engines: Sequence[GroundTruthInstance],
+            decision_s: Sequence[float], aborted: bool, wall_s: float,
+            keep_samples: bool) -> RunResult:
+    num_preemptions = sum(e.num_preemptions for e in engines)
+    decision_us = float(np.median(decision_s)) * 1e6 if decision_s else math.nan
+    if aborted:
+        inf = math.inf
+        return RunResult(policy, predictor, rate, len(workload), True, inf, inf, inf, inf,
+                         0.0, 0.0, num_preemptions, decision_us, math.nan, wall_s)
+    ttft = np.array([r.first_token_s - r.arrival_s for r in requests])
+    e2e = np.array([r.finish_s - r.arrival_s for r in requests])
+    span_s = max(r.finish_s for r in requests) - requests[0].arrival_s
+    predicted = [(r.what_if_e2e_s, r.finish_s - r.arrival_s) for r in requests
+                 if r.what_if_e2e_s is not None]
+    error = (float(np.median([abs(p - a) / a for p, a in predicted])) if predicted
+             else math.nan)
+    return RunResult(
+        policy=policy, predictor=predictor, rate=rate, num_requests=len(requests), aborted=False,
+        ttft_p50_s=float(np.percentile(ttft, 50)), ttft_p99_s=float(np.percentile(ttft, 99)),
+        e2e_p50_s=float(np.percentile(e2e, 50)), e2e_p99_s=float(np.percentile(e2e, 99)),
+        throughput_rps=len(requests) / span_s,
+        output_tokens_per_s=sum(r.max_output_tokens for r in requests) / span_s,
+        num_preemptions=num_preemptions, decision_us_p50=decision_us,
+        e2e_prediction_error_p50=error, wall_s=wall_s,
+        ttft_s=tuple(ttft.tolist()) if keep_samples else (),
+        e2e_s=tuple(e2e.tolist()) if keep_samples else (),
+    )
+
+
+def saturation_rate(workload: Workload, config: InstanceConfig, exec_model: ExecModel,
+                    num_requests: int | None = None) -> float:
+    """Requests per second one instance completes with a full queue: the fleet's ceiling / N.
+
+    The first `num_requests` requests (all by default) arrive at once (no noise): no routing
+    policy sustains more than N times this rate on this workload for long. A finite run can
+    stay under a TTFT SLO a little above it, while its backlog is still short.
+    """
+    instance = GroundTruthInstance("saturated", config, exec_model)
+    count = len(workload) if num_requests is None else min(num_requests, len(workload))
+    for index in range(count):
+        instance.add(SimulatedRequest(f"r{index}", 0.0, workload.num_prompt_tokens[index],
+                                      workload.num_output_tokens[index],
+                                      workload.num_output_tokens[index]), 0.0)
+    instance.run_to_end()
+    return count / instance.now_s
+
+
+# -- capacity --------------------------------------------------------------------------------
+
+def capacity_bounds(ttft_p99_by_rate: Mapping[float, float],
+                    slo_s: float) -> tuple[float | None, float | None]:
+    """(highest passing rate below the lowest failing one, lowest failing rate).
+
+    A rate passes when its TTFT p99 is at most `slo_s`. None where no rate passes, or none
+    fails; the capacity lies between the two (bisect to narrow it).
+    """
+    failing = [r for r, p99 in ttft_p99_by_rate.items() if not p99 <= slo_s]
+    high = min(failing) if failing else None
+    passing = [r for r, p99 in ttft_p99_by_rate.items()
+               if p99 <= slo_s and (high is None or r < high)]
+    return (max(passing) if passing else None), high
