@@ -71,8 +71,13 @@ def plan_route(
 
 def _sim_snapshot(state: dict[str, Any]) -> InstanceSnapshot:
     # NOTE: engines publish the blocks a request can use; vLLM's num_gpu_blocks, which the
-    # simulator's config means, counts one more: the null block vLLM keeps back.
-    return snapshot_from_dict({**state, "num_total_blocks": int(state["num_total_blocks"]) + 1})
+    # simulator's config means, counts one more: the null block vLLM keeps back. A request the
+    # engine took but has not tokenized yet shows 0 prompt tokens: it is left out (it is in the
+    # engine for a few milliseconds before the next state shows it whole).
+    requests = [r for r in state.get("requests", ()) if r.get("num_prompt_tokens", 0) > 0]
+    return snapshot_from_dict(
+        {**state, "num_total_blocks": int(state["num_total_blocks"]) + 1, "requests": requests}
+    )
 
 
 def _waiting(request_id: str, num_prompt_tokens: int, predicted: int | None) -> SimRequest:

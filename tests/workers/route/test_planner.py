@@ -105,3 +105,14 @@ def test_a_published_state_that_shows_a_request_clears_its_assignment(fleet: Fle
     assert [a["request_id"] for a in fleet.routable()[0].assigned] == ["req_2"]
     fleet.unassign("gpu.0", "req_2")
     assert fleet.routable()[0].num_assigned == 0
+
+
+def test_a_request_the_engine_has_not_tokenized_yet_is_left_out(fleet: Fleet) -> None:
+    state = _idle_state()
+    state["requests"] = [{"request_id": "fresh", "num_prompt_tokens": 0,
+                          "num_computed_tokens": 0, "num_output_tokens": 0,
+                          "predicted_output_tokens": None, "is_running": False}]
+    fleet.publish("gpu.0", state)
+    ctx = RoutingContext(ticket=0, rng=random.Random(0))
+    plan = plan_route("block", _request(0), fleet.routable(), ctx, bundled_model("qwen2-7b-a30"))
+    assert plan.decision.instance_id == "gpu.0"
