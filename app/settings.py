@@ -132,6 +132,18 @@ class Settings(BaseSettings):
         "'max_tokens' always generates max_tokens.",
     )
 
+    # --- length prediction ---------------------------------------------------------------------
+    length_predictor: Literal["learned", "baseline"] = Field(
+        "learned",
+        description="Output-length predictor: 'learned' (MiniLM encoder + prompt features, "
+        "workers/predict) or 'baseline' (the running mean of observed lengths).",
+    )
+    length_model_path: Path | None = Field(
+        None,
+        description="Artifact of the learned length model. Unset: the bootstrap model shipped "
+        "in workers/predict/models.",
+    )
+
     # --- routing -------------------------------------------------------------------------------
     routing_policy: str = Field(
         "round_robin",

@@ -181,7 +181,7 @@ def test_requests_flow_end_to_end_with_webhooks(start_stack: Callable[..., Stack
             _at(r[k]) for k in ("created_at", "routed_at", "first_token_at", "finished_at")
         )
         assert created <= routed <= _at(r["started_at"]) <= first <= finished
-        assert r["policy"] == "round_robin" and r["predictor"] == "baseline.running_mean"
+        assert r["policy"] == "round_robin" and r["predictor"].startswith("length_model:")
         assert 1 <= r["output_tokens"] <= r["max_tokens"] and r["output"]
         assert r["predicted_output_tokens"] is not None
 

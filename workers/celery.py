@@ -2,7 +2,8 @@
 
 from app.settings import Settings
 from workers.celery_app import create_celery
-from workers.serve import lifecycle as _engine_lifecycle  # noqa: F401 - connects worker signals
+from workers.predict import lifecycle as _predict_lifecycle  # noqa: F401 - connects signals
+from workers.serve import lifecycle as _engine_lifecycle  # noqa: F401 - connects signals
 
 __all__ = ["celery"]
 

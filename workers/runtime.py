@@ -7,9 +7,10 @@ need from `get()`; tests and the engine worker may `configure()` it explicitly f
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 from celery import Celery, current_app
@@ -18,6 +19,9 @@ from app.db import Database
 from app.fleet import Fleet
 from app.prompts import PromptCodec
 from app.settings import Settings
+
+if TYPE_CHECKING:
+    from workers.predict.length_model import LengthPredictor
 from workers.sim import ExecModel, bundled_model, bundled_model_names
 
 DEFAULT_EXEC_MODEL = "qwen2-7b-a30"
@@ -52,6 +56,15 @@ class Runtime:
         if name in bundled_model_names():
             return bundled_model(name)
         return ExecModel.load(Path(name))
+
+    @cached_property
+    def length_predictor(self) -> LengthPredictor:
+        """The learned output-length model, loaded once per process (encoder included)."""
+        # NOTE: torch and transformers load here, in predictor workers only, not at import.
+        from workers.predict.length_model import BOOTSTRAP_ARTIFACT  # noqa: PLC0415
+        from workers.predict.length_model import LengthPredictor as Predictor  # noqa: PLC0415
+
+        return Predictor.load(self.settings.length_model_path or BOOTSTRAP_ARTIFACT, num_threads=1)
 
     @cached_property
     def prompts(self) -> PromptCodec:

@@ -12,7 +12,7 @@ from workers import runtime
 from workers.predict.baseline import RunningMeanPredictor
 from workers.predict.history import LengthHistory
 
-PREDICTOR = RunningMeanPredictor()
+BASELINE = RunningMeanPredictor()
 
 
 @shared_task(name=dispatch.TASK_PREDICT)
@@ -27,11 +27,22 @@ def annotate(request_id: str) -> None:
         request = session.get(InferenceRequest, request_id)
         if request is None or request.status != RequestStatus.PREDICTING:
             return  # cancelled, or already past this stage
-        stats = LengthHistory(rt.redis, model=rt.settings.model_name).stats()
-        request.predicted_output_tokens = PREDICTOR.predict(stats, max_tokens=request.max_tokens)
-        request.predictor = PREDICTOR.name
+        tokens, predictor = _predict_length(rt, request)
+        request.predicted_output_tokens = tokens
+        request.predictor = predictor
         request.predicted_at = utcnow()
         priority = Priority(request.priority).rank
     dispatch.enqueue_route(
         runtime.current_celery(), request_id, priority=priority, predict_started_at=started_at
     )
+
+
+def _predict_length(rt: runtime.Runtime, request: InferenceRequest) -> tuple[int, str]:
+    """(predicted output tokens, the predictor's name) with the configured predictor."""
+    if rt.settings.length_predictor == "baseline":
+        stats = LengthHistory(rt.redis, model=rt.settings.model_name).stats()
+        return BASELINE.predict(stats, max_tokens=request.max_tokens), BASELINE.name
+    predictor = rt.length_predictor
+    prompt = request.messages or request.prompt
+    prediction = predictor.predict(prompt, rt.settings.model_name, request.max_tokens)
+    return prediction.tokens, predictor.name

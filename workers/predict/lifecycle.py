@@ -1,0 +1,23 @@
+"""Predictor-worker start-up: load the learned length model before consuming, not on the
+first request (loading the encoder takes seconds)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.signals import celeryd_after_setup
+
+from app.dispatch import QUEUE_PREDICT
+
+
+@celeryd_after_setup.connect
+def _warm_up_length_model(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    queues = getattr(getattr(instance, "app", None), "amqp", None)
+    names = set(queues.queues) if queues is not None else set()
+    if QUEUE_PREDICT not in names:
+        return
+    from workers import runtime  # noqa: PLC0415 - the lifecycle module must stay light
+
+    rt = runtime.get()
+    if rt.settings.length_predictor == "learned":
+        _ = rt.length_predictor
