@@ -144,24 +144,33 @@ def parse_config(spec: str) -> Config:
     return Config(policy, predictor or "default")
 
 
+def model_setup(model: str, args: argparse.Namespace) -> ClusterSetup:
+    """The paper's fleet: A30 instances of `model`, vLLM settings as in the Block paper."""
+    config = InstanceConfig(num_total_blocks=NUM_BLOCKS[model], block_size=16, max_num_seqs=48,
+                            max_num_batched_tokens=512, max_model_len=4096)
+    return ClusterSetup(args.num_instances, config, bundled_model(model),
+                        publish_interval_s=args.publish_interval, exec_noise_sigma=args.exec_noise,
+                        abort_ttft_s=args.abort_ttft)
+
+
+def make_job(workload: Workload, setup: ClusterSetup, args: argparse.Namespace, cfg: Config,
+             rate: float, keep_samples: bool = False) -> Job:
+    predictor = args.predictor if cfg.predictor == "default" else cfg.predictor
+    return Job(workload, setup, cfg, predictor, rate, args.seed, keep_samples)
+
+
 def run_model(model: str, args: argparse.Namespace, workload: Workload,
               pool: ProcessPoolExecutor) -> ModelReport:
     started = time.perf_counter()
-    scale = args.num_instances / 12
-    config = InstanceConfig(num_total_blocks=NUM_BLOCKS[model], block_size=16, max_num_seqs=48,
-                            max_num_batched_tokens=512, max_model_len=4096)
-    setup = ClusterSetup(args.num_instances, config, bundled_model(model),
-                         publish_interval_s=args.publish_interval, exec_noise_sigma=args.exec_noise,
-                         abort_ttft_s=args.abort_ttft)
+    setup = model_setup(model, args)
     configs = [parse_config(c) for c in args.configs]
-    rates = parse_rates(args.rates or DEFAULT_RATES[model], scale)
+    rates = parse_rates(args.rates or DEFAULT_RATES[model], args.num_instances / 12)
     step = rates[1] - rates[0] if len(rates) > 1 else rates[0] / 4
     tolerance = step / 2 ** args.bisect
     report = ModelReport(model, rates, list(args.slo))
 
-    def job(cfg: Config, rate: float, keep_samples: bool = False) -> Job:
-        predictor = args.predictor if cfg.predictor == "default" else cfg.predictor
-        return Job(workload, setup, cfg, predictor, rate, args.seed, keep_samples)
+    def job(cfg: Config, rate: float) -> Job:
+        return make_job(workload, setup, args, cfg, rate)
 
     def run_round(wanted: Sequence[tuple[Config, float]]) -> None:
         todo = [(c, r) for c, r in dict.fromkeys(wanted) if (c.label, r) not in report.points]
@@ -194,12 +203,7 @@ def run_model(model: str, args: argparse.Namespace, workload: Workload,
     for cfg in configs:
         p99 = report.p99_by_rate(cfg.label)
         report.bounds[cfg.label] = {slo: capacity_bounds(p99, slo) for slo in args.slo}
-    rr = "round_robin"
-    if rr in report.bounds and report.capacity(rr, args.slo[0]) is not None:
-        report.cdf_rate = report.capacity(rr, args.slo[0])
-        jobs = [job(c, report.cdf_rate, keep_samples=True) for c in configs]
-        for cfg, result in zip(configs, pool.map(run_job, jobs), strict=True):
-            report.cdf[cfg.label] = result
+    run_cdf(report, args, workload, setup, pool)
     block = parse_config("block")
     if block in configs and report.capacity("block", args.slo[0]) is not None:
         report.block_rate = report.capacity("block", args.slo[0])
@@ -207,9 +211,52 @@ def run_model(model: str, args: argparse.Namespace, workload: Workload,
         results = pool.map(run_job, [job(c, report.block_rate) for c in pair])
         for cfg, result in zip(pair, results, strict=True):
             report.at_block_rate[cfg.label] = result
-    report.ceiling_rps = args.num_instances * saturation_rate(workload, config, setup.exec_model)
+    report.ceiling_rps = args.num_instances * saturation_rate(workload, setup.config,
+                                                              setup.exec_model)
     report.wall_s = time.perf_counter() - started
     return report
+
+
+def run_cdf(report: ModelReport, args: argparse.Namespace, workload: Workload,
+            setup: ClusterSetup, pool: ProcessPoolExecutor) -> None:
+    """Every configuration at round robin's capacity (first SLO), keeping per-request latencies."""
+    if "round_robin" not in report.bounds or report.capacity("round_robin", args.slo[0]) is None:
+        return
+    report.cdf_rate = report.capacity("round_robin", args.slo[0])
+    configs = [parse_config(label) for label in report.bounds]
+    jobs = [make_job(workload, setup, args, c, report.cdf_rate, keep_samples=True)
+            for c in configs]
+    for cfg, result in zip(configs, pool.map(run_job, jobs), strict=True):
+        report.cdf[cfg.label] = result
+
+
+def load_reports(path: Path) -> tuple[argparse.Namespace, list[ModelReport]]:
+    """The arguments and reports a ``--json`` file holds (per-request latencies excepted)."""
+    data = json.loads(path.read_text())
+    args = argparse.Namespace(**data["args"])
+    args.data, args.plot_dir = Path(args.data), Path(args.plot_dir)
+    reports = []
+    for m in data["models"]:
+        bounds = {label: {float(slo): (b[0], b[1]) for slo, b in slos.items()}
+                  for label, slos in m["capacity"].items()}
+        report = ModelReport(m["model"], [], list(args.slo), bounds=bounds,
+                             cdf_rate=m["cdf_rate"], block_rate=m.get("block_rate"),
+                             ceiling_rps=m.get("ceiling_rps", 0.0))
+        for point in m["points"]:
+            label = point.pop("config")
+            report.points[(label, point["rate"])] = result_from_json(point)
+        report.at_block_rate = {label: result_from_json(p)
+                                for label, p in m.get("at_block_rate", {}).items()}
+        reports.append(report)
+    return args, reports
+
+
+def result_from_json(point: dict) -> RunResult:
+    values = dict(point)
+    for key, value in values.items():
+        if value is None:
+            values[key] = math.inf if key.endswith("_s") else math.nan
+    return RunResult(**values)
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -222,10 +269,10 @@ def fmt(value: float | None, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
-def capacity_rows(report: ModelReport, labels: Sequence[str]) -> list[list[str]]:
+def capacity_rows(report: ModelReport, labels: Sequence[str],
+                  paper: dict[str, float]) -> list[list[str]]:
     slo = report.slos[0]
     base = {b: report.capacity(b, slo) for b in ("round_robin", "random") if b in report.bounds}
-    paper = PAPER.get(report.model, {})
     rows = []
     for label in labels:
         caps = [report.capacity(label, s) for s in report.slos]
@@ -318,7 +365,9 @@ def print_report(report: ModelReport, args: argparse.Namespace) -> None:
     print_table(f"{report.model}: capacity (req/s, {args.num_instances} instances, "
                 f"{args.workload}, predictor {args.predictor})",
                 ["config", *slo_headers, "vs round_robin", "vs random", "paper"],
-                capacity_rows(report, labels), args.markdown)
+                capacity_rows(report, labels,
+                              PAPER.get(report.model, {}) if args.num_instances == 12 else {}),
+                args.markdown)
     if report.cdf:
         print_table(f"{report.model}: at round_robin's capacity, {fmt(report.cdf_rate)} req/s "
                     f"(latencies in s)",
@@ -333,8 +382,9 @@ def print_report(report: ModelReport, args: argparse.Namespace) -> None:
         print_table(f"{report.model}: every measured point",
                     ["config", "rate", "TTFT p50", "TTFT p99", "e2e p50", "e2e p99", "req/s",
                      "preemptions", "decision us", "what-if e2e err %"], rows, args.markdown)
-    print(f"\n{report.model}: {len(report.points) + len(report.cdf)} runs in "
-          f"{report.wall_s:.0f} s")
+    if report.wall_s:
+        print(f"\n{report.model}: {len(report.points) + len(report.cdf)} runs in "
+              f"{report.wall_s:.0f} s")
 
 
 def plot_report(report: ModelReport, args: argparse.Namespace) -> list[Path]:
@@ -349,10 +399,12 @@ def plot_report(report: ModelReport, args: argparse.Namespace) -> list[Path]:
     paths = []
     fig, ax = plt.subplots(figsize=(8, 5))
     y_cap = args.abort_ttft or 3 * max(report.slos)  # aborted runs plot here
+    colors = plot_colors(report.bounds)
     for label in report.bounds:
         points = sorted(report.p99_by_rate(label).items())
         ax.plot([r for r, _ in points], [min(p, y_cap) for _, p in points], marker="o",
-                markersize=3, label=label, linestyle="--" if "@" in label else "-")
+                markersize=3, label=label, color=colors[label],
+                linestyle="--" if "@" in label else "-")
     for slo in report.slos:
         ax.axhline(slo, color="grey", linewidth=0.8, linestyle=":")
     if report.ceiling_rps:
@@ -375,7 +427,7 @@ def plot_report(report: ModelReport, args: argparse.Namespace) -> list[Path]:
                 data = sorted(values)
                 n = len(data)
                 ax.plot(data, [(i + 1) / n for i in range(n)], label=label,
-                        linestyle="--" if "@" in label else "-")
+                        color=colors[label], linestyle="--" if "@" in label else "-")
         for ax, name in zip(axes, ("TTFT", "end-to-end latency"), strict=True):
             ax.set_xscale("log")
             ax.set_xlabel(f"{name} (s)")
@@ -388,6 +440,12 @@ def plot_report(report: ModelReport, args: argparse.Namespace) -> list[Path]:
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
     return paths
+
+
+def plot_colors(labels: Sequence[str]) -> dict[str, str]:
+    """A distinct colour per configuration (matplotlib's ten, then a few more)."""
+    palette = [f"C{i}" for i in range(10)] + ["black", "gold", "teal", "navy"]
+    return {label: palette[i % len(palette)] for i, label in enumerate(labels)}
 
 
 def dump_json(reports: Sequence[ModelReport], args: argparse.Namespace) -> None:
@@ -452,21 +510,21 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
     parser.add_argument("--smoke", action="store_true",
                         help="CI size: 4 instances, 400 requests, 5 configs, coarse search")
+    parser.add_argument("--replot", type=Path, metavar="JSON",
+                        help="reprint tables and redraw plots from a --json file of an earlier "
+                             "run (reruns only the CDF points, with that run's settings)")
     args = parser.parse_args()
+    if args.replot:
+        replot(args)
+        return
     if args.smoke:
         args.num_instances, args.num_requests, args.bisect, args.slo = 4, 400, 1, args.slo[:1]
         if args.configs == list(DEFAULT_CONFIGS):
             args.configs = list(SMOKE_CONFIGS)
-    path = args.data / WORKLOADS[args.workload]
     reports = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for model in args.models:
-            if args.workload == "sharegpt":
-                workload = load_length_trace(path, max_model_len=4096,
-                                             num_requests=args.num_requests, seed=args.seed)
-            else:
-                workload = load_azure_trace(path, max_model_len=4096,
-                                            num_requests=args.num_requests)
+            workload = load_workload(args)
             model_args = argparse.Namespace(**vars(args))
             if args.smoke and not args.rates:
                 low, high, _ = (float(x) for x in DEFAULT_RATES[model].split(":"))
@@ -480,6 +538,28 @@ def main() -> None:
                     print(f"wrote {shown}")
     if args.json:
         dump_json(reports, args)
+
+
+def load_workload(args: argparse.Namespace) -> Workload:
+    path = args.data / WORKLOADS[args.workload]
+    if args.workload == "sharegpt":
+        return load_length_trace(path, max_model_len=4096, num_requests=args.num_requests,
+                                 seed=args.seed)
+    return load_azure_trace(path, max_model_len=4096, num_requests=args.num_requests)
+
+
+def replot(cli: argparse.Namespace) -> None:
+    args, reports = load_reports(cli.replot)
+    args.plot_dir, args.markdown, args.all_points = cli.plot_dir, cli.markdown, cli.all_points
+    args.jobs, args.data = cli.jobs, cli.data
+    workload = load_workload(args)
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for report in reports:
+            run_cdf(report, args, workload, model_setup(report.model, args), pool)
+            print_report(report, args)
+            for plot in plot_report(report, args):
+                shown = plot.relative_to(REPO_ROOT) if plot.is_relative_to(REPO_ROOT) else plot
+                print(f"wrote {shown}")
 
 
 if __name__ == "__main__":
