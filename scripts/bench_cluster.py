@@ -20,7 +20,8 @@ Usage::
         [--workload sharegpt|azure_conv|azure_code] [--configs round_robin block@oracle ...]
         [--predictor lognormal:0.15] [--rates LO:HI:STEP] [--bisect 3] [--jobs 2]
         [--num-requests 10000] [--seed 0] [--plot-dir docs/img] [--json FILE] [--markdown]
-        [--smoke]
+        [--all-points] [--smoke]
+    python scripts/bench_cluster.py --replot FILE [--markdown] [--plot-dir docs/img]
 """
 
 from __future__ import annotations
@@ -366,7 +367,8 @@ def print_report(report: ModelReport, args: argparse.Namespace) -> None:
                 f"{args.workload}, predictor {args.predictor})",
                 ["config", *slo_headers, "vs round_robin", "vs random", "paper"],
                 capacity_rows(report, labels,
-                              PAPER.get(report.model, {}) if args.num_instances == 12 else {}),
+                              PAPER.get(report.model, {})
+                              if args.num_instances == 12 and args.workload == "sharegpt" else {}),
                 args.markdown)
     if report.cdf:
         print_table(f"{report.model}: at round_robin's capacity, {fmt(report.cdf_rate)} req/s "
