@@ -17,13 +17,14 @@ Usage::
 
     python scripts/eval_length_model.py [--data DIR] [--rows FILE ...] [--split cv|holdout]
                                         [--folds 5] [--markdown]
-    python scripts/eval_length_model.py --cost [--batch-size 32] [--num-prompts 512]
+    python scripts/eval_length_model.py --cost [--sweep] [--batch-size 32] [--num-prompts 512]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import statistics
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -39,7 +41,7 @@ from workers.predict.dataset import (
     DEFAULT_DATA_DIR,
     LengthRow,
     build_rows,
-    load_prompts_only,
+    load_benchmark_prompts,
     read_rows,
     split_by_prompt,
 )
@@ -256,12 +258,11 @@ def _peak_rss_mib() -> float:
 def cost(args: argparse.Namespace, console: Console) -> None:
     rss_start = _peak_rss_mib()
     started = time.perf_counter()
-    predictor = LengthPredictor.load(args.artifact, num_threads=1, batch_size=args.batch_size)
+    predictor = LengthPredictor.load(args.artifact, num_threads=1)
     load_s = time.perf_counter() - started
     rss_loaded = _peak_rss_mib()
 
-    arena = sorted({r.prompt for r in build_rows(args.data)})
-    prompts = arena + load_prompts_only(args.data)
+    prompts = load_benchmark_prompts(args.data)
     random.Random(0).shuffle(prompts)
     prompts = prompts[: args.num_prompts]
     model = predictor.head.model_names[0]
@@ -285,7 +286,8 @@ def cost(args: argparse.Namespace, console: Console) -> None:
                         f"max_seq_len {predictor.encoder.max_seq_len})")
     table.add_column("measure")
     table.add_column("value", justify="right")
-    table.add_row(f"batched ({args.batch_size} per call), per prompt", f"{batched_ms:.2f} ms")
+    table.add_row(f"batched ({args.batch_size} per call, passes of "
+                  f"{predictor.encoder.config.batch_size}), per prompt", f"{batched_ms:.2f} ms")
     table.add_row("unbatched, per prompt: mean", f"{statistics.fmean(single_ms):.2f} ms")
     table.add_row("unbatched, per prompt: p50 / p99",
                   f"{np.percentile(single_ms, 50):.2f} / {np.percentile(single_ms, 99):.2f} ms")
@@ -294,12 +296,55 @@ def cost(args: argparse.Namespace, console: Console) -> None:
     table.add_row("peak RSS: after load", f"{rss_loaded:.0f} MiB")
     table.add_row("peak RSS: after predictions", f"{_peak_rss_mib():.0f} MiB")
     table.add_row("artifact size", f"{Path(args.artifact).stat().st_size / 1024:.0f} KiB")
+    table.add_row("torch threads / machine load average (1 min)",
+                  f"{torch.get_num_threads()} / {os.getloadavg()[0]:.1f}")
     console.print(table)
     if args.markdown:
         print(json.dumps({"batched_ms": batched_ms, "single_mean_ms": statistics.fmean(single_ms),
                           "single_p50_ms": float(np.percentile(single_ms, 50)),
                           "single_p99_ms": float(np.percentile(single_ms, 99)),
                           "peak_rss_mib": _peak_rss_mib(), "load_s": load_s}))
+
+
+#: (label, encoder settings) timed by ``--cost --sweep``; the shipped defaults are the last-but-one.
+SWEEP = (
+    ("float32, 128 tokens, passes of 32",
+     EncoderConfig(dtype="float32", max_seq_len=128, batch_size=32, num_threads=1)),
+    ("float32, 64 tokens, passes of 8",
+     EncoderConfig(dtype="float32", max_seq_len=64, batch_size=8, num_threads=1)),
+    ("bfloat16, 128 tokens, passes of 32",
+     EncoderConfig(dtype="bfloat16", max_seq_len=128, batch_size=32, num_threads=1)),
+    ("bfloat16, 64 tokens, passes of 32",
+     EncoderConfig(dtype="bfloat16", max_seq_len=64, batch_size=32, num_threads=1)),
+    ("bfloat16, 64 tokens, passes of 8 (shipped)",
+     EncoderConfig(dtype="bfloat16", max_seq_len=64, batch_size=8, num_threads=1)),
+    ("bfloat16, 64 tokens, passes of 8, first 4 layers",
+     EncoderConfig(dtype="bfloat16", max_seq_len=64, batch_size=8, num_threads=1,
+                   num_layers=4, layers=(1, 2, 3, 4))),
+)
+
+
+def sweep(args: argparse.Namespace, console: Console) -> None:
+    """Time the encoder alone under several settings, on the prompts `cost` uses."""
+    prompts = load_benchmark_prompts(args.data)
+    random.Random(0).shuffle(prompts)
+    prompts = prompts[: args.num_prompts]
+    table = Table(title=f"Encoder alone, one thread, {len(prompts)} real prompts, "
+                        f"{args.batch_size} per call (best of 2)")
+    table.add_column("encoder setting")
+    table.add_column("ms per prompt", justify="right")
+    for label, config in SWEEP:
+        encoder = Encoder(config)
+        encoder.embed(prompts[: args.batch_size])  # warm up kernels
+        best = float("inf")
+        for _ in range(2):
+            t0 = time.perf_counter()
+            for start in range(0, len(prompts), args.batch_size):
+                encoder.embed(prompts[start:start + args.batch_size])
+            best = min(best, (time.perf_counter() - t0) * 1e3 / len(prompts))
+        table.add_row(label, f"{best:.2f}")
+        console.print(f"{label}: {best:.2f} ms per prompt")
+    console.print(table)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,12 +361,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learning-curve", action="store_true",
                         help="also train the encoder model on 25/50/75/100%% of the prompts")
     parser.add_argument("--cost", action="store_true", help="time the shipped predictor instead")
+    parser.add_argument("--sweep", action="store_true",
+                        help="with --cost: time the encoder alone under several settings")
     parser.add_argument("--artifact", type=Path, default=BOOTSTRAP_ARTIFACT)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=32,
+                        help="prompts per predict_batch call in --cost")
     parser.add_argument("--num-prompts", type=int, default=512)
     args = parser.parse_args(argv)
     console = Console(width=140)
-    (cost if args.cost else quality)(args, console)
+    if args.cost:
+        (sweep if args.sweep else cost)(args, console)
+    else:
+        quality(args, console)
     return 0
 
 

@@ -74,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     path = predictor.head.save(args.out)
 
-    table = Table(title=f"{predictor.name}: out-of-fold metrics ({metrics['num_folds']} folds "
-                        f"by prompt), trained in {elapsed:.0f} s")
+    console.print(f"{predictor.name}: out-of-fold metrics ({metrics['num_folds']} folds by "
+                  f"prompt), trained in {elapsed:.0f} s")
+    table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in metrics.items():

@@ -32,6 +32,7 @@ from workers.predict.features import TokenCounter
 __all__ = [
     "LengthRow",
     "build_rows",
+    "load_benchmark_prompts",
     "load_prompts_only",
     "prompt_id_of",
     "read_rows",
@@ -134,6 +135,15 @@ def load_prompts_only(data_dir: Path = DEFAULT_DATA_DIR) -> list[str]:
     """The 1,000 ShareGPT first human turns (no answers): realistic inputs for cost benchmarks."""
     records = json.loads((Path(data_dir) / SHAREGPT_PROMPTS).read_text(encoding="utf-8"))
     return [r["conversations"][0]["value"] for r in records if r["conversations"]]
+
+
+def load_benchmark_prompts(data_dir: Path = DEFAULT_DATA_DIR) -> list[str]:
+    """Every distinct prompt text at hand, answers not read: Arena-Hard, arena-bench, ShareGPT."""
+    data_dir = Path(data_dir)
+    prompts = [q["prompt"] for q in _read_jsonl(data_dir / ARENA_HARD / "question.jsonl")]
+    prompts += [q["turns"][0] for q in _read_jsonl(data_dir / ARENA_BENCH / "question.jsonl")]
+    prompts += load_prompts_only(data_dir)
+    return sorted({p for p in prompts if p.strip()})
 
 
 def split_by_prompt(rows: Sequence[LengthRow], *, test_share: float = 0.2,

@@ -140,7 +140,7 @@ class LengthHead:
     log_offset: float                   # median out-of-fold residual: makes the point a median
     quantile: float
     feature_names: tuple[str, ...]
-    encoder: dict                       # name, dim, max_seq_len, layers, tail_share
+    encoder: dict                       # name, dim, max_seq_len, layers, tail_share, num_layers
     metrics: dict = field(default_factory=dict)
     version: str = ""                   # content hash, set on fit
     trained_at: str = ""                # UTC ISO timestamp
@@ -275,7 +275,7 @@ class LengthPredictor:
     @classmethod
     def load(cls, path: Path | str = BOOTSTRAP_ARTIFACT, *, encoder_path: str | None = None,
              dtype: str = "auto", num_threads: int | None = None,
-             batch_size: int = 32) -> LengthPredictor:
+             batch_size: int = 8) -> LengthPredictor:
         """Load an artifact and the encoder it was trained with (the packaged one by default).
 
         A head trained on another encoder needs `encoder_path`, the local directory of it.
@@ -315,9 +315,11 @@ class LengthPredictor:
 def encoder_config_for(head: LengthHead, path: str | None = None, **runtime) -> EncoderConfig:
     """The encoder settings a head was trained with, plus runtime-only knobs (dtype, threads)."""
     info = head.encoder
+    num_layers = info.get("num_layers")
     return EncoderConfig(path=path, max_seq_len=int(info["max_seq_len"]),
                          tail_share=float(info["tail_share"]),
-                         layers=tuple(int(i) for i in info["layers"]), **runtime)
+                         layers=tuple(int(i) for i in info["layers"]),
+                         num_layers=None if num_layers is None else int(num_layers), **runtime)
 
 
 # -- fitting ------------------------------------------------------------------------------------
@@ -495,7 +497,8 @@ def train(rows: Iterable, *, encoder: Encoder | None = None,
 def encoder_info(encoder: Encoder) -> dict:
     """What an artifact records about the encoder its head was trained on."""
     return {"name": encoder.name, "dim": encoder.dim, "max_seq_len": encoder.max_seq_len,
-            "layers": list(encoder.config.layers), "tail_share": encoder.config.tail_share}
+            "layers": list(encoder.config.layers), "tail_share": encoder.config.tail_share,
+            "num_layers": encoder.config.num_layers}
 
 
 def evaluate(predictor: LengthPredictor, rows: Iterable, *, max_tokens: int = 4096) -> dict:
