@@ -49,6 +49,8 @@ __all__ = [
     "LengthPredictor",
     "TrainConfig",
     "design_matrix",
+    "encoder_config_for",
+    "encoder_info",
     "evaluate",
     "fit_head",
     "length_metrics",
@@ -480,8 +482,9 @@ def train(rows: Iterable, *, encoder: Encoder | None = None,
 
     Rows are `dataset.LengthRow` objects or mappings with those keys (e.g. exported from the
     PostgreSQL request history; prompts may be chat message lists). Rows without a prompt_id are
-    grouped by prompt text. Returns the predictor and its out-of-fold metrics (MAE in tokens,
-    median relative error, share within 25%, Spearman, p90 coverage, chosen penalty).
+    grouped by prompt text; rows with no output token are skipped. Returns the predictor and
+    its out-of-fold metrics (MAE in tokens, median relative error, share within 25%, Spearman,
+    p90 coverage, chosen penalty, row and prompt counts).
     """
     fields = [_row_fields(row) for row in rows]
     fields = [f for f in fields if f[2] >= 1]
