@@ -50,12 +50,14 @@ def enqueue_route(
     *,
     priority: int,
     countdown: float = 0,
-    predict_started_at: float | None = None,
+    timing: dict[str, float] | None = None,
 ) -> None:
+    """`timing`: Unix times the predict stage took and finished the request, for the route
+    task's overhead record."""
     celery.send_task(
         TASK_ROUTE,
         args=[request_id],
-        kwargs={"predict_started_at": predict_started_at},
+        kwargs={"timing": timing or {}},
         queue=QUEUE_ROUTE,
         priority=priority,
         countdown=countdown,

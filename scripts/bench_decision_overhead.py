@@ -75,12 +75,17 @@ def _routing_records(database_url: str) -> list[dict]:  # type: ignore[type-arg]
     return records
 
 
+def _stage(records: list[dict], name: str) -> list[float]:  # type: ignore[type-arg]
+    return [r["stages_ms"][name] for r in records if "stages_ms" in r]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--instances", type=int, default=12)
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--rate", type=float, default=20.0, help="requests per second")
     parser.add_argument("--policy", default="block")
+    parser.add_argument("--length-predictor", default="learned", choices=["learned", "baseline"])
     parser.add_argument("--time-scale", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--database-url",
@@ -97,6 +102,7 @@ def main() -> int:
             model_path=ROOT / ".blockq" / "models" / "tiny-llama", api_port=8791,
             num_instances=args.instances, engine_kind="emulated",
             emulated_time_scale=args.time_scale, routing_policy=args.policy,
+            length_predictor=args.length_predictor,
             engine_concurrency=64,
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKQ_")}
@@ -113,9 +119,15 @@ def main() -> int:
     for column in ("measure", "median (ms)", "p99 (ms)", "candidates"):
         table.add_column(column, justify="right")
     num_candidates = int(np.median([len(r["scores"]) for r in records]))
-    for key, label in (("overhead_ms", "enter predict -> publish on gpu.<k>"),
-                       ("decision_ms", "routing decision (all what-ifs)")):
-        values = [r[key] for r in records if key in r]
+    rows = {
+        "enter predict -> publish on gpu.<k>": [r["overhead_ms"] for r in records
+                                                if "overhead_ms" in r],
+        "  predict stage (DB + length model)": _stage(records, "predict"),
+        "  hand-off to the route task (broker)": _stage(records, "handoff"),
+        "  route task (DB + decision + publish)": _stage(records, "route"),
+        "  of which the decision (all what-ifs)": [r["decision_ms"] for r in records],
+    }
+    for label, values in rows.items():
         table.add_row(label, f"{np.median(values):.2f}", f"{np.percentile(values, 99):.2f}",
                       str(num_candidates))
     Console().print(table)

@@ -103,3 +103,6 @@ def test_block_routing_records_every_decision(
         # The winner has the lowest simulated end-to-end latency (the block policy's score).
         assert routing["scores"][r["instance_id"]] == min(routing["scores"].values())
         assert routing["decision_ms"] > 0 and routing["overhead_ms"] >= routing["decision_ms"]
+        stages = routing["stages_ms"]
+        assert stages["route"] >= routing["decision_ms"]
+        assert abs(sum(stages.values()) - routing["overhead_ms"]) < 1.0

@@ -7,6 +7,7 @@ need from `get()`; tests and the engine worker may `configure()` it explicitly f
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -21,7 +22,9 @@ from app.prompts import PromptCodec
 from app.settings import Settings
 
 if TYPE_CHECKING:
+    from workers.predict.batcher import MicroBatcher
     from workers.predict.length_model import LengthPredictor
+    from workers.predict.tasks import LengthAnswer, LengthQuery
 from workers.sim import ExecModel, bundled_model, bundled_model_names
 
 DEFAULT_EXEC_MODEL = "qwen2-7b-a30"
@@ -65,6 +68,22 @@ class Runtime:
         from workers.predict.length_model import LengthPredictor as Predictor  # noqa: PLC0415
 
         return Predictor.load(self.settings.length_model_path or BOOTSTRAP_ARTIFACT, num_threads=1)
+
+    @cached_property
+    def length_batcher(self) -> MicroBatcher[LengthQuery, LengthAnswer]:
+        """Concurrent predict tasks of this process share one batched pass of the length model."""
+        from workers.predict.batcher import MicroBatcher  # noqa: PLC0415
+
+        return MicroBatcher(self._predict_lengths, max_batch=32, name="length-batcher")
+
+    def _predict_lengths(self, queries: Sequence[LengthQuery]) -> list[LengthAnswer]:
+        from workers.predict.tasks import LengthAnswer  # noqa: PLC0415
+
+        predictor = self.length_predictor
+        predictions = predictor.predict_batch(
+            [q.prompt for q in queries], self.settings.model_name, [q.max_tokens for q in queries]
+        )
+        return [LengthAnswer(p.tokens, p.p90_tokens, predictor.name) for p in predictions]
 
     @cached_property
     def prompts(self) -> PromptCodec:

@@ -54,8 +54,9 @@ def process_commands(settings: Settings) -> dict[str, list[str]]:
             "predict@%h",
             "--pool",
             "threads",
+            # NOTE: many task threads let a burst meet in the length model's micro-batcher.
             "--concurrency",
-            "4",
+            "16",
             "-l",
             "INFO",
         ),

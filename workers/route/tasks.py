@@ -6,6 +6,7 @@ import random
 import time
 
 from celery import Celery, shared_task
+from sqlalchemy import select
 
 from app import dispatch, store
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
@@ -17,12 +18,13 @@ _rng = random.Random()
 
 
 @shared_task(name=dispatch.TASK_ROUTE)
-def route(request_id: str, predict_started_at: float | None = None) -> None:
+def route(request_id: str, timing: dict[str, float] | None = None) -> None:
     """Pick an alive instance, record the decision, then publish to its queue. Safe to rerun.
 
-    `predict_started_at` (Unix time the predict stage took the request) lets the decision record
-    the whole overhead from entering predict to the publish on gpu.<k>.
+    `timing` (Unix times the predict stage took and finished the request) lets the decision
+    record the whole overhead from entering predict to the publish on gpu.<k>, by stage.
     """
+    route_started_at = time.time()
     rt = runtime.get()
     celery = runtime.current_celery()
     with rt.db.session() as session:
@@ -70,9 +72,7 @@ def route(request_id: str, predict_started_at: float | None = None) -> None:
         "what_ifs": plan.what_ifs,
         "decision_ms": round(decision_ms, 3),
     }
-    if predict_started_at is not None:
-        # NOTE: measured as the decision is written; the publish follows its commit at once.
-        routing["overhead_ms"] = round((time.time() - predict_started_at) * 1000, 3)
+    routing.update(_overhead(timing or {}, route_started_at))
     with rt.db.session() as session:
         routed = store.transition(
             session,
@@ -86,13 +86,32 @@ def route(request_id: str, predict_started_at: float | None = None) -> None:
             routed_at=utcnow(),
             attempt=InferenceRequest.attempt + 1,
         )
-        request = session.get(InferenceRequest, request_id)
-        if routed and request is not None:
-            session.refresh(request)
-    if not routed or request is None:
+        attempt = session.scalar(
+            select(InferenceRequest.attempt).where(InferenceRequest.id == request_id)
+        )
+    if not routed or attempt is None:
         rt.fleet.unassign(decision.instance_id, request_id)
         return
-    _publish(request, celery)
+    dispatch.enqueue_generate(
+        celery, request_id, instance_id=decision.instance_id, attempt=attempt, priority=priority
+    )
+
+
+def _overhead(timing: dict[str, float], route_started_at: float) -> dict[str, object]:
+    """Overhead from entering predict to now (the publish follows the decision's commit at
+    once), with its stages: predict, the hand-off through the broker, and the route task."""
+    started, predicted = timing.get("predict_started_at"), timing.get("predicted_at")
+    if started is None or predicted is None:
+        return {}
+    now = time.time()
+    return {
+        "overhead_ms": round((now - started) * 1000, 3),
+        "stages_ms": {
+            "predict": round((predicted - started) * 1000, 3),
+            "handoff": round((route_started_at - predicted) * 1000, 3),
+            "route": round((now - route_started_at) * 1000, 3),
+        },
+    }
 
 
 def _publish(request: InferenceRequest, celery: Celery) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import workers.predict
 
 PREDICT_DIR = Path(workers.predict.__file__).resolve().parent
-PURE_MODULES = ("features.py", "encoder.py", "length_model.py", "dataset.py")
+PURE_MODULES = ("features.py", "encoder.py", "length_model.py", "dataset.py", "batcher.py")
 FORBIDDEN = {"flask", "celery", "sqlalchemy", "redis", "kombu", "psycopg", "app", "vllm"}
 
 

@@ -1,0 +1,74 @@
+"""Micro-batching for the predict stage: task threads submit one item each; one thread runs the
+model over whatever is waiting.
+
+Batches form on their own under load and cost nothing when idle: the batcher never waits for a
+batch to fill, it takes everything that queued up while the previous batch ran (at most
+`max_batch`). A burst of requests arriving at a predictor worker with many task threads is thus
+embedded in a few encoder passes instead of one pass per request.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Generic, TypeVar
+
+__all__ = ["MicroBatcher"]
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+class MicroBatcher(Generic[Item, Result]):
+    """Calls `fn(items) -> results` (same length and order) on batches of submitted items."""
+
+    def __init__(
+        self,
+        fn: Callable[[Sequence[Item]], Sequence[Result]],
+        *,
+        max_batch: int = 32,
+        name: str = "micro-batcher",
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self._fn = fn
+        self.max_batch = max_batch
+        self._pending: queue.SimpleQueue[tuple[Item, Future[Result]]] = queue.SimpleQueue()
+        self.batch_sizes: list[int] = []  # the last few batch sizes, for tests and logs
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, item: Item) -> Future[Result]:
+        future: Future[Result] = Future()
+        self._pending.put((item, future))
+        return future
+
+    def __call__(self, item: Item, timeout: float | None = None) -> Result:
+        """Submit one item and wait for its result (re-raises the batch's exception)."""
+        return self.submit(item).result(timeout)
+
+    def _take_batch(self) -> list[tuple[Item, Future[Result]]]:
+        batch = [self._pending.get()]
+        while len(batch) < self.max_batch:
+            try:
+                batch.append(self._pending.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _run(self) -> None:
+        while True:
+            batch = self._take_batch()
+            self.batch_sizes = [*self.batch_sizes[-63:], len(batch)]
+            try:
+                results = self._fn([item for item, _ in batch])
+                if len(results) != len(batch):
+                    raise RuntimeError(f"batch of {len(batch)} gave {len(results)} results")
+            except BaseException as exc:  # noqa: BLE001 - handed to every waiting caller
+                for _, future in batch:
+                    future.set_exception(exc)
+                continue
+            for (_, future), result in zip(batch, results, strict=True):
+                future.set_result(result)
