@@ -15,15 +15,19 @@ __all__ = [
     "QUEUE_ROUTE",
     "QUEUE_WEBHOOKS",
     "QUEUE_HEALTH",
+    "QUEUE_LEARN",
     "TASK_PREDICT",
     "TASK_ROUTE",
     "TASK_GENERATE",
     "TASK_WEBHOOK",
     "TASK_REQUEUE_ORPHANS",
+    "TASK_RETRAIN_LENGTH",
+    "TASK_REFIT_EXEC",
     "enqueue_predict",
     "enqueue_route",
     "enqueue_generate",
     "enqueue_webhook",
+    "enqueue_retrain",
 ]
 
 logger = logging.getLogger(__name__)
@@ -32,12 +36,15 @@ QUEUE_PREDICT = "predict"
 QUEUE_ROUTE = "route"
 QUEUE_WEBHOOKS = "webhooks"
 QUEUE_HEALTH = "health"
+QUEUE_LEARN = "learn"
 
 TASK_PREDICT = "predict.annotate"
 TASK_ROUTE = "route.dispatch"
 TASK_GENERATE = "serve.generate"
 TASK_WEBHOOK = "webhooks.deliver"
 TASK_REQUEUE_ORPHANS = "health.requeue_orphans"
+TASK_RETRAIN_LENGTH = "learn.retrain_length"
+TASK_REFIT_EXEC = "learn.refit_exec"
 
 
 def enqueue_predict(celery: Celery, request_id: str, *, priority: int) -> None:
@@ -75,3 +82,7 @@ def enqueue_generate(
 
 def enqueue_webhook(celery: Celery, request_id: str, event_type: str) -> None:
     celery.send_task(TASK_WEBHOOK, args=[request_id, event_type], queue=QUEUE_WEBHOOKS)
+
+
+def enqueue_retrain(celery: Celery, *, reason: str) -> None:
+    celery.send_task(TASK_RETRAIN_LENGTH, kwargs={"reason": reason}, queue=QUEUE_LEARN)

@@ -6,7 +6,18 @@ import enum
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, MetaData, String, Text, TypeDecorator
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    ForeignKey,
+    Index,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 __all__ = [
@@ -18,6 +29,9 @@ __all__ = [
     "Instance",
     "EngineStepSample",
     "WebhookDelivery",
+    "RequestOutcome",
+    "ModelVersion",
+    "ModelStatus",
     "utcnow",
 ]
 
@@ -115,7 +129,12 @@ class InferenceRequest(Base):
 
     prompt_tokens: Mapped[int]
     predicted_output_tokens: Mapped[int | None]
+    # The predictor's 90th percentile: an uncertainty the router may use.
+    predicted_output_tokens_p90: Mapped[int | None]
     predictor: Mapped[str | None] = mapped_column(String(64))
+    # The chosen instance's what-if (seconds from the routing decision), if the policy simulated.
+    predicted_ttft_s: Mapped[float | None]
+    predicted_e2e_s: Mapped[float | None]
     instance_id: Mapped[str | None] = mapped_column(String(64))
     policy: Mapped[str | None] = mapped_column(String(32))
     # The routing decision: candidates' scores, winner, decision time.
@@ -214,3 +233,69 @@ class WebhookDelivery(Base):
     at: Mapped[Timestamp] = mapped_column(default=utcnow)
 
     __table_args__ = (Index("ix_webhook_deliveries_request_id", "request_id", "attempt"),)
+
+
+class RequestOutcome(Base):
+    """The history row of one finished request: what was predicted and what happened.
+
+    Written once, in the transaction that completes the request, and kept when requests are
+    purged: the online loop trains and evaluates on it. Latencies are measured from the routing
+    decision, the moment the routing what-if predicts from.
+    """
+
+    __tablename__ = "request_outcomes"
+
+    request_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    finished_at: Mapped[Timestamp]
+    model_name: Mapped[str] = mapped_column(String(255))
+    instance_id: Mapped[str] = mapped_column(String(64))
+    policy: Mapped[str | None] = mapped_column(String(32))
+    predictor: Mapped[str | None] = mapped_column(String(64))
+    prompt: Mapped[str] = mapped_column(Text)
+    messages: Mapped[list[Any] | None]
+    # Cheap prompt features (workers.predict.features), by name.
+    features: Mapped[dict[str, Any]]
+    prompt_tokens: Mapped[int]
+    max_tokens: Mapped[int]
+    predicted_output_tokens: Mapped[int | None]
+    predicted_output_tokens_p90: Mapped[int | None]
+    output_tokens: Mapped[int]
+    finish_reason: Mapped[str | None] = mapped_column(String(16))
+    predicted_ttft_s: Mapped[float | None]
+    ttft_s: Mapped[float | None]
+    predicted_e2e_s: Mapped[float | None]
+    e2e_s: Mapped[float]
+
+    __table_args__ = (Index("ix_request_outcomes_model_name_finished_at", "model_name",
+                            "finished_at"),)
+
+
+class ModelStatus(enum.StrEnum):
+    CANDIDATE = "candidate"  # trained, evaluated, not promoted (it did not beat the active one)
+    ACTIVE = "active"  # the one in use: at most one per (kind, scope)
+    RETIRED = "retired"  # was active; a rollback may bring it back
+
+
+class ModelVersion(Base):
+    """The model registry: every trained length model and execution-time model, with metrics."""
+
+    __tablename__ = "model_versions"
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(16))  # "length" | "exec"
+    # What the model is for: the serving model's name (length), the instance id (exec).
+    scope: Mapped[str] = mapped_column(String(255))
+    version: Mapped[int]
+    status: Mapped[str] = mapped_column(String(16), default=ModelStatus.CANDIDATE)
+    training_rows: Mapped[int]
+    # Candidate and active version on the same held-out slice, and the fit's own metrics.
+    metrics: Mapped[dict[str, Any]]
+    artifact: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[Timestamp] = mapped_column(default=utcnow)
+    promoted_at: Mapped[OptionalTimestamp]
+    note: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        UniqueConstraint("kind", "scope", "version"),
+        Index("ix_model_versions_kind_scope_status", "kind", "scope", "status"),
+    )

@@ -144,6 +144,48 @@ class Settings(BaseSettings):
         "in workers/predict/models.",
     )
 
+    # --- online learning (workers/learn) ------------------------------------------------------
+    learn_retrain_interval_s: float = Field(
+        3600.0, ge=0, description="How often beat retrains the length model from the request "
+        "history (0: never on a schedule; `blockq models retrain` still works).",
+    )
+    learn_refit_interval_s: float = Field(
+        600.0, ge=0, description="How often beat refits each instance's execution-time model "
+        "from its step samples (0: never on a schedule).",
+    )
+    learn_min_rows: int = Field(
+        50, ge=2, description="History rows (or step samples) needed before a retrain (refit).",
+    )
+    learn_max_rows: int = Field(
+        20_000, ge=10, description="Newest history rows (step samples) a retrain (refit) uses.",
+    )
+    learn_holdout_share: float = Field(
+        0.2, gt=0, lt=1, description="Newest share of the history held out to compare the "
+        "candidate with the active version; the candidate is promoted only if it is better.",
+    )
+    length_bootstrap_rows: Path | None = Field(
+        None, description="JSONL of (prompt, model, output_tokens) rows added to every retrain "
+        "(e.g. exported by scripts/train_length_model.py --export-rows). Unset: history only.",
+    )
+    model_reload_interval_s: float = Field(
+        5.0, gt=0, description="How often workers check the registry for a promoted or rolled "
+        "back model (hot reload, no restart).",
+    )
+    bias_window: int = Field(
+        5, ge=1, description="Routing falls back to round_robin when this many consecutive "
+        "finished requests had length predictions more than bias_threshold off.",
+    )
+    bias_threshold: float = Field(
+        0.3, gt=0, description="Relative length error counted as a miss by the bias watch.",
+    )
+    bias_fallback_s: float = Field(
+        60.0, gt=0, description="How long the round_robin fallback lasts.",
+    )
+    bias_correction_rate: float = Field(
+        0.05, ge=0, le=1, description="Step of the length correction factor towards "
+        "actual/predicted per finished request (0: no correction).",
+    )
+
     # --- routing -------------------------------------------------------------------------------
     routing_policy: str = Field(
         "round_robin",

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
 
 from app.dispatch import (
     QUEUE_HEALTH,
+    QUEUE_LEARN,
     QUEUE_PREDICT,
     QUEUE_ROUTE,
     QUEUE_WEBHOOKS,
+    TASK_REFIT_EXEC,
     TASK_REQUEUE_ORPHANS,
+    TASK_RETRAIN_LENGTH,
 )
 from app.settings import Settings
 
@@ -21,6 +26,7 @@ TASK_MODULES = [
     "workers.serve.tasks",
     "workers.webhooks.tasks",
     "workers.health.tasks",
+    "workers.learn.tasks",
 ]
 
 
@@ -50,15 +56,27 @@ def create_celery(settings: Settings) -> Celery:
             "route.*": {"queue": QUEUE_ROUTE},
             "webhooks.*": {"queue": QUEUE_WEBHOOKS},
             "health.*": {"queue": QUEUE_HEALTH},
+            "learn.*": {"queue": QUEUE_LEARN},
         },
-        beat_schedule={
-            "requeue-orphans": {
-                "task": TASK_REQUEUE_ORPHANS,
-                "schedule": settings.orphan_check_interval_s,
-                "options": {"expires": settings.orphan_check_interval_s * 2},
-            }
-        },
+        beat_schedule=_beat_schedule(settings),
         enable_utc=True,
     )
     celery.conf.blockq_settings = settings
     return celery
+
+
+def _beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    schedule = {
+        "requeue-orphans": {
+            "task": TASK_REQUEUE_ORPHANS,
+            "schedule": settings.orphan_check_interval_s,
+            "options": {"expires": settings.orphan_check_interval_s * 2},
+        }
+    }
+    for name, task, interval in (
+        ("retrain-length-model", TASK_RETRAIN_LENGTH, settings.learn_retrain_interval_s),
+        ("refit-exec-models", TASK_REFIT_EXEC, settings.learn_refit_interval_s),
+    ):
+        if interval > 0:  # 0 disables the schedule
+            schedule[name] = {"task": task, "schedule": interval, "options": {"expires": interval}}
+    return schedule

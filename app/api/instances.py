@@ -7,6 +7,7 @@ from typing import Any
 from flask import Blueprint, jsonify
 from flask.typing import ResponseReturnValue
 
+from app.bias import FALLBACK_POLICY, fallback_state
 from app.extensions import services
 from app.fleet import InstanceStatus
 
@@ -15,8 +16,16 @@ bp = Blueprint("instances", __name__, url_prefix="/v1")
 
 @bp.get("/instances")
 def list_instances() -> ResponseReturnValue:
-    data = [_instance_to_dict(status) for status in services().fleet.statuses()]
-    return jsonify(object="list", data=data)
+    """The instances, and the routing in force (the policy, or the bias watch's fallback)."""
+    svc = services()
+    data = [_instance_to_dict(status) for status in svc.fleet.statuses()]
+    fallback = fallback_state(svc.fleet.redis)
+    routing = {
+        "configured_policy": svc.settings.routing_policy,
+        "policy": FALLBACK_POLICY if fallback else svc.settings.routing_policy,
+        "fallback": fallback,
+    }
+    return jsonify(object="list", data=data, routing=routing)
 
 
 def _instance_to_dict(status: InstanceStatus) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import click
 from rich.console import Console
 
 from app.cli.demo import JobSummary, load_sample_prompts, run_sample_job, summarize
+from app.cli.models import models
 from app.cli.stack import Stack, StackError
 from app.migrate import upgrade
 from app.settings import Settings
@@ -105,3 +106,6 @@ def show_settings() -> None:
     for name, info in Settings.model_fields.items():
         env = Settings.env_name(name)
         console.print(f"[bold]{env}[/bold] (default {info.default!r})\n    {info.description}")
+
+
+main.add_command(models)

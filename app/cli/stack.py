@@ -49,7 +49,7 @@ def process_commands(settings: Settings) -> dict[str, list[str]]:
         "predict": _celery(
             "worker",
             "-Q",
-            "predict",
+            "predict,learn",
             "-n",
             "predict@%h",
             "--pool",

@@ -51,7 +51,8 @@ def annotate(request_id: str) -> None:
             update(InferenceRequest)
             .where(InferenceRequest.id == request_id,
                    InferenceRequest.status == str(RequestStatus.PREDICTING))
-            .values(predicted_output_tokens=answer.tokens, predictor=answer.predictor,
+            .values(predicted_output_tokens=answer.tokens,
+                    predicted_output_tokens_p90=answer.p90_tokens, predictor=answer.predictor,
                     predicted_at=utcnow())
             .execution_options(synchronize_session=False)
         ).rowcount  # type: ignore[attr-defined]

@@ -6,7 +6,7 @@ the decision; everything in between is here, testable without a broker.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,9 +43,12 @@ def plan_route(
     request: RequestView,
     candidates: Sequence[InstanceStatus],
     ctx: RoutingContext,
-    exec_model: ExecModel | None,
+    exec_model: ExecModel | Mapping[str, ExecModel] | None,
 ) -> Plan:
-    """Decide among `candidates` (alive and accepting) with the named policy."""
+    """Decide among `candidates` (alive and accepting) with the named policy.
+
+    `exec_model`: one execution-time model for every instance, or one per instance id.
+    """
     simulate = needs_what_if(policy_name)
     if simulate and exec_model is None:
         raise ValueError(f"policy {policy_name!r} needs an execution-time model")
@@ -62,8 +65,10 @@ def plan_route(
         what_if = None
         if simulate:
             assert exec_model is not None
+            model = exec_model if isinstance(exec_model, ExecModel) else exec_model[
+                status.instance_id]
             prepared = prepare_published(snapshot, assigned)
-            what_if = predict_what_if_prepared(prepared, new_request, exec_model)
+            what_if = predict_what_if_prepared(prepared, new_request, model)
             what_ifs[status.instance_id] = (what_if.ttft_s, what_if.e2e_s)
         views.append(instance_view(status.instance_id, snapshot, assigned, what_if))
     return Plan(decide(policy_name, request, views, ctx), what_ifs)

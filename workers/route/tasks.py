@@ -9,6 +9,7 @@ from celery import Celery, shared_task
 from sqlalchemy import select
 
 from app import dispatch, store
+from app.bias import FALLBACK_POLICY
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
 from workers import runtime
 from workers.route.planner import plan_route
@@ -51,15 +52,17 @@ def route(request_id: str, timing: dict[str, float] | None = None) -> None:
             celery, request_id, priority=priority, countdown=rt.settings.route_retry_s
         )
         return
-    policy = rt.settings.routing_policy
+    fallback = rt.bias_watch.fallback()
+    policy = FALLBACK_POLICY if fallback else rt.settings.routing_policy
     plan = plan_route(
         policy,
         view,
         candidates,
         RoutingContext(ticket=rt.fleet.next_round_robin(), rng=_rng),
-        rt.routing_exec_model if needs_what_if(policy) else None,
+        rt.exec_models(c.instance_id for c in candidates) if needs_what_if(policy) else None,
     )
     decision = plan.decision
+    chosen_what_if = plan.what_ifs.get(decision.instance_id, (None, None))
     decision_ms = (time.perf_counter() - started) * 1000
     rt.fleet.assign(
         decision.instance_id,
@@ -72,6 +75,8 @@ def route(request_id: str, timing: dict[str, float] | None = None) -> None:
         "what_ifs": plan.what_ifs,
         "decision_ms": round(decision_ms, 3),
     }
+    if fallback:
+        routing["fallback"] = fallback
     routing.update(_overhead(timing or {}, route_started_at))
     with rt.db.session() as session:
         routed = store.transition(
@@ -79,10 +84,13 @@ def route(request_id: str, timing: dict[str, float] | None = None) -> None:
             request_id,
             RequestStatus.ROUTED,
             allowed_from={RequestStatus.QUEUED, RequestStatus.PREDICTING},
-            detail=f"{decision.policy} -> {decision.instance_id}",
+            detail=f"{decision.policy}{' (fallback)' if fallback else ''} -> "
+            f"{decision.instance_id}",
             instance_id=decision.instance_id,
             policy=decision.policy,
             routing=routing,
+            predicted_ttft_s=chosen_what_if[0],
+            predicted_e2e_s=chosen_what_if[1],
             routed_at=utcnow(),
             attempt=InferenceRequest.attempt + 1,
         )

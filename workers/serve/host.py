@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
-from sqlalchemy import insert
+from sqlalchemy import insert, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
@@ -31,6 +31,7 @@ from app.models import (
     RequestStatus,
     utcnow,
 )
+from workers.learn import history
 from workers.predict.history import LengthHistory
 from workers.runtime import Runtime, current_celery
 from workers.serve.engine import (
@@ -63,6 +64,10 @@ class EngineHost(EngineListener):
         self._stop = threading.Event()
         self._accepting = True
         self._threads: list[threading.Thread] = []
+
+    @property
+    def model_name(self) -> str:
+        return self.rt.settings.model_name
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -172,14 +177,26 @@ class EngineHost(EngineListener):
                 first_token_at=_at(result.first_token_at),
                 finished_at=_at(result.finished_at),
             )
+            if done:
+                history.record_outcome(session, result.request_id, model_name=self.model_name)
+                predicted = session.scalar(select(InferenceRequest.predicted_output_tokens)
+                                           .where(InferenceRequest.id == result.request_id))
             webhook_url = done and _webhook_url(session, result.request_id)
         if not done:
             return  # completed by another attempt, or cancelled meanwhile
-        LengthHistory(self.rt.redis, model=self.rt.settings.model_name).observe(
-            result.num_output_tokens
-        )
+        self._learn_from(predicted, result.num_output_tokens)
         if webhook_url:
             dispatch.enqueue_webhook(current_celery(), result.request_id, "request.succeeded")
+
+    def _learn_from(self, predicted: int | None, actual: int) -> None:
+        """Feed the baseline's running mean and the bias watch; a new fallback asks for a
+        retrain of the length model."""
+        LengthHistory(self.rt.redis, model=self.model_name).observe(actual)
+        if predicted is None or not self.rt.bias_watch.observe(self.model_name, predicted,
+                                                               actual):
+            return
+        logger.warning("length predictions keep missing: routing falls back to round_robin")
+        dispatch.enqueue_retrain(current_celery(), reason="bias watch")
 
     def _fail(self, request_id: str, exc: Exception) -> None:
         logger.exception("generation failed for %s", request_id)
@@ -210,7 +227,7 @@ class EngineHost(EngineListener):
         snapshot = self.engine.snapshot()
         state: dict[str, Any] = dataclasses.asdict(snapshot)
         state["instance_id"] = self.instance_id
-        state["model"] = self.rt.settings.model_name
+        state["model"] = self.model_name
         state["accepting"] = self._accepting
         self.rt.fleet.publish(self.instance_id, state)
         in_flight = [r.request_id for r in snapshot.requests]
@@ -255,7 +272,7 @@ class EngineHost(EngineListener):
                 Instance(
                     id=self.instance_id,
                     engine_kind=snapshot.engine_kind,
-                    model=self.rt.settings.model_name,
+                    model=self.model_name,
                     config=config,
                     started_at=now,
                     last_seen_at=now,

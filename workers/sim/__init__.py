@@ -2,7 +2,8 @@
 
 from .block_pool import BlockPool
 from .exec_model import (BatchStats, ExecModel, bundled_model, bundled_model_names,
-                         fit_from_step_samples, step_sample)
+                         evaluate_on_step_samples, fit_from_step_samples,
+                         step_sample)
 from .profiling import AttentionScale, fit_from_vidur_profile
 from .scheduler import Scheduler, SchedulerOutput, SeqState, SeqStatus, StepResult
 from .snapshot import (InstanceConfig, InstanceSnapshot, OverrunPolicy, PreparedInstance,
@@ -30,6 +31,7 @@ __all__ = [
     "bundled_model",
     "bundled_model_names",
     "fit_from_step_samples",
+    "evaluate_on_step_samples",
     "fit_from_vidur_profile",
     "predict_what_if",
     "predict_what_if_prepared",

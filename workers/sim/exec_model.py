@@ -306,6 +306,16 @@ def fit_from_step_samples(samples: Iterable[Mapping[str, float]], *,
                      source=source or f"fit to {len(rows)} engine step samples")
 
 
+def evaluate_on_step_samples(model: ExecModel, samples: Iterable[Mapping[str, float]]
+                             ) -> dict[str, float]:
+    """How well `model` predicts measured steps (same metrics as the fit's)."""
+    rows = list(samples)
+    if not rows:
+        raise ValueError("no step samples to evaluate on")
+    predicted = np.array([model.step_ms(_stats_of_sample(s)) for s in rows])
+    return fit_metrics(np.array([float(s["duration_ms"]) for s in rows]), predicted)
+
+
 def _split_metrics(x: np.ndarray, y: np.ndarray, coef: np.ndarray, train: np.ndarray,
                    holdout: np.ndarray) -> dict[str, float]:
     metrics: dict[str, float] = {"num_train": float(len(train)),
