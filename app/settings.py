@@ -125,11 +125,17 @@ class Settings(BaseSettings):
         description="KV-cache blocks of an emulated instance (vLLM's num_gpu_blocks; 7289 is "
         "Qwen2-7B on an A30). Its block size is block_size, or 16 when that is unset.",
     )
-    emulated_output_lengths: Literal["sharegpt", "max_tokens"] = Field(
+    emulated_output_lengths: Literal["sharegpt", "max_tokens", "answers"] = Field(
         "sharegpt",
         description="True output length of an emulated request: 'sharegpt' draws it from "
         "ShareGPT's answer lengths (a fixed function of the request id), capped by max_tokens; "
-        "'max_tokens' always generates max_tokens.",
+        "'max_tokens' always generates max_tokens; 'answers' takes the length of a real answer "
+        "to the same prompt from emulated_answers_path (ShareGPT draw for unknown prompts).",
+    )
+    emulated_answers_path: Path | None = Field(
+        None,
+        description="JSONL of real answers' lengths (`prompt`, `output_tokens` per line) for "
+        "emulated_output_lengths 'answers'.",
     )
 
     # --- length prediction ---------------------------------------------------------------------

@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import bisect
 import collections
+import json
 import logging
 import random
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from workers.serve.engine import (
@@ -114,6 +116,26 @@ class MaxTokensLengths:
 
     def __call__(self, request: GenerationRequest) -> int:
         return request.max_tokens
+
+
+@dataclass(frozen=True)
+class AnswerLengths:
+    """The length of a real answer to the same prompt (prompt text -> output tokens), for
+    replaying real conversations; prompts without a known answer draw from ShareGPT."""
+
+    answers: Mapping[str, int]
+    fallback: OutputLengths = field(default_factory=ShareGptLengths)
+
+    @classmethod
+    def from_jsonl(cls, path: Path) -> AnswerLengths:
+        """Rows with `prompt` (text) and `output_tokens`; the last row of a prompt wins."""
+        with Path(path).open() as lines:
+            rows = (json.loads(line) for line in lines if line.strip())
+            return cls({row["prompt"]: int(row["output_tokens"]) for row in rows})
+
+    def __call__(self, request: GenerationRequest) -> int:
+        known = self.answers.get(request.prompt)
+        return known if known is not None else self.fallback(request)
 
 
 def sharegpt_output_tokens(percentile: float) -> int:

@@ -8,9 +8,11 @@ from collections.abc import Callable
 from app.settings import Settings
 from workers import runtime
 from workers.serve.emulated_engine import (
+    AnswerLengths,
     EmulatedEngine,
     EmulatedEngineConfig,
     MaxTokensLengths,
+    OutputLengths,
     ShareGptLengths,
 )
 from workers.serve.engine import Engine, EngineListener
@@ -60,8 +62,7 @@ def _emulated_engine_factory(
     does, so that the API's context check and the engine agree."""
     prompts = runtime.get().prompts
     prompts.warm_up()
-    by_max_tokens = settings.emulated_output_lengths == "max_tokens"
-    lengths = MaxTokensLengths() if by_max_tokens else ShareGptLengths()
+    lengths = _output_lengths(settings)
     config = EmulatedEngineConfig(
         exec_model=settings.emulated_exec_model,
         model=f"emulated/{settings.model_name}",
@@ -82,3 +83,13 @@ def _emulated_engine_factory(
         return EmulatedEngine(config, listener=listener)
 
     return make_engine
+
+
+def _output_lengths(settings: Settings) -> OutputLengths:
+    if settings.emulated_output_lengths == "max_tokens":
+        return MaxTokensLengths()
+    if settings.emulated_output_lengths == "answers":
+        if settings.emulated_answers_path is None:
+            raise ValueError("emulated_output_lengths 'answers' needs emulated_answers_path")
+        return AnswerLengths.from_jsonl(settings.emulated_answers_path)
+    return ShareGptLengths()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from concurrent.futures import wait
 import pytest
 
 from workers.serve.emulated_engine import (
+    AnswerLengths,
     EmulatedEngine,
     EmulatedEngineConfig,
     MaxTokensLengths,
@@ -121,6 +123,22 @@ def test_sharegpt_lengths_are_capped_by_max_tokens_and_fixed_per_request(make_en
     draw = ShareGptLengths(seed=7)
     for r in stopped:
         assert draw(_request(r.request_id)) == r.num_output_tokens
+
+
+def test_answer_lengths_replay_the_real_answer_of_the_same_prompt(make_engine, tmp_path) -> None:
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text(json.dumps({"prompt": "x" * 200, "output_tokens": 37}) + "\n"
+                       + json.dumps({"prompt": "x" * 120, "output_tokens": 500}) + "\n")
+    lengths = AnswerLengths.from_jsonl(answers)
+    engine = make_engine(output_lengths=lengths)
+    known = engine.submit(_request("a1", max_tokens=100, prompt_tokens=50)).result(
+        RESULT_TIMEOUT_S)
+    capped = engine.submit(_request("a2", max_tokens=100, prompt_tokens=30)).result(
+        RESULT_TIMEOUT_S)
+    assert (known.num_output_tokens, known.finish_reason) == (37, "stop")
+    assert (capped.num_output_tokens, capped.finish_reason) == (100, "length")
+    unknown = _request("a3", prompt_tokens=7)
+    assert lengths(unknown) == ShareGptLengths()(unknown)
 
 
 def test_sharegpt_quantiles_interpolate() -> None:
