@@ -26,9 +26,9 @@ _FALLBACK_KEY = "routing:fallback"
 @dataclass(frozen=True, slots=True)
 class BiasRule:
     #: Fallback when this many consecutive finished requests ...
-    window: int = 5
+    window: int = 10
     #: ... were each predicted more than this far off (relative to the actual length).
-    threshold: float = 0.3
+    threshold: float = 0.5
     #: How long routing falls back to round_robin.
     fallback_s: float = 60.0
     #: Step of the multiplicative correction towards actual/predicted, per observation.

@@ -178,11 +178,13 @@ class Settings(BaseSettings):
         "back model (hot reload, no restart).",
     )
     bias_window: int = Field(
-        5, ge=1, description="Routing falls back to round_robin when this many consecutive "
+        10, ge=1, description="Routing falls back to round_robin when this many consecutive "
         "finished requests had length predictions more than bias_threshold off.",
     )
     bias_threshold: float = Field(
-        0.3, gt=0, description="Relative length error counted as a miss by the bias watch.",
+        0.5, gt=0, description="Relative length error counted as a miss by the bias watch "
+        "(the learned model's median error is about 0.3 in distribution: a lower threshold "
+        "keeps routing in fallback; see docs/benchmarks_length.md).",
     )
     bias_fallback_s: float = Field(
         60.0, gt=0, description="How long the round_robin fallback lasts.",
