@@ -6,7 +6,7 @@ import logging
 
 from flask import Flask
 
-from app import errors
+from app import auth, errors
 from app.api import health, instances, requests
 from app.extensions import Services
 from app.settings import Settings
@@ -23,6 +23,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["blockq"] = services = Services.build(settings)
     services.prompts.warm_up()
     errors.init_app(app)
+    auth.init_app(app, settings)
     for blueprint in (requests.bp, instances.bp, health.bp):
         app.register_blueprint(blueprint)
     return app

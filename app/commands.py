@@ -15,13 +15,16 @@ __all__ = ["submit_request", "cancel_request"]
 
 logger = logging.getLogger(__name__)
 
-MAX_IDEMPOTENCY_KEY_LEN = 255
+MAX_IDEMPOTENCY_KEY_LEN = 200
 
 
 def submit_request(
-    services: Services, body: Any, *, idempotency_key: str | None
+    services: Services, body: Any, *, idempotency_key: str | None, team_id: str | None
 ) -> tuple[InferenceRequest, bool]:
-    """Validate, persist, then enqueue for prediction. Returns (request, created)."""
+    """Validate, persist, then enqueue for prediction. Returns (request, created).
+
+    Idempotency keys are per team: two teams may use the same key for different requests.
+    """
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_LEN:
         raise InvalidRequest(
             f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} characters.",
@@ -30,8 +33,10 @@ def submit_request(
     parsed = parse_body(CreateRequest, body)
     fields = _request_fields(services, parsed)
     fields["body_sha256"] = store.body_digest(body)
+    fields["team_id"] = team_id
+    scoped_key = None if idempotency_key is None else f"{team_id}:{idempotency_key}"
     with services.db.session() as session:
-        request, created = store.create_request(session, fields, idempotency_key=idempotency_key)
+        request, created = store.create_request(session, fields, idempotency_key=scoped_key)
     if created:
         _enqueue_or_leave_for_recovery(services, request)
     return request, created
@@ -84,10 +89,10 @@ def _enqueue_or_leave_for_recovery(services: Services, request: InferenceRequest
         logger.exception("enqueue failed for %s; left for the orphan sweep", request.id)
 
 
-def cancel_request(services: Services, request_id: str) -> None:
+def cancel_request(services: Services, request_id: str, *, team_id: str | None) -> None:
     """Cancel an unfinished request. Cancelling a cancelled request again is a no-op."""
     with services.db.session() as session:
-        request = store.get_request(session, request_id)
+        request = store.get_request(session, request_id, team_id=team_id)
         changed = store.transition(
             session,
             request_id,

@@ -8,7 +8,8 @@ from flask import Flask, jsonify
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 
-__all__ = ["BlockqError", "InvalidRequest", "NotFound", "Conflict", "Unprocessable", "init_app"]
+__all__ = ["BlockqError", "InvalidRequest", "Unauthorized", "PermissionDenied", "NotFound",
+           "Conflict", "Unprocessable", "init_app"]
 
 
 class BlockqError(Exception):
@@ -39,6 +40,16 @@ class InvalidRequest(BlockqError):
     type = "invalid_request_error"
 
 
+class Unauthorized(BlockqError):
+    status = 401
+    type = "invalid_request_error"
+
+
+class PermissionDenied(BlockqError):
+    status = 403
+    type = "invalid_request_error"
+
+
 class NotFound(BlockqError):
     status = 404
     type = "invalid_request_error"
@@ -66,7 +77,10 @@ def _handle_blockq_error(error: BlockqError) -> ResponseReturnValue:
 def _handle_http_exception(error: HTTPException) -> ResponseReturnValue:
     status = error.code or 500
     kind = "invalid_request_error" if status < 500 else "server_error"
-    code = {413: "request_too_large", 405: "method_not_allowed", 404: "not_found"}.get(status)
+    if status == 429:
+        kind = "requests"  # OpenAI's type for request-rate limits
+    code = {413: "request_too_large", 405: "method_not_allowed", 404: "not_found",
+            429: "rate_limit_exceeded"}.get(status)
     body = {"error": {"message": error.description, "type": kind, "param": None, "code": code}}
     return jsonify(body), status
 

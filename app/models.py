@@ -30,6 +30,8 @@ __all__ = [
     "EngineStepSample",
     "WebhookDelivery",
     "RequestOutcome",
+    "Team",
+    "ApiKey",
     "ModelVersion",
     "ModelStatus",
     "utcnow",
@@ -111,6 +113,8 @@ class InferenceRequest(Base):
     __tablename__ = "requests"
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    # The team whose API key submitted it: only that team sees it.
+    team_id: Mapped[str | None] = mapped_column(ForeignKey("teams.id"))
     status: Mapped[str] = mapped_column(String(16), default=RequestStatus.QUEUED)
     priority: Mapped[str] = mapped_column(String(16), default=Priority.INTERACTIVE)
     # The text handed to the engine (chat messages rendered with the model's template).
@@ -163,6 +167,7 @@ class InferenceRequest(Base):
         Index("ix_requests_status_updated_at", "status", "updated_at"),
         Index("ix_requests_instance_id_status", "instance_id", "status"),
         Index("ix_requests_created_at", "created_at"),
+        Index("ix_requests_team_id_created_at", "team_id", "created_at"),
     )
 
 
@@ -299,3 +304,35 @@ class ModelVersion(Base):
         UniqueConstraint("kind", "scope", "version"),
         Index("ix_model_versions_kind_scope_status", "kind", "scope", "status"),
     )
+
+
+class Team(Base):
+    """A tenant: its API keys, requests, files and batches are visible only to it."""
+
+    __tablename__ = "teams"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    # Weight of the team's batch work against other teams' (fair share).
+    share: Mapped[int] = mapped_column(default=1)
+    # Requests per minute over all endpoints; None: the configured default.
+    rate_limit_rpm: Mapped[int | None]
+    # Where batch events go (signed like request webhooks); None: no batch webhooks.
+    webhook_url: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[Timestamp] = mapped_column(default=utcnow)
+
+
+class ApiKey(Base):
+    """An API key of a team. Only the SHA-256 of the key is stored; the key is shown once."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    team_id: Mapped[str] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(255))
+    key_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    # The first characters of the key, to recognise it in listings.
+    key_prefix: Mapped[str] = mapped_column(String(16))
+    is_admin: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[Timestamp] = mapped_column(default=utcnow)
+    revoked_at: Mapped[OptionalTimestamp]

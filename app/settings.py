@@ -150,6 +150,12 @@ class Settings(BaseSettings):
         "in workers/predict/models.",
     )
 
+    # --- teams ---------------------------------------------------------------------------------
+    rate_limit_rpm: int = Field(
+        600, gt=0, description="Requests per minute a team may make over all endpoints, unless "
+        "the team has its own limit (`blockq teams create --rate-limit`).",
+    )
+
     # --- online learning (workers/learn) ------------------------------------------------------
     learn_retrain_interval_s: float = Field(
         3600.0, ge=0, description="How often beat retrains the length model from the request "

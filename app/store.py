@@ -91,9 +91,11 @@ def _same_body_or_conflict(existing: InferenceRequest, digest: str) -> Inference
     return existing
 
 
-def get_request(session: Session, request_id: str) -> InferenceRequest:
+def get_request(session: Session, request_id: str, *, team_id: str | None = None
+                ) -> InferenceRequest:
+    """The request, if it exists and (given `team_id`) belongs to that team; else NotFound."""
     request = session.get(InferenceRequest, request_id)
-    if request is None:
+    if request is None or (team_id is not None and request.team_id != team_id):
         raise NotFound(f"No request with id '{request_id}'.", param="id", code="not_found")
     return request
 

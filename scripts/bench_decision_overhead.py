@@ -44,11 +44,11 @@ def _recreate_database(url: str) -> None:
     admin.dispose()
 
 
-def _send(api_url: str, num_requests: int, rate: float, seed: int) -> list[str]:
+def _send(client: httpx.Client, num_requests: int, rate: float, seed: int) -> list[str]:
     rng = random.Random(seed)
     prompts = load_sample_prompts()
     ids = []
-    with httpx.Client(base_url=api_url, timeout=30) as client:
+    with client:
         next_at = time.monotonic()
         for i in range(num_requests):
             next_at += rng.expovariate(rate)
@@ -110,7 +110,7 @@ def main() -> int:
         try:
             stack.start()
             stack.wait_ready(num_instances=args.instances, timeout_s=300)
-            _send(stack.api_url, args.requests, args.rate, args.seed)
+            _send(stack.client(), args.requests, args.rate, args.seed)
         finally:
             stack.stop()
     records = _routing_records(args.database_url)

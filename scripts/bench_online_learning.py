@@ -78,12 +78,12 @@ def _split_prompts(rows: Sequence[LengthRow], served: str, max_prompt_tokens: in
     return fitting[:half], fitting[half:]
 
 
-def _send(api_url: str, rows: Sequence[LengthRow], rate: float, seed: int,
+def _send(client: httpx.Client, rows: Sequence[LengthRow], rate: float, seed: int,
           max_tokens: int) -> list[str]:
     """Poisson arrivals (the same for the same seed); waits until every request is terminal."""
     rng = random.Random(seed)
     ids = []
-    with httpx.Client(base_url=api_url, timeout=60) as client:
+    with client:
         next_at = time.monotonic()
         for row in rows:
             next_at += rng.expovariate(rate)
@@ -210,7 +210,7 @@ def main() -> int:
         try:
             stack.start()
             stack.wait_ready(num_instances=args.instances, timeout_s=300)
-            send = lambda prompts: _send(stack.api_url, prompts, args.rate,  # noqa: E731
+            send = lambda prompts: _send(stack.client(timeout=60), prompts, args.rate,  # noqa: E731
                                          args.seed, args.max_tokens)
             history = Phase("A history (P1, initial model)", send(first))
             before = Phase("B before (P2, initial model)", send(second))

@@ -147,7 +147,7 @@ def _at(value: str) -> datetime:
 def test_requests_flow_end_to_end_with_webhooks(start_stack: Callable[..., Stack]) -> None:
     receiver = WebhookReceiver()
     stack = start_stack(2)
-    client = httpx.Client(base_url=stack.api_url, timeout=30)
+    client = stack.client()
     try:
         with ThreadPoolExecutor(8) as pool:
             ids = list(
@@ -231,7 +231,7 @@ def _assert_webhooks(receiver: WebhookReceiver, *, ok_ids: set[str], flaky_ids: 
 
 def test_cancel_a_running_request_aborts_it(start_stack: Callable[..., Stack]) -> None:
     stack = start_stack(1)
-    with httpx.Client(base_url=stack.api_url, timeout=30) as client:
+    with stack.client() as client:
         request_id = _submit(client, prompt="Write forever.", max_tokens=1800)
         deadline = time.monotonic() + 60
         while client.get(f"/v1/requests/{request_id}").json()["status"] != "running":
@@ -251,7 +251,7 @@ def test_cancel_a_running_request_aborts_it(start_stack: Callable[..., Stack]) -
 def test_continuous_batching_survives_celery(start_stack: Callable[..., Stack]) -> None:
     stack = start_stack(1)
     body = {"prompt": "Count slowly to a hundred.", "max_tokens": 256, "temperature": 0.0}
-    with httpx.Client(base_url=stack.api_url, timeout=30) as client:
+    with stack.client() as client:
         started = time.monotonic()
         ids = [_submit(client, **body) for _ in range(32)]
         concurrent = _wait_terminal(client, ids)
@@ -277,7 +277,7 @@ def test_continuous_batching_survives_celery(start_stack: Callable[..., Stack]) 
 
 def test_sigkilled_engine_worker_loses_nothing(start_stack: Callable[..., Stack]) -> None:
     stack = start_stack(2)
-    with httpx.Client(base_url=stack.api_url, timeout=30) as client:
+    with stack.client() as client:
         ids = [_submit(client, prompt=f"Long answer {i}", max_tokens=160) for i in range(40)]
         deadline = time.monotonic() + 60
         while True:

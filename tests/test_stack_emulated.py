@@ -46,7 +46,7 @@ def test_emulated_instances_serve_requests_end_to_end(
     start_stack: Callable[..., Stack],  # noqa: F811 - the imported fixture
 ) -> None:
     stack = start_stack(2, engine_kind="emulated", emulated_time_scale=0.05)
-    with httpx.Client(base_url=stack.api_url, timeout=30) as client:
+    with stack.client() as client:
         instances = client.get("/v1/instances").json()["data"]
         with ThreadPoolExecutor(8) as pool:
             ids = list(pool.map(
@@ -89,7 +89,7 @@ def test_block_routing_records_every_decision(
 ) -> None:
     stack = start_stack(3, engine_kind="emulated", emulated_time_scale=0.05,
                         routing_policy="block")
-    with httpx.Client(base_url=stack.api_url, timeout=30) as client:
+    with stack.client() as client:
         ids = [_submit(client, prompt=f"Explain topic {i} in depth.", max_tokens=64 + i)
                for i in range(45)]
         results = _wait_terminal(client, ids)

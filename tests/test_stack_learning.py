@@ -62,7 +62,7 @@ def test_history_hot_reload_and_fallback_in_the_running_stack(
         bias_threshold=1e-9, bias_window=5, bias_fallback_s=60.0,
         learn_min_rows=10_000,  # the retrain the fallback asks for finds too little history
     )
-    with httpx.Client(base_url=stack.api_url, timeout=30) as client:
+    with stack.client() as client:
         first = _wave(client, 0, 10)
         routing_after_misses = client.get("/v1/instances").json()["routing"]
         second = _wave(client, 10, 6)

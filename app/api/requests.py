@@ -6,6 +6,7 @@ from flask import Blueprint, jsonify, request, url_for
 from flask.typing import ResponseReturnValue
 
 from app import store
+from app.auth import current_principal
 from app.commands import cancel_request, submit_request
 from app.errors import InvalidRequest
 from app.extensions import services
@@ -19,7 +20,8 @@ def create() -> ResponseReturnValue:
     if body is None:
         raise InvalidRequest("The request body must be valid JSON.", code="invalid_json")
     created_request, created = submit_request(
-        services(), body, idempotency_key=request.headers.get("Idempotency-Key")
+        services(), body, idempotency_key=request.headers.get("Idempotency-Key"),
+        team_id=current_principal().team_id,
     )
     status_url = url_for("requests.show", request_id=created_request.id, _external=True)
     payload = {
@@ -35,10 +37,11 @@ def create() -> ResponseReturnValue:
 @bp.get("/<request_id>")
 def show(request_id: str) -> ResponseReturnValue:
     with services().db.session() as session:
-        return jsonify(store.request_to_dict(store.get_request(session, request_id)))
+        found = store.get_request(session, request_id, team_id=current_principal().team_id)
+        return jsonify(store.request_to_dict(found))
 
 
 @bp.post("/<request_id>/cancel")
 def cancel(request_id: str) -> ResponseReturnValue:
-    cancel_request(services(), request_id)
+    cancel_request(services(), request_id, team_id=current_principal().team_id)
     return show(request_id)

@@ -10,6 +10,7 @@ import time
 import click
 from rich.console import Console
 
+from app.cli.admin import keys, teams
 from app.cli.demo import JobSummary, load_sample_prompts, run_sample_job, summarize
 from app.cli.models import models
 from app.cli.stack import Stack, StackError
@@ -58,9 +59,11 @@ def demo(num_requests: int) -> None:
     try:
         stack.start()
         stack.wait_ready(num_instances=settings.num_instances)
-        console.print(f"stack ready at {stack.api_url}; sending {num_requests} requests")
+        key = stack.issue_api_key("demo")
+        console.print(f"stack ready at {stack.api_url}; API key of team 'demo': {key}")
+        console.print(f"sending {num_requests} requests")
         started = time.monotonic()
-        results = run_sample_job(stack.api_url, load_sample_prompts(num_requests))
+        results = run_sample_job(stack.client(key), load_sample_prompts(num_requests))
         summarize(JobSummary.of(results, time.monotonic() - started), console)
     except StackError as exc:
         raise click.ClickException(str(exc)) from None
@@ -80,6 +83,7 @@ def serve() -> None:
         stack.start()
         stack.wait_ready(num_instances=settings.num_instances)
         console.print(f"blockq serving at {stack.api_url} (logs in {stack.log_dir}); Ctrl-C stops")
+        console.print("API keys: `blockq teams create NAME` makes a team and prints its key")
         while True:
             stack.check_alive()
             time.sleep(1)
@@ -108,4 +112,5 @@ def show_settings() -> None:
         console.print(f"[bold]{env}[/bold] (default {info.default!r})\n    {info.description}")
 
 
-main.add_command(models)
+for group in (models, teams, keys):
+    main.add_command(group)

@@ -29,10 +29,11 @@ def load_sample_prompts(limit: int | None = None) -> list[dict[str, Any]]:
 
 
 def run_sample_job(
-    api_url: str, prompts: list[dict[str, Any]], *, concurrency: int = 16, timeout_s: float = 900
+    client: httpx.Client, prompts: list[dict[str, Any]], *, concurrency: int = 16,
+    timeout_s: float = 900,
 ) -> list[dict[str, Any]]:
     """Submit every prompt, then poll until all are terminal. Returns the final request objects."""
-    with httpx.Client(base_url=api_url, timeout=30) as client:
+    with client:
         with ThreadPoolExecutor(concurrency) as pool:
             ids = list(pool.map(lambda row: _submit(client, row), prompts))
         return _wait_all(client, ids, timeout_s=timeout_s)

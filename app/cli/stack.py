@@ -13,10 +13,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from app.db import Database
 from app.settings import Settings
+from app.teams import ensure_team_key
 
 __all__ = ["Stack", "StackError", "process_commands"]
 
@@ -112,6 +115,8 @@ class Stack:
     settings: Settings
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    #: An admin key of the team "local", issued when the stack is ready.
+    api_key: str | None = None
 
     @property
     def api_url(self) -> str:
@@ -139,10 +144,33 @@ class Stack:
         with httpx.Client(base_url=self.api_url, timeout=5) as client:
             while time.monotonic() < deadline:
                 self.check_alive()
-                if _ready(client) and _alive_instances(client) >= num_instances:
+                if _ready(client):
+                    break
+                time.sleep(0.5)
+        self.api_key = self.issue_api_key("local", is_admin=True)
+        with self.client(timeout=5) as client:
+            while time.monotonic() < deadline:
+                self.check_alive()
+                if _alive_instances(client) >= num_instances:
                     return
                 time.sleep(0.5)
         raise StackError(f"stack not ready after {timeout_s:.0f} s; logs in {self.log_dir}")
+
+    def issue_api_key(self, team_name: str, *, is_admin: bool = False) -> str:
+        """A new API key of the named team (created if needed), straight in the database."""
+        db = Database(self.settings.resolved_database_url)
+        try:
+            with db.session() as session:
+                return ensure_team_key(session, team_name, is_admin=is_admin).key
+        finally:
+            db.dispose()
+
+    def client(self, api_key: str | None = None, **options: Any) -> httpx.Client:
+        """An HTTP client of the API authenticated with `api_key` (default: the local key)."""
+        key = api_key or self.api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.api_url, headers=headers,
+                            **{"timeout": 30.0, **options})
 
     def check_alive(self) -> None:
         for name, process in self.processes.items():

@@ -10,15 +10,24 @@ from flask.testing import FlaskClient
 from app import create_app, store
 from app.extensions import services
 from app.models import RequestStatus
+from app.teams import ensure_team_key
 
 pytestmark = pytest.mark.services
 
 
 @pytest.fixture
 def client(fresh_services) -> FlaskClient:  # type: ignore[no-untyped-def]
+    """A test client authenticated as the team "tests"."""
     app = create_app(fresh_services)
     app.testing = True
-    return app.test_client()
+    test_client = app.test_client()
+    test_client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {team_key(test_client, 'tests')}"
+    return test_client
+
+
+def team_key(client: FlaskClient, team: str, **options: Any) -> str:
+    with services_of(client).db.session() as session:
+        return ensure_team_key(session, team, **options).key
 
 
 def _error(response) -> dict[str, Any]:  # type: ignore[no-untyped-def]

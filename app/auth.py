@@ -1,0 +1,61 @@
+"""Authentication and rate limiting of the API: `Authorization: Bearer <key>` on every /v1
+endpoint, the caller's team in `flask.g.principal`, and a per-team request rate limit."""
+
+from __future__ import annotations
+
+from flask import Flask, g, request
+from flask_limiter import Limiter
+
+from app.errors import Unauthorized
+from app.extensions import services
+from app.settings import Settings
+from app.teams import Principal, principal_of
+
+__all__ = ["init_app", "current_principal"]
+
+#: Endpoints anyone may call (probes).
+OPEN_ENDPOINTS = frozenset({"health.healthz", "health.readyz", "static"})
+
+
+def current_principal() -> Principal:
+    principal = g.get("principal")
+    assert principal is not None, "called from an endpoint that is not authenticated"
+    return principal
+
+
+def _authenticate() -> None:
+    g.principal = None
+    if request.endpoint is None or request.endpoint in OPEN_ENDPOINTS:
+        return  # no such route (the 404 handler answers), or a probe
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise Unauthorized("You didn't provide an API key. Send it in the Authorization header: "
+                           "'Authorization: Bearer YOUR_KEY'.", code="missing_api_key")
+    with services().db.session() as session:
+        principal = principal_of(session, key.strip())
+    if principal is None:
+        raise Unauthorized(f"Incorrect API key provided: {key.strip()[:6]}***.",
+                           code="invalid_api_key")
+    g.principal = principal
+
+
+def init_app(app: Flask, settings: Settings) -> Limiter:
+    """Authenticate first, then count the request against its team's limit (Redis-backed, so
+    every API process shares the count)."""
+    app.before_request(_authenticate)
+
+    def team_limit() -> str:
+        principal = g.get("principal")
+        rpm = principal.rate_limit_rpm if principal and principal.rate_limit_rpm else None
+        return f"{rpm or settings.rate_limit_rpm}/minute"
+
+    return Limiter(
+        key_func=lambda: g.principal.team_id,
+        app=app,
+        application_limits=[team_limit],
+        application_limits_exempt_when=lambda: g.get("principal") is None,
+        storage_uri=settings.redis_url,
+        strategy="moving-window",
+        headers_enabled=True,
+        key_prefix="blockq:ratelimit",
+    )

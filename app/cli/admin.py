@@ -1,0 +1,135 @@
+"""`blockq teams ...` and `blockq keys ...`: tenant administration, straight on the database."""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import select
+
+from app.db import Database
+from app.errors import BlockqError
+from app.models import ApiKey, Team
+from app.settings import Settings
+from app.teams import create_team, issue_key, revoke_key, team_by_name
+
+__all__ = ["teams", "keys"]
+
+console = Console()
+
+
+def _database() -> Database:
+    return Database(Settings.load().resolved_database_url)
+
+
+@click.group()
+def teams() -> None:
+    """Teams: who owns requests, files, batches and API keys."""
+
+
+@teams.command("create")
+@click.argument("name")
+@click.option("--share", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Weight of the team's batch work against other teams'.")
+@click.option("--rate-limit", "rate_limit_rpm", type=click.IntRange(min=1), default=None,
+              help="Requests per minute (default: BLOCKQ_RATE_LIMIT_RPM).")
+@click.option("--webhook-url", default=None, help="Where the team's batch events are sent.")
+@click.option("--with-key/--no-key", default=True, show_default=True,
+              help="Also issue a first API key and print it.")
+def create_team_command(name: str, share: int, rate_limit_rpm: int | None,
+                        webhook_url: str | None, with_key: bool) -> None:
+    """Create a team (and its first API key)."""
+    db = _database()
+    try:
+        with db.session() as session:
+            team = create_team(session, name, share=share, rate_limit_rpm=rate_limit_rpm,
+                               webhook_url=webhook_url)
+            issued = issue_key(session, team) if with_key else None
+    except BlockqError as exc:
+        raise click.ClickException(exc.message) from None
+    finally:
+        db.dispose()
+    console.print(f"team {name} created: {team.id}")
+    if issued:
+        _print_key(issued.key_id, issued.key)
+
+
+@teams.command("list")
+def list_teams() -> None:
+    """Every team with its share, rate limit and number of active keys."""
+    db = _database()
+    table = Table()
+    for column in ("id", "name", "share", "rate limit (rpm)", "active keys", "webhook"):
+        table.add_column(column)
+    with db.session() as session:
+        for team in session.scalars(select(Team).order_by(Team.name)):
+            active = session.scalars(select(ApiKey.id).where(
+                ApiKey.team_id == team.id, ApiKey.revoked_at.is_(None))).all()
+            table.add_row(team.id, team.name, str(team.share),
+                          str(team.rate_limit_rpm or "default"), str(len(active)),
+                          team.webhook_url or "-")
+    db.dispose()
+    console.print(table)
+
+
+@click.group()
+def keys() -> None:
+    """API keys: issue, list, revoke."""
+
+
+@keys.command("create")
+@click.option("--team", "team_name", required=True, help="Name of the team.")
+@click.option("--name", default="default", show_default=True, help="A label for the key.")
+@click.option("--admin", is_flag=True, help="An admin key (operations endpoints).")
+def create_key(team_name: str, name: str, admin: bool) -> None:
+    """Issue a key; it is printed once and stored only as a hash."""
+    db = _database()
+    try:
+        with db.session() as session:
+            issued = issue_key(session, team_by_name(session, team_name), name=name,
+                               is_admin=admin)
+    except BlockqError as exc:
+        raise click.ClickException(exc.message) from None
+    finally:
+        db.dispose()
+    _print_key(issued.key_id, issued.key)
+
+
+@keys.command("list")
+@click.option("--team", "team_name", default=None, help="Only this team's keys.")
+def list_keys(team_name: str | None) -> None:
+    """Keys with their prefix, team and state (the keys themselves are not stored)."""
+    db = _database()
+    table = Table()
+    for column in ("id", "team", "name", "prefix", "admin", "created", "revoked"):
+        table.add_column(column)
+    with db.session() as session:
+        query = select(ApiKey, Team.name).join(Team).order_by(Team.name, ApiKey.created_at)
+        if team_name:
+            query = query.where(Team.name == team_name)
+        for key, team in session.execute(query):
+            table.add_row(key.id, team, key.name, key.key_prefix + "...", "yes" if key.is_admin
+                          else "", f"{key.created_at:%Y-%m-%d %H:%M}",
+                          f"{key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else "")
+    db.dispose()
+    console.print(table)
+
+
+@keys.command("revoke")
+@click.argument("key_id")
+def revoke(key_id: str) -> None:
+    """Revoke a key: it stops working on the next request."""
+    db = _database()
+    try:
+        with db.session() as session:
+            revoke_key(session, key_id)
+    except BlockqError as exc:
+        raise click.ClickException(exc.message) from None
+    finally:
+        db.dispose()
+    console.print(f"key {key_id} revoked")
+
+
+def _print_key(key_id: str, key: str) -> None:
+    console.print(f"API key {key_id} (shown once; store it now):")
+    click.echo(key)
