@@ -7,6 +7,8 @@ import logging
 from typing import Any
 
 from celery import shared_task
+from redis.exceptions import LockError
+from redis.lock import Lock
 from sqlalchemy import select
 
 from app import dispatch
@@ -42,10 +44,18 @@ def run_retrain(rt: runtime.Runtime) -> LoopReport:
         report = retrain_length_model(rt.db, rt.length_model.get(), model_name=model_name,
                                       config=loop_config(rt.settings))
     finally:
-        lock.release()
+        _release(lock, model_name)
     if report.outcome == "promoted":
         rt.bias_watch.reset(model_name)  # the correction belonged to the previous version
     return report
+
+
+def _release(lock: Lock, model_name: str) -> None:
+    # NOTE: the retrain's result is registered already; a lock lost meanwhile must not fail it.
+    try:
+        lock.release()
+    except LockError:
+        logger.warning("the retrain lock of %s was lost before the retrain ended", model_name)
 
 
 def run_refit(rt: runtime.Runtime, instance_ids: list[str] | None = None) -> list[LoopReport]:

@@ -1,0 +1,12 @@
+"""Gunicorn settings of the API image, taken from blockq's Settings as the local stack does."""
+
+from app.settings import Settings
+
+_settings = Settings.load()
+
+bind = f"{_settings.api_host}:{_settings.api_port}"
+workers = _settings.api_workers
+threads = 8
+graceful_timeout = 10
+# NOTE: the worker heartbeat file on tmpfs: a container's overlay filesystem can stall it.
+worker_tmp_dir = "/dev/shm"
