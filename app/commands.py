@@ -11,7 +11,7 @@ from app.extensions import Services
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
 from app.schemas import CreateRequest, parse_body
 
-__all__ = ["submit_request", "cancel_request"]
+__all__ = ["submit_request", "cancel_request", "request_fields"]
 
 logger = logging.getLogger(__name__)
 
@@ -19,11 +19,13 @@ MAX_IDEMPOTENCY_KEY_LEN = 200
 
 
 def submit_request(
-    services: Services, body: Any, *, idempotency_key: str | None, team_id: str | None
+    services: Services, body: Any, *, idempotency_key: str | None, team_id: str | None,
+    stream: bool = False,
 ) -> tuple[InferenceRequest, bool]:
     """Validate, persist, then enqueue for prediction. Returns (request, created).
 
     Idempotency keys are per team: two teams may use the same key for different requests.
+    `stream`: the engine worker publishes the output text as it is generated.
     """
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_LEN:
         raise InvalidRequest(
@@ -31,9 +33,8 @@ def submit_request(
             param="Idempotency-Key",
         )
     parsed = parse_body(CreateRequest, body)
-    fields = _request_fields(services, parsed)
-    fields["body_sha256"] = store.body_digest(body)
-    fields["team_id"] = team_id
+    fields = request_fields(services, parsed)
+    fields.update(body_sha256=store.body_digest(body), team_id=team_id, stream=stream)
     scoped_key = None if idempotency_key is None else f"{team_id}:{idempotency_key}"
     with services.db.session() as session:
         request, created = store.create_request(session, fields, idempotency_key=scoped_key)
@@ -42,7 +43,9 @@ def submit_request(
     return request, created
 
 
-def _request_fields(services: Services, parsed: CreateRequest) -> dict[str, Any]:
+def request_fields(services: Services, parsed: CreateRequest) -> dict[str, Any]:
+    """The columns of a new request: the prompt rendered and counted, max_tokens checked
+    against the context (422 when it does not fit)."""
     settings = services.settings
     messages = [m.model_dump() for m in parsed.messages] if parsed.messages else None
     prompt = services.prompts.render(messages) if messages else parsed.prompt

@@ -17,6 +17,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -126,6 +127,8 @@ class InferenceRequest(Base):
     seed: Mapped[int | None]
     stop: Mapped[list[Any] | None]
     webhook_url: Mapped[str | None] = mapped_column(Text)
+    # The engine worker streams output text to Redis as it is generated (OpenAI `stream: true`).
+    stream: Mapped[bool] = mapped_column(default=False, server_default=false())
     request_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
     idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
     # SHA-256 of the canonical request body: same key + other body is a conflict.
