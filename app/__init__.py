@@ -7,7 +7,7 @@ import logging
 from flask import Flask
 
 from app import auth, errors
-from app.api import health, instances, requests
+from app.api import health, instances, openai, requests
 from app.extensions import Services
 from app.settings import Settings
 
@@ -24,6 +24,6 @@ def create_app(settings: Settings | None = None) -> Flask:
     services.prompts.warm_up()
     errors.init_app(app)
     auth.init_app(app, settings)
-    for blueprint in (requests.bp, instances.bp, health.bp):
+    for blueprint in (requests.bp, instances.bp, health.bp, openai.bp):
         app.register_blueprint(blueprint)
     return app

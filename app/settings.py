@@ -60,6 +60,14 @@ class Settings(BaseSettings):
     api_host: str = Field("127.0.0.1", description="Address the API binds to.")
     api_port: int = Field(8000, gt=0, lt=65536, description="Port the API listens on.")
     api_workers: int = Field(2, gt=0, description="Gunicorn worker processes for the API.")
+    api_threads: int = Field(
+        32, gt=0, description="Threads per API worker: each open stream or waiting "
+        "(non-streamed) OpenAI completion holds one.",
+    )
+    sync_timeout_s: float = Field(
+        600.0, gt=0, description="Longest an OpenAI-compatible completion waits for its "
+        "request to finish (504 after; the request goes on).",
+    )
     max_request_bytes: int = Field(
         1 << 20, gt=0, description="Largest accepted request body; larger ones get HTTP 413."
     )
@@ -152,7 +160,7 @@ class Settings(BaseSettings):
 
     # --- teams ---------------------------------------------------------------------------------
     rate_limit_rpm: int = Field(
-        600, gt=0, description="Requests per minute a team may make over all endpoints, unless "
+        6000, gt=0, description="Requests per minute a team may make over all endpoints, unless "
         "the team has its own limit (`blockq teams create --rate-limit`).",
     )
 
@@ -244,6 +252,36 @@ class Settings(BaseSettings):
     )
     webhook_timeout_s: float = Field(5.0, gt=0, description="HTTP timeout of one delivery.")
 
+    # --- files and batches (OpenAI Files and Batch API) --------------------------------------
+    files_dir: Path | None = Field(
+        None,
+        description="Directory holding the files of the Files API (batch input, output and "
+        "error files). Unset: data_dir/files. Every API and batch worker must see the same one.",
+    )
+    max_file_bytes: int = Field(
+        200 * 1024 * 1024, gt=0, description="Largest file POST /v1/files accepts (OpenAI: 200 "
+        "MB per batch input file); larger uploads get HTTP 413.",
+    )
+    max_batch_lines: int = Field(
+        50_000, gt=0, description="Most requests (lines) one batch input file may hold; a "
+        "longer file fails the batch.",
+    )
+    max_batch_in_flight: int = Field(
+        256, gt=0, description="Batch requests released to the pipeline and not finished yet, "
+        "over all batches; the releaser shares these slots among teams by their share.",
+    )
+    batch_release_interval_s: float = Field(
+        0.5, gt=0, description="How often beat runs the batch releaser (which also hands "
+        "finished batches to finalization).",
+    )
+    batch_expiry_check_interval_s: float = Field(
+        10.0, gt=0, description="How often beat looks for batches past their completion window.",
+    )
+    batch_completion_window_s: float = Field(
+        24 * 3600.0, gt=0, description="Length of the batch completion window `24h` (shorter "
+        "only for tests): a batch not finished this long after creation expires.",
+    )
+
     log_level: str = Field("INFO", description="Log level of every blockq process.")
 
     @classmethod
@@ -279,6 +317,10 @@ class Settings(BaseSettings):
     @property
     def resolved_model_path(self) -> Path:
         return self.model_path or self.data_dir / "models" / "tiny-llama"
+
+    @property
+    def resolved_files_dir(self) -> Path:
+        return self.files_dir or self.data_dir / "files"
 
     @property
     def instance_ids(self) -> list[str]:

@@ -60,11 +60,12 @@ def create_team(session: Session, name: str, *, share: int = 1, rate_limit_rpm: 
     return team
 
 
-def ensure_team_key(session: Session, team_name: str, *, is_admin: bool = False) -> IssuedKey:
+def ensure_team_key(session: Session, team_name: str, *, is_admin: bool = False,
+                    rate_limit_rpm: int | None = None) -> IssuedKey:
     """A new key for the named team, creating the team first if needed (local stack, demo)."""
     team = session.scalar(select(Team).where(Team.name == team_name))
     if team is None:
-        team = create_team(session, team_name)
+        team = create_team(session, team_name, rate_limit_rpm=rate_limit_rpm)
     return issue_key(session, team, name="local", is_admin=is_admin)
 
 

@@ -31,6 +31,7 @@ from app.models import (
     RequestStatus,
     utcnow,
 )
+from app.streams import StreamWriter
 from workers.learn import history
 from workers.predict.history import LengthHistory
 from workers.runtime import Runtime, current_celery
@@ -60,6 +61,7 @@ class EngineHost(EngineListener):
         self.instance_id = instance_id
         self.engine = make_engine(self)
         self.rt = runtime
+        self.streams = StreamWriter(runtime.redis)
         self._samples: deque[StepSample] = deque(maxlen=100_000)
         self._stop = threading.Event()
         self._accepting = True
@@ -72,6 +74,7 @@ class EngineHost(EngineListener):
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
         self.engine.start()
+        self.streams.start()
         self._register()
         self._publish_once()
         for target, name in ((self._publish_loop, "publisher"), (self._flush_loop, "samples")):
@@ -95,9 +98,13 @@ class EngineHost(EngineListener):
             thread.join(timeout=5)
         self._flush_samples()
         self.engine.stop()
+        self.streams.stop()
 
     def on_step(self, sample: StepSample) -> None:
         self._samples.append(sample)
+
+    def on_tokens(self, request_id: str, delta_text: str) -> None:
+        self.streams.add(request_id, delta_text)
 
     # --- one request ---------------------------------------------------------------------------
     def run(self, request_id: str, attempt: int) -> None:
@@ -117,16 +124,17 @@ class EngineHost(EngineListener):
         except Exception as exc:
             if self._stop.is_set():
                 raise  # shutting down: leave the message unacknowledged for a retry
-            self._fail(request_id, exc)
+            self._fail(request_id, attempt, exc)
             return
         if result.finish_reason == "abort":
+            self.streams.discard(request_id)
             return  # cancelled: the cancel already wrote the terminal status
         try:
-            self._complete(result)
+            self._complete(result, attempt)
         except (OperationalError, redis.ConnectionError):
             raise  # transient: the task retries, and the engine returns the same result
         except Exception as exc:  # noqa: BLE001 - anything else must not strand the request
-            self._fail(request_id, exc)
+            self._fail(request_id, attempt, exc)
 
     def _admit(self, request_id: str, attempt: int) -> GenerationRequest | None:
         ours = [
@@ -151,6 +159,8 @@ class EngineHost(EngineListener):
                 or request.attempt != attempt
             ):
                 return None  # finished, cancelled, or re-routed since this message was sent
+            if request.stream:
+                self.streams.follow(request_id, attempt)
             return GenerationRequest(
                 request_id=request.id,
                 prompt=request.prompt,
@@ -163,7 +173,7 @@ class EngineHost(EngineListener):
                 predicted_output_tokens=request.predicted_output_tokens,
             )
 
-    def _complete(self, result: GenerationResult) -> None:
+    def _complete(self, result: GenerationResult, attempt: int) -> None:
         with self.rt.db.session() as session:
             done = store.transition(
                 session,
@@ -183,7 +193,9 @@ class EngineHost(EngineListener):
                                            .where(InferenceRequest.id == result.request_id))
             webhook_url = done and _webhook_url(session, result.request_id)
         if not done:
+            self.streams.discard(result.request_id)
             return  # completed by another attempt, or cancelled meanwhile
+        self.streams.end(result.request_id, attempt, result.finish_reason)
         self._learn_from(predicted, result.num_output_tokens)
         if webhook_url:
             dispatch.enqueue_webhook(current_celery(), result.request_id, "request.succeeded")
@@ -198,7 +210,7 @@ class EngineHost(EngineListener):
         logger.warning("length predictions keep missing: routing falls back to round_robin")
         dispatch.enqueue_retrain(current_celery(), reason="bias watch")
 
-    def _fail(self, request_id: str, exc: Exception) -> None:
+    def _fail(self, request_id: str, attempt: int, exc: Exception) -> None:
         logger.exception("generation failed for %s", request_id)
         with self.rt.db.session() as session:
             done = store.transition(
@@ -211,6 +223,8 @@ class EngineHost(EngineListener):
                 finished_at=utcnow(),
             )
             webhook_url = done and _webhook_url(session, request_id)
+        if done:
+            self.streams.fail(request_id, attempt, "the engine failed to generate this request")
         if webhook_url:
             dispatch.enqueue_webhook(current_celery(), request_id, "request.failed")
 

@@ -1,0 +1,209 @@
+"""OpenAI-compatible endpoints: `/v1/models`, `/v1/completions`, `/v1/chat/completions`.
+
+Each completion is an ordinary request (same predict -> route -> engine path, same records);
+the endpoint waits for its end, or with `stream: true` relays the text the engine worker
+publishes as server-sent events while it is generated.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request, stream_with_context
+from flask.typing import ResponseReturnValue
+
+from app import openai_format as fmt
+from app import store
+from app.auth import current_principal
+from app.commands import cancel_request, submit_request
+from app.errors import BlockqError, InvalidRequest, NotFound
+from app.extensions import Services, services
+from app.models import InferenceRequest, RequestStatus
+from app.openai_schemas import (
+    ChatCompletionBody,
+    CompletionBody,
+    OpenAIBody,
+    check_model,
+    native_body,
+)
+from app.schemas import parse_body
+from app.streams import StreamEvent, read_stream
+
+bp = Blueprint("openai", __name__, url_prefix="/v1")
+
+
+class GatewayTimeout(BlockqError):
+    status = 504
+    type = "server_error"
+
+
+class GenerationFailed(BlockqError):
+    status = 500
+    type = "server_error"
+
+
+@bp.get("/models")
+def list_models() -> ResponseReturnValue:
+    return jsonify(object="list", data=[_model_object(services())])
+
+
+@bp.get("/models/<path:model_id>")
+def show_model(model_id: str) -> ResponseReturnValue:
+    model = _model_object(services())
+    if model_id != model["id"]:
+        raise NotFound(f"The model '{model_id}' does not exist.", param="model",
+                       code="model_not_found")
+    return jsonify(model)
+
+
+def _model_object(svc: Services) -> dict[str, Any]:
+    created = int(svc.settings.resolved_model_path.stat().st_mtime)
+    return {"id": svc.settings.model_name, "object": "model", "created": created,
+            "owned_by": "blockq"}
+
+
+@bp.post("/completions")
+def completions() -> ResponseReturnValue:
+    return _complete(CompletionBody, fmt.KIND_COMPLETION)
+
+
+@bp.post("/chat/completions")
+def chat_completions() -> ResponseReturnValue:
+    return _complete(ChatCompletionBody, fmt.KIND_CHAT)
+
+
+def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
+    body = request.get_json(silent=True)
+    if body is None:
+        raise InvalidRequest("The request body must be valid JSON.", code="invalid_json")
+    parsed = parse_body(body_model, body)  # type: ignore[arg-type]
+    svc = services()
+    check_model(parsed, svc.settings.model_name)
+    team_id = current_principal().team_id
+    submitted, _ = submit_request(svc, native_body(parsed), idempotency_key=None,
+                                  team_id=team_id, stream=parsed.stream)
+    if parsed.stream:
+        relay = _Relay(svc, submitted, kind, team_id, parsed.include_usage_in_stream)
+        return Response(stream_with_context(relay.events()), mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    finished = _wait_until_finished(svc, submitted.id)
+    render = fmt.chat_completion_object if kind == fmt.KIND_CHAT else fmt.completion_object
+    return jsonify(render(finished, svc.settings.model_name))
+
+
+def _wait_until_finished(svc: Services, request_id: str) -> InferenceRequest:
+    """Block until the request is terminal (its stream's last entry, or its row), then return
+    the row; an unfinished request after `sync_timeout_s` answers 504 and keeps running."""
+    deadline = time.monotonic() + svc.settings.sync_timeout_s
+    for event in read_stream(svc.fleet.redis, request_id):
+        row = _terminal_row(svc, request_id) if event is None or event.kind != "text" else None
+        if row is not None:
+            return _succeeded_or_raise(row)
+        if time.monotonic() > deadline:
+            raise GatewayTimeout(
+                f"Request {request_id} did not finish within {svc.settings.sync_timeout_s:g} s; "
+                f"it goes on: GET /v1/requests/{request_id}.", code="timeout")
+    raise AssertionError("unreachable: read_stream never ends")
+
+
+def _terminal_row(svc: Services, request_id: str) -> InferenceRequest | None:
+    with svc.db.session() as session:
+        row = store.get_request(session, request_id)
+        return row if RequestStatus(row.status).is_terminal else None
+
+
+def _succeeded_or_raise(row: InferenceRequest) -> InferenceRequest:
+    if row.status == RequestStatus.SUCCEEDED:
+        return row
+    if row.status == RequestStatus.CANCELLED:
+        raise GenerationFailed(f"Request {row.id} was cancelled.", code="cancelled")
+    message = (row.error or {}).get("message", "generation failed")
+    raise GenerationFailed(f"Request {row.id} failed: {message}", code="generation_failed")
+
+
+class _Relay:
+    """Server-sent events of one streamed completion, from its Redis stream."""
+
+    def __init__(self, svc: Services, submitted: InferenceRequest, kind: str, team_id: str,
+                 include_usage: bool) -> None:
+        self.svc, self.request, self.kind = svc, submitted, kind
+        self.team_id, self.include_usage = team_id, include_usage
+        self.model = svc.settings.model_name
+        self.finished = False
+
+    def events(self) -> Iterator[str]:
+        try:
+            yield from self._events()
+        except GeneratorExit:
+            if not self.finished:  # the client went away: stop generating for nobody
+                cancel_quietly(self.svc, self.request.id, self.team_id)
+            raise
+
+    def _events(self) -> Iterator[str]:
+        if self.kind == fmt.KIND_CHAT:
+            yield self._chunk({"role": "assistant", "content": ""}, None)
+        deadline = time.monotonic() + self.svc.settings.sync_timeout_s
+        attempt: int | None = None
+        for event in read_stream(self.svc.fleet.redis, self.request.id):
+            if event is not None and event.kind == "text":
+                if attempt is not None and event.attempt != attempt:
+                    yield from self._error("The request was restarted on another instance; "
+                                           "the stream cannot continue.", "stream_interrupted")
+                    return
+                attempt = event.attempt
+                yield self._chunk(self._delta(event), None)
+                continue
+            row = _terminal_row(self.svc, self.request.id)
+            if row is not None:
+                yield from self._finish(row)
+                return
+            if time.monotonic() > deadline:
+                yield from self._error("The request did not finish in time.", "timeout")
+                return
+
+    def _delta(self, event: StreamEvent) -> dict[str, Any] | str:
+        return {"content": event.value} if self.kind == fmt.KIND_CHAT else event.value
+
+    def _finish(self, row: InferenceRequest) -> Iterator[str]:
+        self.finished = True
+        if row.status != RequestStatus.SUCCEEDED:
+            yield from self._error(f"Request {row.id} ended with status {row.status}.",
+                                   "generation_failed")
+            return
+        empty: dict[str, Any] | str = {} if self.kind == fmt.KIND_CHAT else ""
+        yield self._chunk(empty, fmt.finish_reason_of(row))
+        if self.include_usage:
+            final = self._base(empty, None)
+            final.update(choices=[], usage=fmt.usage_of(row))
+            yield _sse(final)
+        yield "data: [DONE]\n\n"
+
+    def _error(self, message: str, code: str) -> Iterator[str]:
+        self.finished = True
+        yield _sse({"error": {"message": message, "type": "server_error", "param": None,
+                              "code": code}})
+
+    def _base(self, delta: dict[str, Any] | str, finish_reason: str | None) -> dict[str, Any]:
+        build: Callable[..., dict[str, Any]] = (
+            fmt.chat_chunk if self.kind == fmt.KIND_CHAT else fmt.completion_chunk)
+        chunk = build(self.request, self.model, delta, finish_reason)
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def _chunk(self, delta: dict[str, Any] | str, finish_reason: str | None) -> str:
+        return _sse(self._base(delta, finish_reason))
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+def cancel_quietly(svc: Services, request_id: str, team_id: str) -> None:
+    try:
+        cancel_request(svc, request_id, team_id=team_id)
+    except BlockqError:
+        pass  # it finished meanwhile

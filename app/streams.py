@@ -1,0 +1,138 @@
+"""Output streams: engine workers append each request's text to a Redis stream as it is
+generated, and a final entry when it is over; the API reads them (SSE, or waiting for the end).
+
+One Redis stream per request (`blockq:stream:<request id>`), kept for a while after the end so
+that a reader arriving late still reads everything from the start. Entries:
+
+    {"t": text, "a": attempt}        new output text of routing attempt `a`
+    {"end": finish_reason, "a": ...} the request finished and its row is committed
+    {"error": message, "a": ...}     the request failed (its row says why)
+
+Every request gets the final entry (its waiters need it); only requests with `stream` set get
+text entries.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import redis
+
+__all__ = ["StreamWriter", "StreamEvent", "read_stream", "stream_key"]
+
+#: How long a finished stream stays readable.
+RETAIN_S = 600
+
+
+def stream_key(request_id: str, prefix: str = "blockq") -> str:
+    return f"{prefix}:stream:{request_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    kind: str  # "text" | "end" | "error"
+    value: str  # the text, the finish reason, or the error message
+    attempt: int
+
+
+class StreamWriter:
+    """Batches text deltas from the engine thread and appends them from a background thread
+    (the engine loop must not wait for Redis); `end`/`fail` flush a request's text first."""
+
+    def __init__(self, client: redis.Redis, *, flush_interval_s: float = 0.02) -> None:
+        self.redis = client
+        self.flush_interval_s = flush_interval_s
+        self._lock = threading.Lock()
+        self._pending: dict[str, list[str]] = defaultdict(list)
+        self._attempts: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stream-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.flush()
+
+    def follow(self, request_id: str, attempt: int) -> None:
+        """Publish this request's text (it asked for a stream)."""
+        with self._lock:
+            self._attempts[request_id] = attempt
+
+    def add(self, request_id: str, text: str) -> None:
+        """New text of a request; ignored unless the request is followed. Called by the engine."""
+        if text and request_id in self._attempts:
+            with self._lock:
+                self._pending[request_id].append(text)
+
+    def discard(self, request_id: str) -> None:
+        """Stop following a request that ended elsewhere (cancelled, or another attempt won)."""
+        with self._lock:
+            self._pending.pop(request_id, None)
+            self._attempts.pop(request_id, None)
+
+    def end(self, request_id: str, attempt: int, finish_reason: str) -> None:
+        self._close(request_id, {"end": finish_reason, "a": attempt})
+
+    def fail(self, request_id: str, attempt: int, message: str) -> None:
+        self._close(request_id, {"error": message, "a": attempt})
+
+    def _close(self, request_id: str, entry: dict[str, str | int]) -> None:
+        with self._lock:
+            chunks = self._pending.pop(request_id, [])
+            followed_attempt = self._attempts.pop(request_id, None)
+        with self.redis.pipeline(transaction=False) as pipe:
+            if chunks and followed_attempt is not None:
+                pipe.xadd(stream_key(request_id), {"t": "".join(chunks), "a": followed_attempt})
+            pipe.xadd(stream_key(request_id), entry)
+            pipe.expire(stream_key(request_id), RETAIN_S)
+            pipe.execute()
+
+    def flush(self) -> None:
+        with self._lock:
+            batch = {rid: "".join(chunks) for rid, chunks in self._pending.items() if chunks}
+            attempts = {rid: self._attempts.get(rid, 0) for rid in batch}
+            self._pending.clear()
+        if not batch:
+            return
+        with self.redis.pipeline(transaction=False) as pipe:
+            for request_id, text in batch.items():
+                pipe.xadd(stream_key(request_id), {"t": text, "a": attempts[request_id]})
+                pipe.expire(stream_key(request_id), RETAIN_S)
+            pipe.execute()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.flush_interval_s):
+            try:
+                self.flush()
+            except redis.RedisError:  # NOTE: text is lost for streaming readers only
+                continue
+
+
+def read_stream(client: redis.Redis, request_id: str, *, block_ms: int = 1000
+                ) -> Iterator[StreamEvent | None]:
+    """Entries of a request's stream from the start, as they come; yields None after each
+    `block_ms` without news (so the caller can check the request's row and time out)."""
+    key, last_id = stream_key(request_id), "0-0"
+    while True:
+        reply = client.xread({key: last_id}, block=block_ms, count=256)
+        if not reply:
+            yield None
+            continue
+        for entry_id, fields in reply[0][1]:
+            last_id = entry_id
+            yield _event(fields)
+
+
+def _event(fields: dict[bytes, bytes]) -> StreamEvent:
+    attempt = int(fields.get(b"a", b"0"))
+    if b"t" in fields:
+        return StreamEvent("text", fields[b"t"].decode(), attempt)
+    if b"end" in fields:
+        return StreamEvent("end", fields[b"end"].decode(), attempt)
+    return StreamEvent("error", fields.get(b"error", b"").decode(), attempt)
