@@ -11,7 +11,7 @@ Emulated instances answer real prompts with the lengths of the served model's re
                model on the newest history slice; predictor workers hot-reload it
   C  after     prompts P2 again, same arrival times, promoted model -> error and TTFT after
 
-    .venv/bin/python scripts/bench_online_learning.py --instances 4 --rate 4 --time-scale 0.5
+    .venv/bin/python scripts/bench_online_learning.py --instances 4 --rate 12 --time-scale 0.5
 """
 
 from __future__ import annotations
@@ -46,10 +46,15 @@ from app.models import InferenceRequest, ModelVersion, RequestOutcome  # noqa: E
 from app.prompts import PromptCodec  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from workers.celery_app import create_celery  # noqa: E402
-from workers.predict.dataset import DEFAULT_DATA_DIR, LengthRow, build_rows  # noqa: E402
+from workers.predict.dataset import (  # noqa: E402
+    DEFAULT_DATA_DIR,
+    LengthRow,
+    build_rows,
+    write_rows,
+)
 from workers.predict.length_model import train  # noqa: E402
 
-console = Console()
+console = Console(width=180)
 MODEL_PATH = ROOT / ".blockq" / "models" / "tiny-llama"
 
 
@@ -167,7 +172,7 @@ def main() -> int:
     parser.add_argument("--served-model", default="gpt-4-0314",
                         help="answer model whose real answer lengths the instances replay")
     parser.add_argument("--instances", type=int, default=4)
-    parser.add_argument("--rate", type=float, default=4.0, help="requests per second")
+    parser.add_argument("--rate", type=float, default=12.0, help="requests per second")
     parser.add_argument("--time-scale", type=float, default=0.5)
     parser.add_argument("--max-tokens", type=int, default=2048)
     parser.add_argument("--max-prompt-tokens", type=int, default=1536)
@@ -189,6 +194,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as data_dir:
         initial, _ = train(initial_rows)
         artifact = initial.head.save(Path(data_dir) / "initial.npz")
+        bootstrap = Path(data_dir) / "bootstrap_rows.jsonl"
+        write_rows(bootstrap, initial_rows)  # what the initial model knew, kept for retrains
         answers = Path(data_dir) / "answers.jsonl"
         answers.write_text("".join(json.dumps({"prompt": r.prompt,
                                                "output_tokens": r.output_tokens}) + "\n"
@@ -202,6 +209,7 @@ def main() -> int:
             routing_policy="block", length_model_path=artifact, engine_concurrency=64,
             max_model_len=4096,
             learn_retrain_interval_s=0, learn_refit_interval_s=0, learn_min_rows=50,
+            length_bootstrap_rows=bootstrap,
             model_reload_interval_s=1.0,
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKQ_")}
