@@ -31,7 +31,14 @@ from typing import Protocol
 
 import numpy as np
 
-from workers.route.policies import FleetLedger, RequestView, RoutingContext, decide, needs_what_if
+from workers.route.policies import (
+    FleetLedger,
+    RequestView,
+    RoutingContext,
+    decide,
+    needs_what_if,
+    probed,
+)
 from workers.route.workload import Workload
 from workers.sim import ExecModel, InstanceConfig, InstanceSnapshot, SimRequest
 
@@ -414,7 +421,8 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
         view = RequestView(request.request_id, request.num_prompt_tokens, predicted[index],
                            max_tokens=config.max_model_len - request.num_prompt_tokens)
         decision_started = time.perf_counter()
-        views = ledger.views(planned, what_if_model)
+        views = ledger.views(planned, what_if_model,
+                             probed(policy, ledger.instance_ids, router_rng))
         decision = decide(policy, view, views, RoutingContext(ticket=index, rng=router_rng))
         decision_s.append(time.perf_counter() - decision_started)
         if what_if_model is not None:

@@ -19,6 +19,7 @@ from workers.route.policies import (
     instance_view,
     needs_what_if,
     prepare_published,
+    probed,
 )
 from workers.sim import (
     ExecModel,
@@ -56,7 +57,7 @@ def plan_route(
                            request.predicted_output_tokens)
     views = []
     what_ifs: dict[str, tuple[float, float]] = {}
-    for status in candidates:
+    for status in probed(policy_name, sorted(candidates, key=lambda c: c.instance_id), ctx.rng):
         snapshot = _sim_snapshot(status.state)
         assigned = [
             _waiting(a["request_id"], a["num_prompt_tokens"], a["predicted_output_tokens"])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import ClassVar, Protocol, TypeVar
 
 from workers.registry import Registry
 from workers.sim import (
@@ -30,6 +30,8 @@ from workers.sim import (
     prepare,
     target_output_tokens,
 )
+
+T = TypeVar("T")
 
 __all__ = [
     "POLICIES",
@@ -236,6 +238,16 @@ for _k in PROBE_COUNTS:
 del _k, _name
 
 
+def probed(policy_name: str, candidates: Sequence[T], rng: random.Random) -> list[T]:
+    """The candidates the named policy looks at: all of them, or, for a power-of-k policy, the
+    k it probes, drawn here before anything is simulated (probing few is the point of it:
+    simulating every instance and keeping k would cost as much as block itself)."""
+    policy = POLICIES.create(policy_name)
+    if not isinstance(policy, PowerOfK) or len(candidates) <= policy.num_probes:
+        return list(candidates)
+    return [candidates[i] for i in sorted(rng.sample(range(len(candidates)), policy.num_probes))]
+
+
 def needs_what_if(policy_name: str) -> bool:
     """Whether the named policy reads the what-if fields (so the caller must simulate)."""
     return bool(POLICIES.create(policy_name).needs_what_if)
@@ -374,11 +386,18 @@ class FleetLedger:
             entry.prepared = prepare_published(entry.snapshot, [r for r, _ in entry.assigned])
         return entry.prepared
 
+    @property
+    def instance_ids(self) -> list[str]:
+        return list(self._instances)
+
     def views(self, request: SimRequest | None = None,
-              exec_model: ExecModel | None = None) -> list[InstanceView]:
-        """Every instance's view; with what-ifs for `request` when `exec_model` is given."""
+              exec_model: ExecModel | None = None,
+              instance_ids: Sequence[str] | None = None) -> list[InstanceView]:
+        """The views of `instance_ids` (default every instance); with what-ifs for `request`
+        when `exec_model` is given."""
         views = []
-        for instance_id, entry in self._instances.items():
+        for instance_id in self._instances if instance_ids is None else instance_ids:
+            entry = self._entry(instance_id)
             if entry.view is None:
                 entry.view = instance_view(instance_id, entry.snapshot,
                                            [r for r, _ in entry.assigned])

@@ -92,6 +92,21 @@ def test_block_prefers_the_instance_with_less_queued_work(fleet: Fleet) -> None:
     assert plan.what_ifs["gpu.1"][1] < plan.what_ifs["gpu.0"][1]
 
 
+@pytest.mark.parametrize("num_probes", [2, 4])
+def test_power_of_k_simulates_only_the_instances_it_probes(fleet: Fleet, num_probes: int) -> None:
+    for k in range(6):
+        fleet.publish(f"gpu.{k}", _idle_state())
+    model = bundled_model("qwen2-7b-a30")
+    probed_sets = set()
+    for seed in range(20):
+        ctx = RoutingContext(ticket=seed, rng=random.Random(seed))
+        plan = plan_route(f"po{num_probes}_block", _request(0), fleet.routable(), ctx, model)
+        assert len(plan.what_ifs) == len(plan.decision.scores) == num_probes
+        assert plan.decision.instance_id in plan.what_ifs
+        probed_sets.add(frozenset(plan.what_ifs))
+    assert len(probed_sets) > 3  # random probes, not always the same instances
+
+
 def test_a_published_state_that_shows_a_request_clears_its_assignment(fleet: Fleet) -> None:
     fleet.publish("gpu.0", _idle_state())
     fleet.assign("gpu.0", "req_1", num_prompt_tokens=10, predicted_output_tokens=5)
