@@ -32,7 +32,9 @@ class BiasRule:
     #: How long routing falls back to round_robin.
     fallback_s: float = 60.0
     #: Step of the multiplicative correction towards actual/predicted, per observation.
-    correction_rate: float = 0.05
+    #: NOTE: an error is observed as many requests after its prediction as are in flight (often
+    #: a hundred); step x delay must stay well below 1 or the correction overshoots.
+    correction_rate: float = 0.005
     #: The correction stays within [1 / max_correction, max_correction].
     max_correction: float = 4.0
 

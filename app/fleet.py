@@ -6,6 +6,8 @@ Key layout (all under one prefix):
   <p>:instance:<id>:alive        heartbeat, expires after heartbeat_ttl_s
   <p>:instance:<id>:assigned     hash request_id -> routed time: routed, not yet in the engine
   <p>:cancel:<request_id>        set when a request is cancelled, read by engine workers
+  <p>:instance:<id>:control      operator's hold on an instance: "drained" or "paused"
+  <p>:routing:policy             operator's routing policy override (else the configured one)
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class InstanceStatus:
     # Requests routed here that the published state does not show yet, in routing order:
     # {"request_id", "num_prompt_tokens", "predicted_output_tokens", "at"}.
     assigned: tuple[dict[str, Any], ...]
+    # The operator's hold: "drained" (no new routing; its work finishes) or "paused" (no new
+    # routing and its queue is not consumed), or None.
+    control: str | None = None
 
     @property
     def num_assigned(self) -> int:
@@ -43,8 +48,9 @@ class InstanceStatus:
 
     @property
     def accepting(self) -> bool:
-        """False while the instance finishes its work before stopping: route nothing new."""
-        return bool(self.state.get("accepting", True))
+        """False while the instance finishes its work before stopping, or while an operator
+        holds it (drained, paused): route nothing new."""
+        return bool(self.state.get("accepting", True)) and self.control is None
 
     @property
     def num_running(self) -> int:
@@ -138,10 +144,11 @@ class Fleet:
                 pipe.get(self._key("instance", instance_id, "state"))
                 pipe.exists(self._key("instance", instance_id, "alive"))
                 pipe.hvals(self._key("instance", instance_id, "assigned"))
+                pipe.get(self._key("instance", instance_id, "control"))
             replies = pipe.execute()
         now = time.time()
         return [
-            _status(instance_id, *replies[3 * i : 3 * i + 3], now=now)
+            _status(instance_id, *replies[4 * i : 4 * i + 4], now=now)
             for i, instance_id in enumerate(ids)
         ]
 
@@ -152,9 +159,30 @@ class Fleet:
     def ping(self) -> bool:
         return bool(self.redis.ping())
 
+    # --- operators -----------------------------------------------------------------------------
+    def hold(self, instance_id: str, control: str | None) -> None:
+        """Drain or pause an instance (`control`), or release it (None)."""
+        key = self._key("instance", instance_id, "control")
+        if control is None:
+            self.redis.delete(key)
+        else:
+            self.redis.set(key, control)
+
+    def policy_override(self) -> str | None:
+        raw = self.redis.get(self._key("routing", "policy"))
+        return raw.decode() if raw is not None else None
+
+    def set_policy_override(self, policy: str | None) -> None:
+        key = self._key("routing", "policy")
+        if policy is None:
+            self.redis.delete(key)
+        else:
+            self.redis.set(key, policy)
+
 
 def _status(
-    instance_id: str, raw_state: bytes | None, alive: int, raw_assigned: list[bytes], *, now: float
+    instance_id: str, raw_state: bytes | None, alive: int, raw_assigned: list[bytes],
+    raw_control: bytes | None, *, now: float,
 ) -> InstanceStatus:
     state = json.loads(raw_state) if raw_state else {}
     published_at = state.get("published_at")
@@ -165,4 +193,5 @@ def _status(
         heartbeat_age_s=None if published_at is None else max(0.0, now - published_at),
         state=state,
         assigned=tuple(assigned),
+        control=raw_control.decode() if raw_control is not None else None,
     )

@@ -204,8 +204,9 @@ class Settings(BaseSettings):
         60.0, gt=0, description="How long the round_robin fallback lasts.",
     )
     bias_correction_rate: float = Field(
-        0.05, ge=0, le=1, description="Step of the length correction factor towards "
-        "actual/predicted per finished request (0: no correction).",
+        0.005, ge=0, le=1, description="Step of the length correction factor towards "
+        "actual/predicted per finished request (0: no correction). Keep it small: errors "
+        "arrive as many requests later as are in flight, and a large step then overshoots.",
     )
 
     # --- routing -------------------------------------------------------------------------------

@@ -9,7 +9,9 @@ from datetime import datetime
 import httpx
 import openai
 import pytest
+from click.testing import CliRunner
 
+from app.cli import main as cli
 from app.cli.stack import Stack
 from tests.test_stack import start_stack  # noqa: F401 - the fixture
 
@@ -64,6 +66,13 @@ def test_models_completions_and_errors(start_stack: Callable[..., Stack]) -> Non
         client.completions.create(model=model, prompt="word " * 5000, max_tokens=4)
     with pytest.raises(openai.AuthenticationError):
         _client(stack, api_key="bq-wrong").models.list()
+
+    env = {"BLOCKQ_API_URL": f"{stack.api_url}/v1", "BLOCKQ_API_KEY": stack.api_key}
+    answered = CliRunner().invoke(cli, ["submit", "Hello", "--max-tokens", "5"], env=env)
+    assert answered.exit_code == 0, answered.output
+    assert 1 <= len(answered.output.split()) <= 5 and answered.output.startswith("tok")
+    refused = CliRunner().invoke(cli, ["submit", "Hello"], env={**env, "BLOCKQ_API_KEY": "x"})
+    assert refused.exit_code == 1 and "AuthenticationError" in refused.output
 
 
 def test_streams_flow_while_generating_and_a_dropped_stream_cancels(

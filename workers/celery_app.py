@@ -16,6 +16,7 @@ from app.dispatch import (
     TASK_REQUEUE_ORPHANS,
     TASK_RETRAIN_LENGTH,
 )
+from app.queues import PRIORITY_STEPS, SEPARATOR
 from app.settings import Settings
 
 __all__ = ["create_celery", "TASK_MODULES"]
@@ -40,8 +41,8 @@ def create_celery(settings: Settings) -> Celery:
             "visibility_timeout": settings.broker_visibility_timeout_s,
             # Lower number first: 0 interactive, 1 batch.
             "queue_order_strategy": "priority",
-            "priority_steps": list(range(10)),
-            "sep": ":",
+            "priority_steps": list(PRIORITY_STEPS),
+            "sep": SEPARATOR,
         },
         task_serializer="json",
         accept_content=["json"],

@@ -8,7 +8,7 @@ from flask import Blueprint, jsonify
 from flask.typing import ResponseReturnValue
 
 from app.bias import FALLBACK_POLICY, fallback_state
-from app.extensions import services
+from app.extensions import Services, services
 from app.fleet import InstanceStatus
 
 bp = Blueprint("instances", __name__, url_prefix="/v1")
@@ -19,13 +19,17 @@ def list_instances() -> ResponseReturnValue:
     """The instances, and the routing in force (the policy, or the bias watch's fallback)."""
     svc = services()
     data = [_instance_to_dict(status) for status in svc.fleet.statuses()]
+    return jsonify(object="list", data=data, routing=routing_state(svc))
+
+
+def routing_state(svc: Services) -> dict[str, Any]:
+    """The configured policy, the operator's override, the bias watch's fallback, and which
+    one routes now."""
+    override = svc.fleet.policy_override()
     fallback = fallback_state(svc.fleet.redis)
-    routing = {
-        "configured_policy": svc.settings.routing_policy,
-        "policy": FALLBACK_POLICY if fallback else svc.settings.routing_policy,
-        "fallback": fallback,
-    }
-    return jsonify(object="list", data=data, routing=routing)
+    chosen = override or svc.settings.routing_policy
+    return {"configured_policy": svc.settings.routing_policy, "override": override,
+            "fallback": fallback, "policy": FALLBACK_POLICY if fallback else chosen}
 
 
 def _instance_to_dict(status: InstanceStatus) -> dict[str, Any]:
@@ -35,6 +39,7 @@ def _instance_to_dict(status: InstanceStatus) -> dict[str, Any]:
         "object": "instance",
         "alive": status.alive,
         "accepting": status.accepting,
+        "control": status.control,
         "engine_kind": state.get("engine_kind"),
         "model": state.get("model"),
         "running": status.num_running,

@@ -11,6 +11,7 @@ import click
 from rich.console import Console
 
 from app.cli.admin import keys, teams
+from app.cli.client import batch, submit
 from app.cli.demo import JobSummary, load_sample_prompts, run_sample_job, summarize
 from app.cli.models import models
 from app.cli.stack import Stack, StackError
@@ -112,5 +113,5 @@ def show_settings() -> None:
         console.print(f"[bold]{env}[/bold] (default {info.default!r})\n    {info.description}")
 
 
-for group in (models, teams, keys):
+for group in (models, teams, keys, submit, batch):
     main.add_command(group)

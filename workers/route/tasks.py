@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 
@@ -13,8 +14,9 @@ from app.bias import FALLBACK_POLICY
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
 from workers import runtime
 from workers.route.planner import plan_route
-from workers.route.policies import RequestView, RoutingContext, needs_what_if
+from workers.route.policies import POLICIES, RequestView, RoutingContext, needs_what_if
 
+logger = logging.getLogger(__name__)
 _rng = random.Random()
 
 
@@ -53,7 +55,7 @@ def route(request_id: str, timing: dict[str, float] | None = None) -> None:
         )
         return
     fallback = rt.bias_watch.fallback()
-    policy = FALLBACK_POLICY if fallback else rt.settings.routing_policy
+    policy = FALLBACK_POLICY if fallback else _policy_in_force(rt)
     plan = plan_route(
         policy,
         view,
@@ -103,6 +105,17 @@ def route(request_id: str, timing: dict[str, float] | None = None) -> None:
     dispatch.enqueue_generate(
         celery, request_id, instance_id=decision.instance_id, attempt=attempt, priority=priority
     )
+
+
+def _policy_in_force(rt: runtime.Runtime) -> str:
+    """The operator's run-time override (admin API), else the configured policy."""
+    override = rt.fleet.policy_override()
+    if override is None:
+        return rt.settings.routing_policy
+    if override not in POLICIES.names():
+        logger.error("ignoring unknown routing policy override %r", override)
+        return rt.settings.routing_policy
+    return override
 
 
 def _overhead(timing: dict[str, float], route_started_at: float) -> dict[str, object]:
