@@ -24,24 +24,14 @@ import redis
 import sqlalchemy as sa
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy.engine import make_url
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.cli.demo import load_sample_prompts  # noqa: E402
 from app.cli.stack import Stack  # noqa: E402
-from app.migrate import upgrade  # noqa: E402
+from app.migrate import recreate_database, upgrade  # noqa: E402
 from app.settings import Settings  # noqa: E402
-
-
-def _recreate_database(url: str) -> None:
-    parsed = make_url(url)
-    admin = sa.create_engine(parsed.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{parsed.database}" WITH (FORCE)'))
-        conn.execute(sa.text(f'CREATE DATABASE "{parsed.database}"'))
-    admin.dispose()
 
 
 def _send(client: httpx.Client, num_requests: int, rate: float, seed: int) -> list[str]:
@@ -93,7 +83,7 @@ def main() -> int:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
     args = parser.parse_args()
 
-    _recreate_database(args.database_url)
+    recreate_database(args.database_url)
     upgrade(args.database_url)
     redis.Redis.from_url(args.redis_url).flushdb()
     with tempfile.TemporaryDirectory() as data_dir:

@@ -33,7 +33,6 @@ import redis
 import sqlalchemy as sa
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy.engine import make_url
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -41,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from app.cli.stack import Stack  # noqa: E402
 from app.db import Database  # noqa: E402
 from app.dispatch import QUEUE_LEARN, TASK_RETRAIN_LENGTH  # noqa: E402
-from app.migrate import upgrade  # noqa: E402
+from app.migrate import recreate_database, upgrade  # noqa: E402
 from app.models import InferenceRequest, ModelVersion, RequestOutcome  # noqa: E402
 from app.prompts import PromptCodec  # noqa: E402
 from app.settings import Settings  # noqa: E402
@@ -62,15 +61,6 @@ MODEL_PATH = ROOT / ".blockq" / "models" / "tiny-llama"
 class Phase:
     name: str
     ids: list[str]
-
-
-def _recreate_database(url: str) -> None:
-    parsed = make_url(url)
-    admin = sa.create_engine(parsed.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{parsed.database}" WITH (FORCE)'))
-        conn.execute(sa.text(f'CREATE DATABASE "{parsed.database}"'))
-    admin.dispose()
 
 
 def _split_prompts(rows: Sequence[LengthRow], served: str, max_prompt_tokens: int,
@@ -188,7 +178,7 @@ def main() -> int:
     initial_rows = [r for r in rows if r.model == args.initial_model]
     console.print(f"initial model: {len(initial_rows)} answers of {args.initial_model}; served: "
                   f"{args.served_model}, {len(first)} + {len(second)} prompts")
-    _recreate_database(args.database_url)
+    recreate_database(args.database_url)
     upgrade(args.database_url)
     redis.Redis.from_url(args.redis_url).flushdb()
     with tempfile.TemporaryDirectory() as data_dir:

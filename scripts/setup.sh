@@ -46,6 +46,18 @@ ensure_redis() {
   log "Redis did not start"; exit 1
 }
 
+ensure_chromium() {
+  # Debian's Chromium, headless, renders Flower in the operations tests.
+  command -v chromium >/dev/null 2>&1 && return
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing Debian's chromium (for the Flower test)"
+    apt-get install -y -q chromium >/dev/null 2>&1 || \
+      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null; }
+  else
+    log "chromium missing and apt-get unavailable: the Flower test will fail"
+  fi
+}
+
 ensure_model() {
   "$VENV/bin/python" scripts/build_tiny_model.py --out "$MODEL_DIR"
 }
@@ -54,4 +66,5 @@ ensure_venv
 ensure_redis
 [ "${BLOCKQ_SETUP_POSTGRES:-1}" = 1 ] && ensure_postgres
 ensure_model
+[ "${BLOCKQ_SETUP_CHROMIUM:-1}" = 1 ] && ensure_chromium
 log "ready"

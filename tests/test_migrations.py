@@ -6,8 +6,7 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from app.migrate import alembic_config, downgrade, upgrade
-from tests.conftest import recreate_database
+from app.migrate import alembic_config, downgrade, recreate_database, upgrade
 
 pytestmark = pytest.mark.services
 
