@@ -125,3 +125,25 @@ def test_streams_flow_while_generating_and_a_dropped_stream_cancels(
             break
         time.sleep(0.2)
     assert status == "cancelled"  # the client hung up: nobody generates for it any more
+
+
+@pytest.mark.vllm
+def test_chat_completions_on_vllm_stream_the_real_engines_tokens(
+    start_stack: Callable[..., Stack],  # noqa: F811
+) -> None:
+    stack = start_stack(1)  # the real vLLM engine with the tiny model
+    client = _client(stack)
+    messages = [{"role": "user", "content": "Hello, who are you?"}]
+    model = stack.settings.model_name
+
+    pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=model, messages=messages, max_tokens=24, seed=7, temperature=0.0, stream=True)
+        if c.choices]
+    whole = client.chat.completions.create(model=model, messages=messages, max_tokens=24,
+                                           seed=7, temperature=0.0)
+
+    assert len([p for p in pieces if p]) > 1
+    native = _native(stack, whole.id)
+    assert native["output"] == whole.choices[0].message.content
+    assert "".join(pieces) == whole.choices[0].message.content  # greedy: the same answer
+    assert whole.usage is not None and whole.usage.completion_tokens == native["output_tokens"]
