@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
-from app import dispatch, store
+from app import dispatch, logs, store
 from app.errors import Conflict, InvalidRequest, Unprocessable
 from app.extensions import Services
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
+from app.prompts import PromptCodec
 from app.schemas import CreateRequest, parse_body
+from app.settings import Settings
 
-__all__ = ["submit_request", "cancel_request", "request_fields"]
+__all__ = ["submit_request", "cancel_request", "request_fields", "PromptContext"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,12 +40,26 @@ def submit_request(
     scoped_key = None if idempotency_key is None else f"{team_id}:{idempotency_key}"
     with services.db.session() as session:
         request, created = store.create_request(session, fields, idempotency_key=scoped_key)
+    logs.bind_request_id(request.id)
     if created:
+        logger.info("request created", extra={"priority": request.priority,
+                                              "prompt_tokens": request.prompt_tokens,
+                                              "max_tokens": request.max_tokens})
         _enqueue_or_leave_for_recovery(services, request)
     return request, created
 
 
-def request_fields(services: Services, parsed: CreateRequest) -> dict[str, Any]:
+class PromptContext(Protocol):
+    """What `request_fields` needs: the API's Services, or a worker's runtime (batch lines)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def prompts(self) -> PromptCodec: ...
+
+
+def request_fields(services: PromptContext, parsed: CreateRequest) -> dict[str, Any]:
     """The columns of a new request: the prompt rendered and counted, max_tokens checked
     against the context (422 when it does not fit)."""
     settings = services.settings

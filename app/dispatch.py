@@ -28,6 +28,12 @@ __all__ = [
     "enqueue_generate",
     "enqueue_webhook",
     "enqueue_retrain",
+    "QUEUE_BATCHES",
+    "TASK_BATCH_EXPAND",
+    "TASK_BATCH_RELEASE",
+    "TASK_BATCH_EXPIRE",
+    "TASK_BATCH_FINALIZE",
+    "enqueue_batch_task",
 ]
 
 logger = logging.getLogger(__name__)
@@ -37,6 +43,7 @@ QUEUE_ROUTE = "route"
 QUEUE_WEBHOOKS = "webhooks"
 QUEUE_HEALTH = "health"
 QUEUE_LEARN = "learn"
+QUEUE_BATCHES = "batches"
 
 TASK_PREDICT = "predict.annotate"
 TASK_ROUTE = "route.dispatch"
@@ -45,6 +52,10 @@ TASK_WEBHOOK = "webhooks.deliver"
 TASK_REQUEUE_ORPHANS = "health.requeue_orphans"
 TASK_RETRAIN_LENGTH = "learn.retrain_length"
 TASK_REFIT_EXEC = "learn.refit_exec"
+TASK_BATCH_EXPAND = "batches.expand"
+TASK_BATCH_RELEASE = "batches.release"
+TASK_BATCH_EXPIRE = "batches.expire"
+TASK_BATCH_FINALIZE = "batches.finalize"
 
 
 def enqueue_predict(celery: Celery, request_id: str, *, priority: int) -> None:
@@ -80,8 +91,14 @@ def enqueue_generate(
     )
 
 
-def enqueue_webhook(celery: Celery, request_id: str, event_type: str) -> None:
-    celery.send_task(TASK_WEBHOOK, args=[request_id, event_type], queue=QUEUE_WEBHOOKS)
+def enqueue_webhook(celery: Celery, subject_id: str, event_type: str) -> None:
+    """`subject_id`: the request (`request.*` events) or the batch (`batch.*` events)."""
+    celery.send_task(TASK_WEBHOOK, args=[subject_id, event_type], queue=QUEUE_WEBHOOKS)
+
+
+def enqueue_batch_task(celery: Celery, task_name: str, batch_id: str) -> None:
+    """One of the batch tasks (expand, finalize) for one batch."""
+    celery.send_task(task_name, args=[batch_id], queue=QUEUE_BATCHES)
 
 
 def enqueue_retrain(celery: Celery, *, reason: str) -> None:

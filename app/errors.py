@@ -9,7 +9,7 @@ from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 
 __all__ = ["BlockqError", "InvalidRequest", "Unauthorized", "PermissionDenied", "NotFound",
-           "Conflict", "Unprocessable", "init_app"]
+           "Conflict", "Unprocessable", "PayloadTooLarge", "init_app"]
 
 
 class BlockqError(Exception):
@@ -62,6 +62,11 @@ class Conflict(BlockqError):
 
 class Unprocessable(BlockqError):
     status = 422
+    type = "invalid_request_error"
+
+
+class PayloadTooLarge(BlockqError):
+    status = 413
     type = "invalid_request_error"
 
 

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     DateTime,
     ForeignKey,
     Index,
@@ -35,6 +36,12 @@ __all__ = [
     "ApiKey",
     "ModelVersion",
     "ModelStatus",
+    "StoredFile",
+    "FilePurpose",
+    "Batch",
+    "BatchStatus",
+    "BatchLine",
+    "LineStatus",
     "utcnow",
 ]
 
@@ -148,6 +155,11 @@ class InferenceRequest(Base):
     routing: Mapped[dict[str, Any] | None]
     # Incremented at each routing; an engine runs a request only for the current attempt.
     attempt: Mapped[int] = mapped_column(default=0)
+    # Set when the request runs one line of a batch (/v1/batches): the batch, the line's
+    # custom_id and its 1-based line number in the input file.
+    batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id"))
+    custom_id: Mapped[str | None] = mapped_column(Text)
+    batch_line: Mapped[int | None]
 
     output_text: Mapped[str | None] = mapped_column(Text)
     output_tokens: Mapped[int | None]
@@ -171,6 +183,7 @@ class InferenceRequest(Base):
         Index("ix_requests_instance_id_status", "instance_id", "status"),
         Index("ix_requests_created_at", "created_at"),
         Index("ix_requests_team_id_created_at", "team_id", "created_at"),
+        Index("ix_requests_batch_id_status", "batch_id", "status"),
     )
 
 
@@ -223,12 +236,13 @@ class EngineStepSample(Base):
 
 
 class WebhookDelivery(Base):
-    """One attempt to deliver one webhook event."""
+    """One attempt to deliver one webhook event: of a request, or of a batch."""
 
     __tablename__ = "webhook_deliveries"
 
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
-    request_id: Mapped[str] = mapped_column(ForeignKey("requests.id", ondelete="CASCADE"))
+    request_id: Mapped[str | None] = mapped_column(ForeignKey("requests.id", ondelete="CASCADE"))
+    batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id", ondelete="CASCADE"))
     # webhook-id header: the same for every attempt of one event, so receivers can dedupe.
     event_id: Mapped[str] = mapped_column(String(64))
     event_type: Mapped[str] = mapped_column(String(64))
@@ -240,7 +254,10 @@ class WebhookDelivery(Base):
     duration_ms: Mapped[float]
     at: Mapped[Timestamp] = mapped_column(default=utcnow)
 
-    __table_args__ = (Index("ix_webhook_deliveries_request_id", "request_id", "attempt"),)
+    __table_args__ = (
+        Index("ix_webhook_deliveries_request_id", "request_id", "attempt"),
+        Index("ix_webhook_deliveries_batch_id", "batch_id", "attempt"),
+    )
 
 
 class RequestOutcome(Base):
@@ -339,3 +356,112 @@ class ApiKey(Base):
     is_admin: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[Timestamp] = mapped_column(default=utcnow)
     revoked_at: Mapped[OptionalTimestamp]
+
+
+class FilePurpose(enum.StrEnum):
+    BATCH = "batch"  # uploaded: a batch input file
+    BATCH_OUTPUT = "batch_output"  # written by blockq: a batch's output or error file
+
+
+class StoredFile(Base):
+    """A file of the Files API. The bytes live in the files directory (app.storage), named by
+    the id; this row is what the API lists and shows."""
+
+    __tablename__ = "files"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    team_id: Mapped[str] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"))
+    purpose: Mapped[str] = mapped_column(String(32))
+    filename: Mapped[str] = mapped_column(String(255))
+    size_bytes: Mapped[int] = mapped_column("bytes", BigInteger)
+    created_at: Mapped[Timestamp] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_files_team_id_created_at", "team_id", "created_at"),)
+
+
+class BatchStatus(enum.StrEnum):
+    """OpenAI's batch lifecycle: validating -> in_progress -> finalizing -> completed, or
+    failed (the input file), expired (the window passed), cancelling -> cancelled."""
+
+    VALIDATING = "validating"
+    FAILED = "failed"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+
+class Batch(Base):
+    """A batch of requests read from an input file (/v1/batches)."""
+
+    __tablename__ = "batches"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    team_id: Mapped[str] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16), default=BatchStatus.VALIDATING)
+    # The terminal status finalization will set: completed, cancelled or expired.
+    final_status: Mapped[str | None] = mapped_column(String(16))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    # No foreign key: a batch keeps naming its files after they are deleted, as OpenAI's do.
+    input_file_id: Mapped[str] = mapped_column(String(40))
+    completion_window: Mapped[str] = mapped_column(String(8))
+    batch_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
+    # The served model, once a line asked for it.
+    model: Mapped[str | None] = mapped_column(String(255))
+    # Lines in the input file, once it is read.
+    num_lines: Mapped[int | None]
+    # Why the batch failed: OpenAI's BatchError objects (code, message, param, line).
+    errors: Mapped[list[Any] | None]
+    output_file_id: Mapped[str | None] = mapped_column(String(40))
+    error_file_id: Mapped[str | None] = mapped_column(String(40))
+
+    created_at: Mapped[Timestamp] = mapped_column(default=utcnow)
+    updated_at: Mapped[Timestamp] = mapped_column(default=utcnow, onupdate=utcnow)
+    expires_at: Mapped[Timestamp]
+    in_progress_at: Mapped[OptionalTimestamp]
+    finalizing_at: Mapped[OptionalTimestamp]
+    completed_at: Mapped[OptionalTimestamp]
+    failed_at: Mapped[OptionalTimestamp]
+    expired_at: Mapped[OptionalTimestamp]
+    cancelling_at: Mapped[OptionalTimestamp]
+    cancelled_at: Mapped[OptionalTimestamp]
+
+    __table_args__ = (
+        Index("ix_batches_team_id_created_at", "team_id", "created_at"),
+        Index("ix_batches_status_expires_at", "status", "expires_at"),
+    )
+
+
+class LineStatus(enum.StrEnum):
+    PENDING = "pending"  # valid, not released yet: no request row exists
+    RELEASED = "released"  # its request exists; the request's status says the rest
+    INVALID = "invalid"  # failed validation; `error` says why; never runs
+    CANCELLED = "cancelled"  # never released: the batch was cancelled or expired first
+
+
+class BatchLine(Base):
+    """One line of a batch's input file, from expansion to finalization.
+
+    NOTE: valid lines wait here, not in `requests`, until the releaser lets them run: the
+    orphan sweep re-enqueues stale queued requests, and must never start what the releaser
+    holds back. A released line's request has the id `request_id` given at expansion.
+    """
+
+    __tablename__ = "batch_lines"
+
+    batch_id: Mapped[str] = mapped_column(
+        ForeignKey("batches.id", ondelete="CASCADE"), primary_key=True
+    )
+    line: Mapped[int] = mapped_column(primary_key=True)  # 1-based, in the input file
+    custom_id: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16))
+    request_id: Mapped[str] = mapped_column(String(40))
+    # The request's columns (app.commands.request_fields) until release, then None.
+    fields: Mapped[dict[str, Any] | None]
+    # Why an invalid line was refused: status_code, and OpenAI's error object fields.
+    error: Mapped[dict[str, Any] | None]
+
+    # Pending lines in file order for the releaser; counts by status.
+    __table_args__ = (Index("ix_batch_lines_batch_id_status", "batch_id", "status", "line"),)

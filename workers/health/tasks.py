@@ -20,7 +20,11 @@ _BEFORE_ROUTING = (RequestStatus.QUEUED, RequestStatus.PREDICTING)
 
 @shared_task(name=dispatch.TASK_REQUEUE_ORPHANS)
 def requeue_orphans() -> dict[str, int]:
-    """Re-route work of dead instances; re-enqueue requests stuck before routing."""
+    """Re-route work of dead instances; re-enqueue requests stuck before routing.
+
+    Batch lines the releaser holds back are not requests yet (they wait in `batch_lines`), so
+    this sweep never starts them; it only recovers batch requests already released.
+    """
     rt = runtime.get()
     dead = [s.instance_id for s in rt.fleet.statuses() if not s.alive]
     rerouted = _reroute_from(dead) if dead else 0

@@ -7,8 +7,6 @@ import logging
 from typing import Any
 
 from celery import shared_task
-from redis.exceptions import LockError
-from redis.lock import Lock
 from sqlalchemy import select
 
 from app import dispatch
@@ -16,6 +14,7 @@ from app.models import Instance
 from app.settings import Settings
 from workers import runtime
 from workers.learn.loop import LoopConfig, LoopReport, refit_exec_model, retrain_length_model
+from workers.locks import held
 
 __all__ = ["retrain_length", "refit_exec", "loop_config", "run_retrain", "run_refit"]
 
@@ -36,26 +35,14 @@ def run_retrain(rt: runtime.Runtime) -> LoopReport:
     model_name = rt.settings.model_name
     if rt.settings.length_predictor != "learned":
         return LoopReport("length", model_name, "skipped", "length_predictor is not 'learned'")
-    lock = rt.redis.lock(f"blockq:learn:retrain:{model_name}", timeout=_RETRAIN_LOCK_S,
-                         blocking=False)
-    if not lock.acquire():
-        return LoopReport("length", model_name, "skipped", "a retrain is already running")
-    try:
+    with held(rt.redis, f"blockq:learn:retrain:{model_name}", ttl_s=_RETRAIN_LOCK_S) as mine:
+        if not mine:
+            return LoopReport("length", model_name, "skipped", "a retrain is already running")
         report = retrain_length_model(rt.db, rt.length_model.get(), model_name=model_name,
                                       config=loop_config(rt.settings))
-    finally:
-        _release(lock, model_name)
     if report.outcome == "promoted":
         rt.bias_watch.reset(model_name)  # the correction belonged to the previous version
     return report
-
-
-def _release(lock: Lock, model_name: str) -> None:
-    # NOTE: the retrain's result is registered already; a lock lost meanwhile must not fail it.
-    try:
-        lock.release()
-    except LockError:
-        logger.warning("the retrain lock of %s was lost before the retrain ended", model_name)
 
 
 def run_refit(rt: runtime.Runtime, instance_ids: list[str] | None = None) -> list[LoopReport]:

@@ -1,1 +1,1 @@
-"""Webhooks: signed delivery of terminal request events, with retries."""
+"""Webhooks: signed delivery of terminal request and batch events, with retries."""

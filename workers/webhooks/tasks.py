@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -10,49 +9,39 @@ import time
 import httpx
 from celery import Task, shared_task
 
-from app import dispatch, store
-from app.models import InferenceRequest, WebhookDelivery
+from app import dispatch
+from app.models import WebhookDelivery
 from workers import runtime
+from workers.webhooks.events import load_event
 from workers.webhooks.secret import webhook_secret
 from workers.webhooks.signing import signed_headers
 
 logger = logging.getLogger(__name__)
 
 
-def event_id(request_id: str, event_type: str) -> str:
-    """Stable across retries and redeliveries, so receivers can drop duplicates."""
-    return "msg_" + hashlib.sha256(f"{request_id}:{event_type}".encode()).hexdigest()[:32]
-
-
 @shared_task(name=dispatch.TASK_WEBHOOK, bind=True, max_retries=None)
-def deliver(self: Task, request_id: str, event_type: str) -> None:
+def deliver(self: Task, subject_id: str, event_type: str) -> None:
+    """Deliver one event about a request (`request.*`) or a batch (`batch.*`), signed; every
+    attempt is recorded, failed ones are retried with exponential backoff."""
     rt = runtime.get()
     settings = rt.settings
     attempt = self.request.retries + 1
     with rt.db.session() as session:
-        request = session.get(InferenceRequest, request_id)
-        if request is None or not request.webhook_url:
-            return
-        url = request.webhook_url
-        msg_id = event_id(request_id, event_type)
-        payload = {
-            "id": msg_id,
-            "object": "event",
-            "type": event_type,
-            "created_at": int(time.time()),
-            "data": store.request_to_dict(request),
-        }
-    body = json.dumps(payload).encode()
-    headers = signed_headers(webhook_secret(settings), msg_id, int(time.time()), body)
-    status_code, error, elapsed_ms = _post(url, body, headers, timeout_s=settings.webhook_timeout_s)
+        event = load_event(session, subject_id, event_type)
+    if event is None:
+        return
+    body = json.dumps(event.payload).encode()
+    headers = signed_headers(webhook_secret(settings), event.id, int(time.time()), body)
+    status_code, error, elapsed_ms = _post(event.url, body, headers,
+                                           timeout_s=settings.webhook_timeout_s)
     succeeded = status_code is not None and 200 <= status_code < 300
     with rt.db.session() as session:
         session.add(
             WebhookDelivery(
-                request_id=request_id,
-                event_id=msg_id,
+                **event.subject,
+                event_id=event.id,
                 event_type=event_type,
-                url=url,
+                url=event.url,
                 attempt=attempt,
                 status_code=status_code,
                 error=error,
@@ -63,7 +52,8 @@ def deliver(self: Task, request_id: str, event_type: str) -> None:
     if succeeded:
         return
     if attempt >= settings.webhook_max_attempts:
-        logger.warning("webhook %s for %s gave up after %d attempts", msg_id, request_id, attempt)
+        logger.warning("webhook %s for %s gave up after %d attempts", event.id, subject_id,
+                       attempt)
         return
     raise self.retry(countdown=settings.webhook_backoff_s * 2 ** (attempt - 1))
 

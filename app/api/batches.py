@@ -1,0 +1,50 @@
+"""The Batch API (OpenAI's /v1/batches): create, show, list, cancel."""
+
+from __future__ import annotations
+
+from flask import Blueprint, jsonify, request
+from flask.typing import ResponseReturnValue
+
+from app import batches
+from app.auth import current_principal
+from app.errors import InvalidRequest
+from app.extensions import services
+from app.pagination import list_object, page_query
+
+bp = Blueprint("batches", __name__, url_prefix="/v1/batches")
+
+#: OpenAI's limits of GET /v1/batches.
+DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT = 20, 100
+
+
+@bp.post("")
+def create() -> ResponseReturnValue:
+    body = request.get_json(silent=True)
+    if body is None:
+        raise InvalidRequest("The request body must be valid JSON.", code="invalid_json")
+    batch = batches.create_batch(services(), body, team_id=current_principal().team_id)
+    return show(batch.id)
+
+
+@bp.get("/<batch_id>")
+def show(batch_id: str) -> ResponseReturnValue:
+    with services().db.session() as session:
+        batch = batches.get_batch(session, batch_id, team_id=current_principal().team_id)
+        counts = batches.line_counts(session, [batch.id])[batch.id]
+        return jsonify(batches.batch_to_dict(batch, counts))
+
+
+@bp.get("")
+def index() -> ResponseReturnValue:
+    query = page_query(request.args, default_limit=DEFAULT_LIST_LIMIT, max_limit=MAX_LIST_LIMIT)
+    with services().db.session() as session:
+        page = batches.list_batches(session, query, team_id=current_principal().team_id)
+        counts = batches.line_counts(session, [b.id for b in page.items])
+        data = [batches.batch_to_dict(b, counts[b.id]) for b in page.items]
+    return jsonify(list_object(data, has_more=page.has_more))
+
+
+@bp.post("/<batch_id>/cancel")
+def cancel(batch_id: str) -> ResponseReturnValue:
+    batches.cancel_batch(services(), batch_id, team_id=current_principal().team_id)
+    return show(batch_id)

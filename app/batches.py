@@ -1,0 +1,239 @@
+"""The Batch API's domain, apart from HTTP: create, look up, list and cancel batches, count their
+lines, and the OpenAI Batch object.
+
+A batch is created `validating` and handed to the batch workers (`workers/batch`), which read its
+input file into `batch_lines`, release the lines to the request pipeline at a fair pace, and write
+the output and error files. Counts are aggregated in SQL from `batch_lines` and `requests`, so a
+50,000-line batch is never loaded to be counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, field_validator
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from app import dispatch
+from app.errors import Conflict, InvalidRequest, NotFound
+from app.extensions import Services
+from app.models import (
+    Batch,
+    BatchLine,
+    BatchStatus,
+    FilePurpose,
+    InferenceRequest,
+    LineStatus,
+    RequestStatus,
+    StoredFile,
+    utcnow,
+)
+from app.openai_schemas import body_model_for
+from app.pagination import Page, PageQuery, cursor_page
+from app.schemas import parse_body
+
+__all__ = ["CreateBatch", "LineCounts", "create_batch", "get_batch", "list_batches",
+           "cancel_batch", "line_counts", "batch_to_dict", "new_batch_id", "STOPPABLE",
+           "TERMINAL_BATCH_STATUSES", "EVENT_TYPES"]
+
+logger = logging.getLogger(__name__)
+
+#: Statuses a cancel or the completion window can still stop.
+STOPPABLE = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
+TERMINAL_BATCH_STATUSES = frozenset({BatchStatus.COMPLETED, BatchStatus.FAILED,
+                                     BatchStatus.EXPIRED, BatchStatus.CANCELLED})
+#: The webhook event each terminal status sends (OpenAI's batch event types).
+EVENT_TYPES = {status: f"batch.{status}" for status in TERMINAL_BATCH_STATUSES}
+COMPLETION_WINDOWS = ("24h",)
+MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
+
+
+def new_batch_id() -> str:
+    return f"batch_{uuid.uuid4().hex}"
+
+
+class CreateBatch(BaseModel):
+    """Body of POST /v1/batches."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is None:
+            return value
+        if len(value) > MAX_METADATA_KEYS:
+            raise ValueError(f"at most {MAX_METADATA_KEYS} keys")
+        for key, item in value.items():
+            if len(key) > MAX_METADATA_KEY_CHARS or len(item) > MAX_METADATA_VALUE_CHARS:
+                raise ValueError(f"keys are at most {MAX_METADATA_KEY_CHARS} characters, "
+                                 f"values at most {MAX_METADATA_VALUE_CHARS}")
+        return value
+
+
+def create_batch(services: Services, body: Any, *, team_id: str) -> Batch:
+    """Validate, persist `validating`, then ask a batch worker to read the input file."""
+    parsed = parse_body(CreateBatch, body)
+    body_model_for(parsed.endpoint)  # 400 naming the endpoints we serve
+    if parsed.completion_window not in COMPLETION_WINDOWS:
+        raise InvalidRequest(f"Invalid completion_window '{parsed.completion_window}': only "
+                             f"{', '.join(COMPLETION_WINDOWS)} is supported.",
+                             param="completion_window", code="invalid_value")
+    now = utcnow()
+    with services.db.session() as session:
+        _check_input_file(session, parsed.input_file_id, team_id=team_id)
+        batch = Batch(id=new_batch_id(), team_id=team_id, status=BatchStatus.VALIDATING,
+                      endpoint=parsed.endpoint, input_file_id=parsed.input_file_id,
+                      completion_window=parsed.completion_window, batch_metadata=parsed.metadata,
+                      created_at=now, updated_at=now,
+                      expires_at=now + timedelta(
+                          seconds=services.settings.batch_completion_window_s))
+        session.add(batch)
+    try:
+        dispatch.enqueue_batch_task(services.celery, dispatch.TASK_BATCH_EXPAND, batch.id)
+    except Exception:  # noqa: BLE001 - committed; the releaser re-sends stale validations
+        logger.exception("enqueue failed for %s; left for the batch releaser", batch.id)
+    return batch
+
+
+def _check_input_file(session: Session, file_id: str, *, team_id: str) -> None:
+    row = session.get(StoredFile, file_id)
+    if row is None or row.team_id != team_id:
+        raise InvalidRequest(f"No such File object: {file_id}", param="input_file_id",
+                             code="invalid_value")
+    if row.purpose != FilePurpose.BATCH:
+        raise InvalidRequest(f"The input file must have purpose 'batch', '{file_id}' has "
+                             f"'{row.purpose}'.", param="input_file_id", code="invalid_value")
+
+
+def get_batch(session: Session, batch_id: str, *, team_id: str) -> Batch:
+    batch = session.get(Batch, batch_id)
+    if batch is None or batch.team_id != team_id:
+        raise NotFound(f"No batch found with id '{batch_id}'.", param="id", code="not_found")
+    return batch
+
+
+def list_batches(session: Session, query: PageQuery, *, team_id: str) -> Page[Batch]:
+    return cursor_page(session, Batch, query, [Batch.team_id == team_id])
+
+
+def cancel_batch(services: Services, batch_id: str, *, team_id: str) -> None:
+    """Start cancelling: the batch workers withdraw its unreleased lines, cancel its requests in
+    flight and write what finished. Cancelling again is a no-op; a finished batch is a 409."""
+    now = utcnow()
+    with services.db.session() as session:
+        batch = get_batch(session, batch_id, team_id=team_id)
+        changed = session.execute(
+            update(Batch)
+            .where(Batch.id == batch_id, Batch.status.in_([str(s) for s in STOPPABLE]))
+            .values(status=BatchStatus.CANCELLING, final_status=BatchStatus.CANCELLED,
+                    cancelling_at=now, updated_at=now)
+            .execution_options(synchronize_session=False)
+        ).rowcount  # type: ignore[attr-defined]
+        session.refresh(batch)
+        if batch.status not in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
+            raise Conflict(f"Batch '{batch_id}' is already {batch.status}; it cannot be "
+                           "cancelled.", param="id", code="batch_not_cancellable")
+    if not changed:
+        return
+    try:
+        dispatch.enqueue_batch_task(services.celery, dispatch.TASK_BATCH_FINALIZE, batch_id)
+    except Exception:  # noqa: BLE001 - committed; the releaser re-sends stale cancellations
+        logger.exception("enqueue failed for %s; left for the batch releaser", batch_id)
+
+
+@dataclass(frozen=True, slots=True)
+class LineCounts:
+    """A batch's lines by outcome, and the tokens of its succeeded requests."""
+
+    completed: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+def line_counts(session: Session, batch_ids: Iterable[str]) -> dict[str, LineCounts]:
+    """Counts of many batches in two grouped queries (index-only on both tables).
+
+    failed = lines refused at validation + requests that failed; a line cancelled or expired
+    before it finished counts as neither completed nor failed, as in OpenAI's request_counts.
+    """
+    ids = list(batch_ids)
+    if not ids:
+        return {}
+    totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    invalid = session.execute(
+        select(BatchLine.batch_id, func.count())
+        .where(BatchLine.batch_id.in_(ids), BatchLine.status == LineStatus.INVALID)
+        .group_by(BatchLine.batch_id)
+    )
+    for batch_id, count in invalid:
+        totals[batch_id]["failed"] += count
+    finished = session.execute(
+        select(InferenceRequest.batch_id, InferenceRequest.status, func.count(),
+               func.coalesce(func.sum(InferenceRequest.prompt_tokens), 0),
+               func.coalesce(func.sum(InferenceRequest.output_tokens), 0))
+        .where(InferenceRequest.batch_id.in_(ids),
+               InferenceRequest.status.in_([RequestStatus.SUCCEEDED, RequestStatus.FAILED]))
+        .group_by(InferenceRequest.batch_id, InferenceRequest.status)
+    )
+    for batch_id, status, count, prompt_tokens, output_tokens in finished:
+        if status == RequestStatus.FAILED:
+            totals[batch_id]["failed"] += count
+            continue
+        totals[batch_id]["completed"] += count
+        totals[batch_id]["input_tokens"] += int(prompt_tokens)
+        totals[batch_id]["output_tokens"] += int(output_tokens)
+    return {batch_id: LineCounts(**totals[batch_id]) for batch_id in ids}
+
+
+def _unix(value: datetime | None) -> int | None:
+    return None if value is None else int(value.timestamp())
+
+
+#: Stages with a `<stage>_at` timestamp (the same names in the table and in the Batch object).
+_STAGES = ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling",
+           "cancelled")
+
+
+def batch_to_dict(batch: Batch, counts: LineCounts) -> dict[str, Any]:
+    """OpenAI's Batch object."""
+    body: dict[str, Any] = {
+        "id": batch.id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "model": batch.model,
+        "errors": {"object": "list", "data": batch.errors} if batch.errors else None,
+        "input_file_id": batch.input_file_id,
+        "completion_window": batch.completion_window,
+        "status": batch.status,
+        "output_file_id": batch.output_file_id,
+        "error_file_id": batch.error_file_id,
+        "created_at": _unix(batch.created_at),
+        "expires_at": _unix(batch.expires_at),
+    }
+    for stage in _STAGES:
+        body[f"{stage}_at"] = _unix(getattr(batch, f"{stage}_at"))
+    body["request_counts"] = {"total": batch.num_lines or 0, "completed": counts.completed,
+                              "failed": counts.failed}
+    body["metadata"] = batch.batch_metadata
+    body["usage"] = {
+        "input_tokens": counts.input_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": counts.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": counts.input_tokens + counts.output_tokens,
+    }
+    return body

@@ -1,0 +1,46 @@
+"""The fair-share allocation of batch slots (pure)."""
+
+from __future__ import annotations
+
+from workers.batch.fair_share import Flow, allocate
+
+
+def flow(batch_id: str, team_id: str, *, share: int = 1, in_flight: int = 0,
+         pending: int = 1000) -> Flow:
+    return Flow(batch_id, team_id, share, in_flight, pending)
+
+
+def test_a_team_alone_gets_every_free_slot_up_to_its_pending_lines() -> None:
+    assert allocate([flow("b1", "t1")], 8) == {"b1": 8}
+    assert allocate([flow("b1", "t1", pending=3)], 8) == {"b1": 3}
+    assert allocate([flow("b1", "t1")], 0) == {}
+    assert allocate([flow("b1", "t1")], -2) == {}  # over the limit already
+
+
+def test_free_slots_go_by_share() -> None:
+    grants = allocate([flow("a", "big", share=3), flow("b", "small", share=1)], 8)
+    assert grants == {"a": 6, "b": 2}
+
+
+def test_a_team_over_its_share_waits_until_the_other_catches_up() -> None:
+    flows = [flow("a", "early", in_flight=8), flow("b", "late")]
+    assert allocate(flows, 0) == {}
+    assert allocate(flows, 1) == {"b": 1}  # a slot freed by "early" goes to "late"
+    assert allocate([flow("a", "early", in_flight=5), flow("b", "late", in_flight=3)],
+                    2) == {"b": 2}
+
+
+def test_unused_share_goes_to_the_others() -> None:
+    grants = allocate([flow("a", "big", share=3, pending=1), flow("b", "small", share=1)], 8)
+    assert grants == {"a": 1, "b": 7}
+
+
+def test_a_teams_batches_share_its_slots_oldest_first_on_ties() -> None:
+    flows = [flow("old", "t"), flow("new", "t"), flow("other", "u")]
+    assert allocate(flows, 5) == {"old": 2, "new": 1, "other": 2}
+    assert allocate([flow("old", "t", in_flight=4), flow("new", "t")], 2) == {"new": 2}
+
+
+def test_finished_batches_still_count_for_their_team() -> None:
+    flows = [flow("done", "t", in_flight=4, pending=0), flow("more", "t"), flow("x", "u")]
+    assert allocate(flows, 4) == {"x": 4}

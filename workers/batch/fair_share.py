@@ -1,0 +1,72 @@
+"""Fair sharing of batch slots among teams: which batches get the free slots now. Pure: no I/O.
+
+The releaser keeps at most `max_batch_in_flight` batch requests in the pipeline. Each free slot
+goes, one at a time, to the team with the least work in flight per unit of its `share` (among
+teams with lines waiting), and within that team to its batch with the least in flight (the
+oldest on ties). While every team has work waiting, their in-flight counts converge to their
+shares' proportions, and so do their completion rates; a team alone gets every slot. A team
+over its share (it had the slots to itself a moment ago) gets nothing until it is back under.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["Flow", "allocate"]
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """One active batch, as the allocation sees it."""
+
+    batch_id: str
+    team_id: str
+    share: int  # the team's weight (teams.share)
+    num_in_flight: int  # released and not finished
+    num_pending: int  # not released yet
+
+
+@dataclass(slots=True)
+class _Queue:
+    """A batch's running tally during one allocation."""
+
+    order: int
+    batch_id: str
+    num_in_flight: int
+    num_pending: int
+
+
+def allocate(flows: Sequence[Flow], num_free: int) -> dict[str, int]:
+    """Lines to release now per batch id (batches getting none are absent).
+
+    `flows` in creation order (the oldest first wins ties). Every batch of a team must carry
+    the same share.
+    """
+    team_in_flight: dict[str, int] = defaultdict(int)
+    team_share: dict[str, int] = {}
+    queues: dict[str, list[_Queue]] = defaultdict(list)
+    for order, flow in enumerate(flows):
+        team_in_flight[flow.team_id] += flow.num_in_flight
+        team_share[flow.team_id] = max(flow.share, 1)
+        if flow.num_pending > 0:
+            queues[flow.team_id].append(
+                _Queue(order, flow.batch_id, flow.num_in_flight, flow.num_pending))
+    heap = [(team_in_flight[team] / team_share[team], team) for team in queues]
+    heapq.heapify(heap)
+    grants: dict[str, int] = defaultdict(int)
+    for _ in range(max(num_free, 0)):
+        if not heap:
+            break
+        _, team = heapq.heappop(heap)
+        queue = min((q for q in queues[team] if q.num_pending > 0),
+                    key=lambda q: (q.num_in_flight, q.order))
+        grants[queue.batch_id] += 1
+        queue.num_in_flight += 1
+        queue.num_pending -= 1
+        team_in_flight[team] += 1
+        if any(q.num_pending > 0 for q in queues[team]):
+            heapq.heappush(heap, (team_in_flight[team] / team_share[team], team))
+    return dict(grants)

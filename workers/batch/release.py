@@ -1,0 +1,177 @@
+"""The releaser: turns pending batch lines into requests, a fair share at a time, and hands
+batches whose lines all finished to finalization.
+
+Run by beat every `batch_release_interval_s` (one run at a time, under a Redis lock). A released
+line becomes an ordinary request (priority `batch`, status `queued`, committed first, then sent
+to predict), so it goes through predict -> route -> engine like any other, behind interactive
+requests in every queue and engine. At most `max_batch_in_flight` batch requests are unfinished
+at once, over all batches; the free slots are shared among teams by `teams.share`
+(workers.batch.fair_share).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import exists, func, insert, select, update
+from sqlalchemy.orm import Session
+
+from app import dispatch
+from app.models import (
+    Batch,
+    BatchLine,
+    BatchStatus,
+    InferenceRequest,
+    LineStatus,
+    RequestEvent,
+    RequestStatus,
+    Team,
+    utcnow,
+)
+from app.store import ACTIVE_STATUSES
+from workers.batch.fair_share import Flow, allocate
+from workers.batch.locks import RELEASER_LOCK
+from workers.locks import held
+from workers.runtime import Runtime
+
+__all__ = ["ReleaseReport", "release", "finish_done", "recover_stale"]
+
+_ACTIVE = [str(s) for s in ACTIVE_STATUSES]
+
+
+@dataclass
+class ReleaseReport:
+    released: list[str] = field(default_factory=list)  # request ids, to send to predict
+    finished: list[str] = field(default_factory=list)  # batch ids, to finalize
+    stale: list[tuple[str, str]] = field(default_factory=list)  # (task name, batch id) to resend
+
+
+def release(rt: Runtime) -> ReleaseReport:
+    """One round: release lines into free slots, then mark finished batches `finalizing`."""
+    report = ReleaseReport()
+    with held(rt.redis, RELEASER_LOCK, ttl_s=60) as mine:
+        if not mine:
+            return report
+        with rt.db.session() as session:
+            flows, num_in_flight = _flows(session)
+        grants = allocate(flows, rt.settings.max_batch_in_flight - num_in_flight)
+        teams = {f.batch_id: f.team_id for f in flows}
+        for batch_id, count in grants.items():
+            with rt.db.session() as session:
+                report.released += _claim(session, batch_id, teams[batch_id], count)
+        report.finished = finish_done(rt)
+        report.stale = recover_stale(rt)
+    return report
+
+
+def _flows(session: Session) -> tuple[list[Flow], int]:
+    """Active batches (oldest first) with their in-flight and pending counts, and the in-flight
+    count over all batches (stopping ones included: their slots are not free yet)."""
+    in_flight = dict(session.execute(  # type: ignore[arg-type]
+        select(InferenceRequest.batch_id, func.count())
+        .where(InferenceRequest.batch_id.is_not(None), InferenceRequest.status.in_(_ACTIVE))
+        .group_by(InferenceRequest.batch_id)
+    ).all())
+    active = session.execute(
+        select(Batch.id, Batch.team_id, Team.share)
+        .join(Team, Team.id == Batch.team_id)
+        .where(Batch.status == BatchStatus.IN_PROGRESS)
+        .order_by(Batch.created_at, Batch.id)
+    ).all()
+    pending = dict(session.execute(  # type: ignore[arg-type]
+        select(BatchLine.batch_id, func.count())
+        .where(BatchLine.batch_id.in_([row.id for row in active]),
+               BatchLine.status == LineStatus.PENDING)
+        .group_by(BatchLine.batch_id)
+    ).all()) if active else {}
+    flows = [Flow(batch_id=row.id, team_id=row.team_id, share=row.share,
+                  num_in_flight=in_flight.get(row.id, 0), num_pending=pending.get(row.id, 0))
+             for row in active]
+    return flows, sum(in_flight.values())
+
+
+def _claim(session: Session, batch_id: str, team_id: str, count: int) -> list[str]:
+    """Release the batch's next `count` pending lines, in file order: mark them released and
+    insert their requests, in one transaction. Returns the new request ids.
+
+    NOTE: the lines are locked (FOR UPDATE on PostgreSQL) and the UPDATE re-checks `pending`,
+    so a cancel or expiry that withdraws the batch's pending lines concurrently either waits
+    for this release and then cancels its requests, or withdraws the lines first.
+    """
+    rows = session.execute(
+        select(BatchLine.line, BatchLine.custom_id, BatchLine.request_id, BatchLine.fields)
+        .where(BatchLine.batch_id == batch_id, BatchLine.status == LineStatus.PENDING)
+        .order_by(BatchLine.line)
+        .limit(count)
+        .with_for_update(skip_locked=True)
+    ).all()
+    if not rows:
+        return []
+    claimed = set(session.scalars(
+        update(BatchLine)
+        .where(BatchLine.batch_id == batch_id, BatchLine.line.in_([r.line for r in rows]),
+               BatchLine.status == LineStatus.PENDING)
+        .values(status=LineStatus.RELEASED, fields=None)
+        .returning(BatchLine.line)
+        .execution_options(synchronize_session=False)
+    ).all())
+    now = utcnow()
+    requests = [_request_row(row, batch_id, team_id, now) for row in rows if row.line in claimed]
+    if requests:
+        session.execute(insert(InferenceRequest), requests)
+        session.execute(insert(RequestEvent), [
+            {"request_id": r["id"], "status": RequestStatus.QUEUED, "at": now,
+             "detail": f"released from {batch_id} line {r['batch_line']}"} for r in requests])
+    return [r["id"] for r in requests]
+
+
+def _request_row(row: Any, batch_id: str, team_id: str, now: Any) -> dict[str, Any]:
+    assert row.fields is not None, f"pending line {row.line} of {batch_id} has no fields"
+    return {**row.fields, "id": row.request_id, "team_id": team_id,
+            "status": RequestStatus.QUEUED, "batch_id": batch_id, "custom_id": row.custom_id,
+            "batch_line": row.line, "created_at": now, "updated_at": now}
+
+
+def finish_done(rt: Runtime) -> list[str]:
+    """Move `in_progress` batches with no pending line and no unfinished request to
+    `finalizing`; returns their ids."""
+    now = utcnow()
+    no_pending = ~exists().where(BatchLine.batch_id == Batch.id,
+                                 BatchLine.status == LineStatus.PENDING)
+    none_in_flight = ~exists().where(InferenceRequest.batch_id == Batch.id,
+                                     InferenceRequest.status.in_(_ACTIVE))
+    with rt.db.session() as session:
+        return list(session.scalars(
+            update(Batch)
+            .where(Batch.status == BatchStatus.IN_PROGRESS, no_pending, none_in_flight)
+            .values(status=BatchStatus.FINALIZING, final_status=BatchStatus.COMPLETED,
+                    finalizing_at=now, updated_at=now)
+            .returning(Batch.id)
+            .execution_options(synchronize_session=False)
+        ).all())
+
+
+#: The task that moves a batch on from each status where only a task can.
+_RESUME = {
+    BatchStatus.VALIDATING: dispatch.TASK_BATCH_EXPAND,
+    BatchStatus.FINALIZING: dispatch.TASK_BATCH_FINALIZE,
+    BatchStatus.CANCELLING: dispatch.TASK_BATCH_FINALIZE,
+}
+
+
+def recover_stale(rt: Runtime) -> list[tuple[str, str]]:
+    """Batches stuck where a task should be working on them (its message lost: the broker was
+    down when it was sent, or a worker died with it) for `stale_queued_after_s`: touched, and
+    returned with the task to send again. The per-batch lock makes a resend harmless."""
+    cutoff = utcnow() - timedelta(seconds=rt.settings.stale_queued_after_s)
+    with rt.db.session() as session:
+        rows = session.execute(
+            update(Batch)
+            .where(Batch.status.in_([str(s) for s in _RESUME]), Batch.updated_at < cutoff)
+            .values(updated_at=utcnow())
+            .returning(Batch.id, Batch.status)
+            .execution_options(synchronize_session=False)
+        ).all()
+    return [(_RESUME[BatchStatus(status)], batch_id) for batch_id, status in rows]
