@@ -13,8 +13,8 @@ from app.teams import Principal, principal_of
 
 __all__ = ["init_app", "current_principal"]
 
-#: Endpoints anyone may call (probes).
-OPEN_ENDPOINTS = frozenset({"health.healthz", "health.readyz", "static"})
+#: Endpoints anyone may call (probes, and the metrics scraper: keep /metrics off the internet).
+OPEN_ENDPOINTS = frozenset({"health.healthz", "health.readyz", "metrics.scrape", "static"})
 
 
 def current_principal() -> Principal:

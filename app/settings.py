@@ -19,7 +19,8 @@ __all__ = ["Settings", "EngineKind"]
 
 EngineKind = Literal["vllm", "emulated"]
 
-_ENV_NAMES = {"database_url": "DATABASE_URL", "redis_url": "REDIS_URL"}
+_ENV_NAMES = {"database_url": "DATABASE_URL", "redis_url": "REDIS_URL",
+              "prometheus_multiproc_dir": "PROMETHEUS_MULTIPROC_DIR"}
 
 
 class Settings(BaseSettings):
@@ -242,6 +243,14 @@ class Settings(BaseSettings):
     )
 
     # --- webhooks ------------------------------------------------------------------------------
+    flower_port: int = Field(
+        5555, gt=0, lt=65536, description="Port of Flower, which `blockq serve` starts on "
+        "api_host.",
+    )
+    flower_basic_auth: SecretStr | None = Field(
+        None, description="Flower's basic auth, 'user:password'. Unset: generated once into "
+        "data_dir/flower_basic_auth (mode 0600).",
+    )
     webhook_secret: SecretStr | None = Field(
         None,
         description="Standard Webhooks signing secret (whsec_<base64>). Unset: one is generated "
@@ -284,6 +293,30 @@ class Settings(BaseSettings):
     )
 
     log_level: str = Field("INFO", description="Log level of every blockq process.")
+
+    # --- logs and metrics ----------------------------------------------------------------------
+    log_format: Literal["json", "text"] = Field(
+        "json", description="Log lines of every blockq process: one JSON object per line (time, "
+        "level, logger, message, role, request_id), or plain text.",
+    )
+    metrics_port: int | None = Field(
+        None, gt=0, lt=65536, description="Port on which a Celery worker serves its own "
+        "Prometheus metrics (for a worker with no API beside it, e.g. an engine in its own "
+        "container; give each worker on a host its own port). Unset: no metrics server; the "
+        "API's GET /metrics serves every process of the local stack.",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1", description="Address a worker's metrics server (metrics_port) binds to."
+    )
+    prometheus_multiproc_dir: Path | None = Field(
+        None,
+        validation_alias=AliasChoices("PROMETHEUS_MULTIPROC_DIR",
+                                      "BLOCKQ_PROMETHEUS_MULTIPROC_DIR"),
+        description="Directory where the processes of one host write their metrics for the "
+        "API's GET /metrics to add up (prometheus_client's multi-process mode, which reads "
+        "the variable itself at import). The local stack sets it to data_dir/prometheus and "
+        "empties it at start. Unset: /metrics shows the API process's own metrics only.",
+    )
 
     @classmethod
     def load(cls) -> Settings:

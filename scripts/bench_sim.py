@@ -30,9 +30,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.sim import (ExecModel, InstanceConfig, InstanceSnapshot, SimRequest, WhatIf,
-                         bundled_model, predict_what_if, predict_what_if_prepared,
-                         predict_what_if_stepwise, prepare)
+from workers.sim import (
+    ExecModel,
+    InstanceConfig,
+    InstanceSnapshot,
+    SimRequest,
+    WhatIf,
+    bundled_model,
+    predict_what_if,
+    predict_what_if_prepared,
+    predict_what_if_stepwise,
+    prepare,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: ``../shared/data`` next to the repository checkout.

@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 import redis
-import sqlalchemy as sa
-from sqlalchemy.engine import make_url
 
-from app.migrate import upgrade
+from app.migrate import recreate_database, upgrade
 from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,16 +26,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def recreate_database(url: str) -> None:
-    """Drop and create the database named in `url` (connecting to the server's 'postgres')."""
-    parsed = make_url(url)
-    admin = sa.create_engine(parsed.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{parsed.database}" WITH (FORCE)'))
-        conn.execute(sa.text(f'CREATE DATABASE "{parsed.database}"'))
-    admin.dispose()
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +49,9 @@ def fresh_services(model_path: Path, tmp_path: Path) -> Iterator[Settings]:
         data_dir=tmp_path,
         model_path=model_path,
         api_port=free_port(),
+        flower_port=free_port(),
         webhook_secret=TEST_WEBHOOK_SECRET,
+        log_format="text",  # readable test output; the JSON log test asks for json
     )
     client.flushdb()
     client.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import sqlalchemy as sa
 from alembic import command
@@ -30,6 +32,9 @@ def test_upgrade_downgrade_upgrade_on_postgresql() -> None:
         "instances",
         "engine_step_samples",
         "webhook_deliveries",
+        "files",
+        "batches",
+        "batch_lines",
         "alembic_version",
     }
     assert expected <= _tables(MIGRATIONS_DB)
@@ -43,3 +48,14 @@ def test_models_match_migrations() -> None:
     recreate_database(MIGRATIONS_DB)
     upgrade(MIGRATIONS_DB)
     command.check(alembic_config(MIGRATIONS_DB))  # raises when the models drifted
+
+
+def test_upgrade_downgrade_upgrade_on_sqlite(tmp_path: Path) -> None:
+    """The embedded demo database takes every revision too (batch mode for table changes)."""
+    url = f"sqlite:///{tmp_path / 'blockq.sqlite3'}"
+    upgrade(url)
+    command.check(alembic_config(url))
+    downgrade(url, "base")
+    assert _tables(url) == {"alembic_version"}
+    upgrade(url)
+    assert {"requests", "files", "batches", "batch_lines"} <= _tables(url)

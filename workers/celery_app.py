@@ -7,11 +7,14 @@ from typing import Any
 from celery import Celery
 
 from app.dispatch import (
+    QUEUE_BATCHES,
     QUEUE_HEALTH,
     QUEUE_LEARN,
     QUEUE_PREDICT,
     QUEUE_ROUTE,
     QUEUE_WEBHOOKS,
+    TASK_BATCH_EXPIRE,
+    TASK_BATCH_RELEASE,
     TASK_REFIT_EXEC,
     TASK_REQUEUE_ORPHANS,
     TASK_RETRAIN_LENGTH,
@@ -28,6 +31,7 @@ TASK_MODULES = [
     "workers.webhooks.tasks",
     "workers.health.tasks",
     "workers.learn.tasks",
+    "workers.batch.tasks",
 ]
 
 
@@ -58,6 +62,7 @@ def create_celery(settings: Settings) -> Celery:
             "webhooks.*": {"queue": QUEUE_WEBHOOKS},
             "health.*": {"queue": QUEUE_HEALTH},
             "learn.*": {"queue": QUEUE_LEARN},
+            "batches.*": {"queue": QUEUE_BATCHES},
         },
         beat_schedule=_beat_schedule(settings),
         enable_utc=True,
@@ -75,6 +80,8 @@ def _beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
         }
     }
     for name, task, interval in (
+        ("release-batch-lines", TASK_BATCH_RELEASE, settings.batch_release_interval_s),
+        ("expire-batches", TASK_BATCH_EXPIRE, settings.batch_expiry_check_interval_s),
         ("retrain-length-model", TASK_RETRAIN_LENGTH, settings.learn_retrain_interval_s),
         ("refit-exec-models", TASK_REFIT_EXEC, settings.learn_refit_interval_s),
     ):

@@ -85,6 +85,8 @@ def serve() -> None:
         stack.wait_ready(num_instances=settings.num_instances)
         console.print(f"blockq serving at {stack.api_url} (logs in {stack.log_dir}); Ctrl-C stops")
         console.print("API keys: `blockq teams create NAME` makes a team and prints its key")
+        console.print(f"Flower at {stack.flower_url} (basic auth: BLOCKQ_FLOWER_BASIC_AUTH, or "
+                      f"the generated {settings.data_dir / 'flower_basic_auth'})")
         while True:
             stack.check_alive()
             time.sleep(1)

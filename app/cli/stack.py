@@ -18,6 +18,8 @@ from typing import Any
 import httpx
 
 from app.db import Database
+from app.local_secrets import configured_or_generated, new_flower_basic_auth
+from app.metrics import prepare_multiproc_dir
 from app.settings import Settings
 from app.teams import ensure_team_key
 
@@ -70,7 +72,7 @@ def process_commands(settings: Settings) -> dict[str, list[str]]:
         "route": _celery(
             "worker",
             "-Q",
-            "route,health",
+            "route,health,batches",
             "-n",
             "route@%h",
             "--pool",
@@ -94,6 +96,9 @@ def process_commands(settings: Settings) -> dict[str, list[str]]:
             "INFO",
         ),
         "beat": _celery("beat", "-l", "INFO", "-s", str(settings.data_dir / "celerybeat-schedule")),
+        # NOTE: basic auth comes from FLOWER_BASIC_AUTH in its environment, not argv (`ps`).
+        "flower": _celery("flower", f"--address={settings.api_host}",
+                          f"--port={settings.flower_port}"),
     }
     for instance_id in settings.instance_ids:
         commands[instance_id] = _celery(
@@ -132,15 +137,32 @@ class Stack:
 
     def start(self, names: list[str] | None = None) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        # Every process writes its metrics here for the API's /metrics; emptied on a full start.
+        self.env["PROMETHEUS_MULTIPROC_DIR"] = str(prepare_multiproc_dir(
+            self.settings.data_dir / "prometheus", wipe=names is None))
         for name, command in process_commands(self.settings).items():
             if names is None or name in names:
                 self.start_process(name, command)
 
     def start_process(self, name: str, command: list[str]) -> None:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - lives with the process
+        env = self.env
+        if name == "flower":
+            env = {**env, "FLOWER_BASIC_AUTH": self.flower_basic_auth}
         self.processes[name] = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
+
+    @property
+    def flower_url(self) -> str:
+        return f"http://{self.settings.api_host}:{self.settings.flower_port}"
+
+    @property
+    def flower_basic_auth(self) -> str:
+        """'user:password' of Flower: configured, or generated once into data_dir."""
+        return configured_or_generated(self.settings.flower_basic_auth,
+                                       self.settings.data_dir / "flower_basic_auth",
+                                       new_flower_basic_auth)
 
     def wait_ready(self, *, num_instances: int, timeout_s: float = 180.0) -> None:
         """Until the API is ready and `num_instances` engines publish fresh heartbeats."""

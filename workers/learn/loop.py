@@ -10,15 +10,16 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from app.db import Database
 from workers.learn import history, registry
-from workers.predict.dataset import read_rows
-from workers.predict.length_model import LengthPredictor, length_metrics, train
 from workers.sim import ExecModel, evaluate_on_step_samples, fit_from_step_samples
+
+if TYPE_CHECKING:
+    from workers.predict.length_model import LengthPredictor
 
 __all__ = ["LoopConfig", "LoopReport", "retrain_length_model", "refit_exec_model",
            "split_recent"]
@@ -56,6 +57,8 @@ def split_recent(rows: Sequence[Any], holdout_share: float) -> tuple[list[Any], 
 
 def _length_metrics_on(predictor: LengthPredictor, rows: Sequence[dict[str, Any]]
                        ) -> dict[str, float]:
+    from workers.predict.length_model import length_metrics  # noqa: PLC0415 - torch, lazily
+
     predictions = predictor.predict_batch([r["prompt"] for r in rows], [r["model"] for r in rows],
                                           [r["max_tokens"] for r in rows])
     return length_metrics(np.array([p.tokens for p in predictions]),
@@ -70,6 +73,11 @@ def retrain_length_model(db: Database, active: LengthPredictor, *, model_name: s
     `active` is the predictor in use: the candidate shares its encoder and must beat it (MAE in
     tokens) on the newest `holdout_share` of the history to be promoted.
     """
+    # NOTE: torch and the encoder load here, in the worker that retrains, not at task import
+    # (every Celery process imports the task modules).
+    from workers.predict.dataset import read_rows  # noqa: PLC0415
+    from workers.predict.length_model import train  # noqa: PLC0415
+
     with db.session() as session:
         rows = history.length_rows(session, model_name, limit=config.max_rows)
     if len(rows) < config.min_rows:

@@ -9,7 +9,7 @@ import time
 from celery import Celery, shared_task
 from sqlalchemy import select
 
-from app import dispatch, store
+from app import dispatch, metrics, store
 from app.bias import FALLBACK_POLICY
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
 from workers import runtime
@@ -102,6 +102,10 @@ def route(request_id: str, timing: dict[str, float] | None = None) -> None:
     if not routed or attempt is None:
         rt.fleet.unassign(decision.instance_id, request_id)
         return
+    metrics.observe_routing(decision.policy, decision.instance_id, routing)
+    logger.info("routed to %s by %s", decision.instance_id, decision.policy,
+                extra={"instance_id": decision.instance_id, "policy": decision.policy,
+                       "fallback": bool(fallback), "decision_ms": routing["decision_ms"]})
     dispatch.enqueue_generate(
         celery, request_id, instance_id=decision.instance_id, attempt=attempt, priority=priority
     )

@@ -22,7 +22,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from app import dispatch, store
+from app import dispatch, metrics, store
 from app.models import (
     EngineStepSample,
     InferenceRequest,
@@ -61,6 +61,7 @@ class EngineHost(EngineListener):
         self.instance_id = instance_id
         self.engine = make_engine(self)
         self.rt = runtime
+        self._step_metrics = metrics.EngineStepMetrics(instance_id, runtime.settings.engine_kind)
         self.streams = StreamWriter(runtime.redis)
         self._samples: deque[StepSample] = deque(maxlen=100_000)
         self._stop = threading.Event()
@@ -102,9 +103,11 @@ class EngineHost(EngineListener):
 
     def on_step(self, sample: StepSample) -> None:
         self._samples.append(sample)
+        self._step_metrics.observe(sample)
 
     def on_tokens(self, request_id: str, delta_text: str) -> None:
-        self.streams.add(request_id, delta_text)
+        # Streamed text is what the row will store (NUL made storable), byte for byte.
+        self.streams.add(request_id, _storable(delta_text))
 
     # --- one request ---------------------------------------------------------------------------
     def run(self, request_id: str, attempt: int) -> None:
@@ -191,10 +194,17 @@ class EngineHost(EngineListener):
                 history.record_outcome(session, result.request_id, model_name=self.model_name)
                 predicted = session.scalar(select(InferenceRequest.predicted_output_tokens)
                                            .where(InferenceRequest.id == result.request_id))
+                finished = session.get(InferenceRequest, result.request_id)
             webhook_url = done and _webhook_url(session, result.request_id)
         if not done:
             self.streams.discard(result.request_id)
             return  # completed by another attempt, or cancelled meanwhile
+        logger.info("request finished on %s: %d tokens (%s)", self.instance_id,
+                    result.num_output_tokens, result.finish_reason,
+                    extra={"instance_id": self.instance_id,
+                           "output_tokens": result.num_output_tokens,
+                           "finish_reason": result.finish_reason})
+        metrics.observe_completion(finished)
         self.streams.end(result.request_id, attempt, result.finish_reason)
         self._learn_from(predicted, result.num_output_tokens)
         if webhook_url:

@@ -1,0 +1,411 @@
+"""Prometheus metrics of blockq: their definitions, the scrape-time collectors, GET /metrics.
+
+Two kinds of series:
+
+- **Pushed** where the event happens: the engine host at each completion and each engine step,
+  the route task at each decision. Processes write them in prometheus_client's multi-process
+  mode (the directory PROMETHEUS_MULTIPROC_DIR, `Settings.prometheus_multiproc_dir`), so the
+  API's GET /metrics adds up every process of the host. A worker with no API beside it (an
+  engine in its own container) serves its own on `Settings.metrics_port`.
+- **Read when scraped**, by collectors: request counts by status and priority (one GROUP BY),
+  Celery queue depths (Redis LLEN), the engines' published states and the bias watch's fallback.
+
+GET /metrics asks for no API key: it is for the Prometheus scraper, and must not be exposed
+publicly (it names instances, queues and request volumes).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+from wsgiref.simple_server import WSGIServer
+
+import redis
+from flask import Blueprint, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.bias import fallback_state, relative_error
+from app.db import Database
+from app.dispatch import (
+    QUEUE_BATCHES,
+    QUEUE_HEALTH,
+    QUEUE_LEARN,
+    QUEUE_PREDICT,
+    QUEUE_ROUTE,
+    QUEUE_WEBHOOKS,
+)
+from app.extensions import Services, services
+from app.fleet import Fleet
+from app.models import InferenceRequest, Priority, RequestStatus
+from app.settings import Settings
+
+__all__ = [
+    "bp",
+    "observe_completion",
+    "observe_routing",
+    "EngineStepMetrics",
+    "RequestCountCollector",
+    "QueueDepthCollector",
+    "FleetCollector",
+    "FallbackCollector",
+    "GuardedCollectors",
+    "queue_keys",
+    "scrape_registry",
+    "serve_process_metrics",
+    "prepare_multiproc_dir",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Queues every deployment has; engine queues (gpu.<k>) are the registered instances.
+FIXED_QUEUES = (QUEUE_PREDICT, QUEUE_ROUTE, QUEUE_WEBHOOKS, QUEUE_HEALTH, QUEUE_LEARN,
+                QUEUE_BATCHES)
+
+_LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_OVERHEAD_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                       0.25, 0.5, 1, 2.5)
+_STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25,
+                   0.5, 1, 2.5)
+_ERROR_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
+
+# --- pushed metrics ----------------------------------------------------------------------------
+# NOTE: module-level, as prometheus_client intends: a metric is one per process by nature, and
+# labelled metrics write nothing until a call site observes a value.
+REQUEST_TTFT = Histogram(
+    "blockq_request_ttft_seconds",
+    "Time to first token of succeeded requests: from creation at the API to the first token.",
+    ["instance_id", "priority"], buckets=_LATENCY_BUCKETS_S,
+)
+REQUEST_E2E = Histogram(
+    "blockq_request_e2e_seconds",
+    "End-to-end latency of succeeded requests: from creation at the API to the last token.",
+    ["instance_id", "priority"], buckets=_LATENCY_BUCKETS_S,
+)
+LENGTH_PREDICTION_ERROR = Histogram(
+    "blockq_length_prediction_error_ratio",
+    "Relative error of the output-length prediction of succeeded requests: "
+    "|predicted - actual| / actual output tokens.",
+    buckets=_ERROR_BUCKETS,
+)
+LATENCY_PREDICTION_ERROR = Histogram(
+    "blockq_latency_prediction_error_ratio",
+    "Relative error of the routing what-if's end-to-end latency (policies that simulate, e.g. "
+    "block): |predicted - actual| / actual, both from the routing decision.",
+    ["policy"], buckets=_ERROR_BUCKETS,
+)
+ROUTING_DECISIONS = Counter(
+    "blockq_routing_decisions_total",
+    "Routing decisions that committed, by policy in force and chosen instance.",
+    ["policy", "instance_id"],
+)
+ROUTING_OVERHEAD = Histogram(
+    "blockq_routing_overhead_seconds",
+    "Scheduling overhead of a request: from entering predict to its publish on the chosen "
+    "instance's queue (the routing record's overhead_ms).",
+    ["policy"], buckets=_OVERHEAD_BUCKETS_S,
+)
+ROUTING_DECISION_TIME = Histogram(
+    "blockq_routing_decision_seconds",
+    "Time the routing policy took to decide (the routing record's decision_ms).",
+    ["policy"], buckets=_OVERHEAD_BUCKETS_S,
+)
+ENGINE_GENERATED_TOKENS = Counter(
+    "blockq_engine_generated_tokens_total",
+    "Output tokens an engine decoded (the decode tokens of its steps).",
+    ["instance_id", "engine_kind"],
+)
+ENGINE_PROMPT_TOKENS = Counter(
+    "blockq_engine_prompt_tokens_total",
+    "Prompt tokens an engine prefilled (the prefill tokens of its steps).",
+    ["instance_id", "engine_kind"],
+)
+ENGINE_STEP_DURATION = Histogram(
+    "blockq_engine_step_duration_seconds",
+    "Wall time of one engine step (one forward pass of the running batch).",
+    ["instance_id", "engine_kind"], buckets=_STEP_BUCKETS_S,
+)
+
+
+def observe_routing(policy: str, instance_id: str, routing: Mapping[str, Any]) -> None:
+    """One committed routing decision; `routing` is the decision's record (decision_ms and,
+    when the predict stage timed the request, overhead_ms)."""
+    ROUTING_DECISIONS.labels(policy, instance_id).inc()
+    if routing.get("decision_ms") is not None:
+        ROUTING_DECISION_TIME.labels(policy).observe(routing["decision_ms"] / 1000)
+    if routing.get("overhead_ms") is not None:
+        ROUTING_OVERHEAD.labels(policy).observe(routing["overhead_ms"] / 1000)
+
+
+def observe_completion(request: InferenceRequest) -> None:
+    """Latencies and prediction errors of a request that just succeeded (after its commit)."""
+    instance_id, priority = request.instance_id or "", request.priority
+    finished_at = request.finished_at
+    if finished_at is None:
+        return
+    if request.first_token_at is not None:
+        REQUEST_TTFT.labels(instance_id, priority).observe(
+            _seconds(request.created_at, request.first_token_at))
+    REQUEST_E2E.labels(instance_id, priority).observe(_seconds(request.created_at, finished_at))
+    if request.predicted_output_tokens is not None and request.output_tokens is not None:
+        LENGTH_PREDICTION_ERROR.observe(
+            relative_error(request.predicted_output_tokens, request.output_tokens))
+    if request.predicted_e2e_s is not None and request.routed_at is not None:
+        actual_s = _seconds(request.routed_at, finished_at)
+        if actual_s > 0:
+            LATENCY_PREDICTION_ERROR.labels(request.policy or "").observe(
+                abs(request.predicted_e2e_s - actual_s) / actual_s)
+
+
+def _seconds(start: datetime, end: datetime) -> float:
+    return max(0.0, (end - start).total_seconds())
+
+
+class _Step(Protocol):
+    duration_ms: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+
+
+class EngineStepMetrics:
+    """The step metrics of one engine, labels bound once: `observe` runs on the engine's
+    thread between two steps, so it does no more than three in-memory writes."""
+
+    def __init__(self, instance_id: str, engine_kind: str) -> None:
+        self._generated = ENGINE_GENERATED_TOKENS.labels(instance_id, engine_kind)
+        self._prompt = ENGINE_PROMPT_TOKENS.labels(instance_id, engine_kind)
+        self._duration = ENGINE_STEP_DURATION.labels(instance_id, engine_kind)
+
+    def observe(self, sample: _Step) -> None:
+        self._duration.observe(sample.duration_ms / 1000)
+        self._generated.inc(sample.num_decode_tokens)
+        self._prompt.inc(sample.num_prefill_tokens)
+
+
+# --- read when scraped -------------------------------------------------------------------------
+class RequestCountCollector:
+    """`blockq_requests{status, priority}`: requests in the database by current status (every
+    status and priority, zeros included). Terminal statuses only grow until a purge."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def collect(self) -> Iterator[Metric]:
+        counts = {(str(s), str(p)): 0 for s in RequestStatus for p in Priority}
+        with self.db.session() as session:
+            rows = session.execute(
+                select(InferenceRequest.status, InferenceRequest.priority, func.count())
+                .group_by(InferenceRequest.status, InferenceRequest.priority)
+            ).all()
+        for status, priority, count in rows:
+            counts[(status, priority)] = count
+        family = GaugeMetricFamily("blockq_requests", "Requests by current status and priority.",
+                                   labels=["status", "priority"])
+        for (status, priority), count in sorted(counts.items()):
+            family.add_metric([status, priority], count)
+        yield family
+
+
+def queue_keys(queue: str, *, priority_steps: Sequence[int], sep: str) -> list[str]:
+    """The Redis lists of one Celery queue, as kombu's Redis transport names them: the queue
+    itself for the lowest step, `<queue><sep><step>` for each other priority step."""
+    steps = sorted(set(priority_steps)) or [0]
+    return [queue] + [f"{queue}{sep}{step}" for step in steps[1:]]
+
+
+class QueueDepthCollector:
+    """`blockq_queue_messages{queue}`: messages waiting in each Celery queue, all priorities
+    (messages a worker has taken, even if not yet acknowledged, are not counted)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        queues: Callable[[], Iterable[str]],
+        *,
+        priority_steps: Sequence[int],
+        sep: str,
+    ) -> None:
+        self.redis = client
+        self.queues = queues
+        self.priority_steps = priority_steps
+        self.sep = sep
+
+    def depths(self) -> dict[str, int]:
+        names = sorted(set(self.queues()))
+        keys = {name: queue_keys(name, priority_steps=self.priority_steps, sep=self.sep)
+                for name in names}
+        with self.redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                for key in keys[name]:
+                    pipe.llen(key)
+            lengths = iter(pipe.execute())
+        return {name: sum(next(lengths) for _ in keys[name]) for name in names}
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("blockq_queue_messages",
+                                   "Messages waiting in a Celery queue, all priorities.",
+                                   labels=["queue"])
+        for name, depth in self.depths().items():
+            family.add_metric([name], depth)
+        yield family
+
+
+class FleetCollector:
+    """Each instance's published engine state: alive and heartbeat age for every registered
+    instance; running, waiting, assigned and KV-cache usage for the alive ones."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["instance_id", "engine_kind"]
+
+        def gauge(name: str, documentation: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, documentation, labels=labels)
+
+        alive = gauge("blockq_engine_alive", "1 while the instance's heartbeat is fresh, else 0.")
+        age = gauge("blockq_engine_heartbeat_age_seconds",
+                    "Seconds since the instance last published its state.")
+        running = gauge("blockq_engine_running_requests", "Requests in the running batch.")
+        waiting = gauge("blockq_engine_waiting_requests",
+                        "Requests queued in the engine, not scheduled yet (or preempted).")
+        assigned = gauge("blockq_engine_assigned_requests",
+                         "Requests routed to the instance that its engine does not hold yet.")
+        kv_usage = gauge("blockq_engine_kv_cache_usage_ratio",
+                         "Share of the engine's KV-cache blocks in use, 0 to 1.")
+        for status in self.fleet.statuses():
+            values = [status.instance_id, str(status.state.get("engine_kind", "unknown"))]
+            alive.add_metric(values, 1 if status.alive else 0)
+            if status.heartbeat_age_s is not None:
+                age.add_metric(values, status.heartbeat_age_s)
+            if not status.alive:
+                continue  # NOTE: a dead instance's last state is stale; show no load for it
+            running.add_metric(values, status.num_running)
+            waiting.add_metric(values, status.num_waiting)
+            assigned.add_metric(values, status.num_assigned)
+            total = int(status.state.get("num_total_blocks") or 0)
+            if total > 0:
+                free = int(status.state.get("num_free_blocks") or 0)
+                kv_usage.add_metric(values, 1 - free / total)
+        yield from (alive, age, running, waiting, assigned, kv_usage)
+
+
+class FallbackCollector:
+    """The bias watch's round-robin fallback (app.bias.fallback_state)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+
+    def collect(self) -> Iterator[Metric]:
+        state = fallback_state(self.redis)
+        remaining_s = max(0.0, state["until"] - time.time()) if state else 0.0
+        yield GaugeMetricFamily(
+            "blockq_routing_fallback_active",
+            "1 while routing falls back to round_robin because length predictions keep "
+            "missing, else 0.", value=1 if state else 0)
+        yield GaugeMetricFamily("blockq_routing_fallback_remaining_seconds",
+                                "Seconds left of the fallback in force (0 when none).",
+                                value=remaining_s)
+
+
+class GuardedCollectors:
+    """Collects each named collector; one whose database or Redis fails is left out of the
+    scrape (logged, and `blockq_scrape_collector_success` says 0) instead of failing it all."""
+
+    def __init__(self, collectors: Mapping[str, Collector]) -> None:
+        self.collectors = collectors
+
+    def collect(self) -> Iterator[Metric]:
+        success = GaugeMetricFamily(
+            "blockq_scrape_collector_success",
+            "1 when the scrape-time collector read its source, 0 when it failed.",
+            labels=["collector"])
+        for name, collector in self.collectors.items():
+            try:
+                families = list(collector.collect())
+            except (SQLAlchemyError, redis.RedisError):
+                logger.warning("metrics collector %s failed", name, exc_info=True)
+                success.add_metric([name], 0)
+                continue
+            success.add_metric([name], 1)
+            yield from families
+        yield success
+
+
+class _ThisProcess:
+    """This process's own pushed metrics (no multi-process directory configured)."""
+
+    def collect(self) -> Iterator[Metric]:
+        return REGISTRY.collect()
+
+
+def scrape_registry(svc: Services) -> CollectorRegistry:
+    """What one scrape of GET /metrics shows: the pushed metrics of every process of the host
+    (or of this process alone) and the scrape-time collectors."""
+    registry = CollectorRegistry()
+    multiproc_dir = svc.settings.prometheus_multiproc_dir
+    if multiproc_dir is not None:
+        MultiProcessCollector(registry, path=str(multiproc_dir))
+    else:
+        registry.register(_ThisProcess())
+    transport = svc.celery.conf.broker_transport_options or {}
+    fleet = svc.fleet
+    registry.register(GuardedCollectors({
+        "requests": RequestCountCollector(svc.db),
+        "queues": QueueDepthCollector(
+            fleet.redis,
+            lambda: [*FIXED_QUEUES, *(s.instance_id for s in fleet.statuses())],
+            priority_steps=transport.get("priority_steps", [0]),
+            sep=transport.get("sep", ":"),
+        ),
+        "fleet": FleetCollector(fleet),
+        "fallback": FallbackCollector(fleet.redis),
+    }))
+    return registry
+
+
+# --- exposition --------------------------------------------------------------------------------
+bp = Blueprint("metrics", __name__)
+
+
+@bp.get("/metrics")
+def scrape() -> Response:
+    """Prometheus text format; no API key (see the module docstring)."""
+    return Response(generate_latest(scrape_registry(services())),
+                    content_type=CONTENT_TYPE_LATEST)
+
+
+def serve_process_metrics(settings: Settings) -> WSGIServer | None:
+    """Serve this process's own metrics on settings.metrics_port (a background thread of
+    prometheus_client's HTTP server); None when the port is unset."""
+    if settings.metrics_port is None:
+        return None
+    server, _thread = start_http_server(settings.metrics_port, addr=settings.metrics_host)
+    logger.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
+    return server
+
+
+def prepare_multiproc_dir(path: Path, *, wipe: bool) -> Path:
+    """The multi-process directory, created; `wipe` deletes the files of earlier runs (do it
+    only while no process of the host writes there)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if wipe:
+        for stale in path.glob("*.db"):
+            stale.unlink()
+    return path.resolve()

@@ -1,0 +1,56 @@
+"""Logs and metrics of Celery processes, wired by signals: blockq's log format (instead of
+Celery's) tagged with the process role and the running task's request id, and the optional
+metrics server of a worker (Settings.metrics_port).
+
+The role of a worker is its node name before the "@" (`-n predict@%h` is "predict", an engine
+worker's is its instance id); beat's is "beat".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.signals import (
+    celeryd_init,
+    setup_logging,
+    task_postrun,
+    task_prerun,
+    worker_init,
+)
+
+from app import logs, metrics
+from workers import runtime
+
+__all__: list[str] = []
+
+_role: str | None = None
+
+
+@celeryd_init.connect
+def _note_role(sender: Any = None, **_: Any) -> None:
+    """Before logging is set up: the worker's node name gives its role."""
+    global _role
+    _role = str(sender or "worker").split("@", 1)[0]
+
+
+@setup_logging.connect
+def _setup_logging(**_: Any) -> None:
+    """A receiver here makes Celery leave the root logger to us."""
+    # NOTE: of the Celery programs blockq runs, workers (named by celeryd_init, which comes
+    # first) and beat set up Celery's logging; Flower does not.
+    logs.configure(runtime.get().settings, role=_role or "beat")
+
+
+@worker_init.connect
+def _serve_metrics(**_: Any) -> None:
+    metrics.serve_process_metrics(runtime.get().settings)
+
+
+@task_prerun.connect
+def _bind_request(args: Any = None, kwargs: Any = None, **_: Any) -> None:
+    logs.bind_request_id(logs.request_id_of(args, kwargs))
+
+
+@task_postrun.connect
+def _unbind_request(**_: Any) -> None:
+    logs.bind_request_id(None)
