@@ -89,7 +89,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as data_dir:
         settings = Settings(
             database_url=args.database_url, redis_url=args.redis_url, data_dir=Path(data_dir),
-            model_path=ROOT / ".blockq" / "models" / "tiny-llama", api_port=8791,
+            model_path=ROOT / ".blockq" / "models" / "tiny-llama", api_port=8791, flower_port=5591,
             num_instances=args.instances, engine_kind="emulated",
             emulated_time_scale=args.time_scale, routing_policy=args.policy,
             length_predictor=args.length_predictor,

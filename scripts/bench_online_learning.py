@@ -192,7 +192,7 @@ def main() -> int:
                                    for r in rows if r.model == args.served_model))
         settings = Settings(
             database_url=args.database_url, redis_url=args.redis_url, data_dir=Path(data_dir),
-            model_path=MODEL_PATH, api_port=8792, num_instances=args.instances,
+            model_path=MODEL_PATH, api_port=8792, flower_port=5592, num_instances=args.instances,
             engine_kind="emulated", emulated_time_scale=args.time_scale,
             emulated_exec_model="llama-2-7b-a30", emulated_num_blocks=1052,
             emulated_output_lengths="answers", emulated_answers_path=answers,

@@ -17,6 +17,7 @@ from typing import Any
 import openai
 import pytest
 import redis
+from click.testing import CliRunner
 from openai import OpenAI
 from openai.types import Batch as BatchObject
 from openai.types.chat import ChatCompletion
@@ -27,6 +28,7 @@ from openai.types.webhooks import (
 )
 from sqlalchemy import func, select, update
 
+from app.cli import main as cli
 from app.cli.stack import Stack
 from app.db import Database
 from app.migrate import upgrade
@@ -61,7 +63,8 @@ def stack(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     settings = Settings(
         database_url=TEST_DATABASE_URL, redis_url=TEST_REDIS_URL,
         data_dir=tmp_path_factory.mktemp("batch-stack"), model_path=model_path,
-        api_port=free_port(), webhook_secret=TEST_WEBHOOK_SECRET, num_instances=2,
+        api_port=free_port(), flower_port=free_port(), webhook_secret=TEST_WEBHOOK_SECRET,
+        num_instances=2,
         api_workers=1, heartbeat_ttl_s=2.0, orphan_check_interval_s=1.0, webhook_backoff_s=0.2,
         engine_concurrency=96, engine_kind="emulated", emulated_time_scale=0.05,
         emulated_output_lengths="max_tokens", max_batch_in_flight=MAX_IN_FLIGHT,
@@ -333,3 +336,31 @@ def test_lists_page_and_teams_see_only_their_own(
     for batch_id in ids:
         wait_for(mine, batch_id, lambda b: b.status == "completed")
 
+
+
+def test_the_cli_submits_follows_and_downloads_a_batch(
+    team_client: Callable[..., OpenAI], tmp_path: Path,
+) -> None:
+    client = team_client("cli-users")
+    lines = [chat_line(f"cli-{i}") for i in range(12)] + ["not json"]
+    path = tmp_path / "job.jsonl"
+    path.write_bytes(jsonl(lines))
+    env = {"BLOCKQ_API_URL": str(client.base_url).rstrip("/"), "BLOCKQ_API_KEY": client.api_key}
+    runner = CliRunner()
+
+    submitted = runner.invoke(cli, ["batch", "submit", str(path), "--wait"], env=env)
+    assert submitted.exit_code == 0, submitted.output
+    batch_id = next(w for w in submitted.output.split() if w.startswith("batch_"))
+    assert f"{batch_id}: completed" in submitted.output
+
+    status = runner.invoke(cli, ["batch", "status", batch_id], env=env)
+    assert json.loads(status.output)["request_counts"] == {"completed": 12, "failed": 1,
+                                                           "total": 13}
+    downloaded = runner.invoke(cli, ["batch", "download", batch_id, "--out", str(tmp_path)],
+                               env=env)
+    assert downloaded.exit_code == 0, downloaded.output
+    output = (tmp_path / f"{batch_id}_output.jsonl").read_text().splitlines()
+    errors = (tmp_path / f"{batch_id}_errors.jsonl").read_text().splitlines()
+    assert len(output) == 12 and len(errors) == 1
+    missing = runner.invoke(cli, ["batch", "cancel", "batch_nope"], env=env)
+    assert missing.exit_code == 1 and "NotFoundError" in missing.output
