@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.errors import InvalidRequest, NotFound
-from app.schemas import ChatMessage
+from app.schemas import ChatMessage, stop_as_list
 
 __all__ = ["CompletionBody", "ChatCompletionBody", "OpenAIBody", "body_model_for", "check_model",
            "native_body"]
@@ -39,10 +39,7 @@ class _Common(BaseModel):
     logit_bias: dict[str, float] | None = None
     metadata: dict[str, str] | None = None
 
-    @field_validator("stop", mode="before")
-    @classmethod
-    def _stop_as_list(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
+    _stop_as_list = field_validator("stop", mode="before")(stop_as_list)
 
     @field_validator("logit_bias")
     @classmethod

@@ -13,6 +13,11 @@ __all__ = ["ChatMessage", "CreateRequest", "parse_body"]
 M = TypeVar("M", bound=BaseModel)
 
 
+def stop_as_list(value: Any) -> Any:
+    """`stop` may be one string or a list of them, as in OpenAI's API: always a list."""
+    return [value] if isinstance(value, str) else value
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -36,10 +41,7 @@ class CreateRequest(BaseModel):
     webhook_url: AnyHttpUrl | None = None
     metadata: dict[str, Any] | None = None
 
-    @field_validator("stop", mode="before")
-    @classmethod
-    def _stop_as_list(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
+    _stop_as_list = field_validator("stop", mode="before")(stop_as_list)
 
     @field_validator("metadata")
     @classmethod
