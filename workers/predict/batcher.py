@@ -4,16 +4,18 @@ model over whatever is waiting.
 Batches form on their own under load and cost nothing when idle: the batcher never waits for a
 batch to fill, it takes everything that queued up while the previous batch ran (at most
 `max_batch`). A burst of requests arriving at a predictor worker with many task threads is thus
-embedded in a few encoder passes instead of one pass per request.
+embedded in a few encoder passes instead of one pass per request. Items carry a priority (lower
+first): interactive requests go into the next pass ahead of waiting bulk work.
 """
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = ["MicroBatcher"]
 
@@ -35,28 +37,31 @@ class MicroBatcher(Generic[Item, Result]):
             raise ValueError("max_batch must be at least 1")
         self._fn = fn
         self.max_batch = max_batch
-        self._pending: queue.SimpleQueue[tuple[Item, Future[Result]]] = queue.SimpleQueue()
+        # (priority, arrival, item, future): lower priority first, then first come.
+        self._pending: queue.PriorityQueue[tuple[int, int, Any, Future[Result]]] = (
+            queue.PriorityQueue())
+        self._arrivals = itertools.count()
         self.batch_sizes: list[int] = []  # the last few batch sizes, for tests and logs
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, item: Item) -> Future[Result]:
+    def submit(self, item: Item, priority: int = 0) -> Future[Result]:
         future: Future[Result] = Future()
-        self._pending.put((item, future))
+        self._pending.put((priority, next(self._arrivals), item, future))
         return future
 
-    def __call__(self, item: Item, timeout: float | None = None) -> Result:
+    def __call__(self, item: Item, timeout: float | None = None, priority: int = 0) -> Result:
         """Submit one item and wait for its result (re-raises the batch's exception)."""
-        return self.submit(item).result(timeout)
+        return self.submit(item, priority).result(timeout)
 
     def _take_batch(self) -> list[tuple[Item, Future[Result]]]:
-        batch = [self._pending.get()]
-        while len(batch) < self.max_batch:
+        entries = [self._pending.get()]
+        while len(entries) < self.max_batch:
             try:
-                batch.append(self._pending.get_nowait())
+                entries.append(self._pending.get_nowait())
             except queue.Empty:
                 break
-        return batch
+        return [(item, future) for _, _, item, future in entries]
 
     def _run(self) -> None:
         while True:

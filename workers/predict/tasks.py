@@ -24,6 +24,7 @@ class LengthQuery:
 
     prompt: Prompt
     max_tokens: int
+    priority: int = 0  # Priority.rank: interactive (0) before batch (1) in the micro-batcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +78,8 @@ def _start_predicting(rt: runtime.Runtime, request_id: str) -> tuple[LengthQuery
         if request is None or request.status != RequestStatus.PREDICTING:
             return None
         prompt = request.messages or request.prompt
-        return LengthQuery(prompt, request.max_tokens), Priority(request.priority).rank
+        rank = Priority(request.priority).rank
+        return LengthQuery(prompt, request.max_tokens, rank), rank
 
 
 def predict_length(rt: runtime.Runtime, query: LengthQuery) -> LengthAnswer:
@@ -86,4 +88,4 @@ def predict_length(rt: runtime.Runtime, query: LengthQuery) -> LengthAnswer:
         stats = LengthHistory(rt.redis, model=rt.settings.model_name).stats()
         return LengthAnswer(BASELINE.predict(stats, max_tokens=query.max_tokens), None,
                             BASELINE.name)
-    return rt.length_batcher(query)
+    return rt.length_batcher(query, priority=query.priority)

@@ -62,3 +62,19 @@ def test_a_model_returning_the_wrong_number_of_results_is_an_error() -> None:
     batcher = MicroBatcher(lambda items: [], max_batch=4)
     with pytest.raises(RuntimeError, match="gave 0 results"):
         batcher(1, timeout=5)
+
+
+def test_higher_priority_items_go_into_the_next_batch_first() -> None:
+    model = GatedDoubler()
+    batcher = MicroBatcher(model, max_batch=3)
+    first = batcher.submit(100)
+    while not model.batches:
+        threading.Event().wait(0.001)
+    bulk = [batcher.submit(i, priority=1) for i in range(4)]
+    interactive = [batcher.submit(10 + i, priority=0) for i in range(2)]
+    model.release.set()
+
+    assert [f.result(5) for f in interactive] == [20, 22]
+    assert [f.result(5) for f in bulk] == [0, 2, 4, 6] and first.result(5) == 200
+    # The interactive pair jumped the four bulk items that were waiting before them.
+    assert model.batches == [[100], [10, 11, 0], [1, 2, 3]]
