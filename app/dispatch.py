@@ -12,6 +12,7 @@ from celery import Celery
 
 __all__ = [
     "QUEUE_PREDICT",
+    "QUEUE_PREDICT_BULK",
     "QUEUE_ROUTE",
     "QUEUE_WEBHOOKS",
     "QUEUE_HEALTH",
@@ -39,6 +40,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 QUEUE_PREDICT = "predict"
+#: Length predictions of batch lines: their own predictor worker, so that bulk work never
+#: holds the interactive predictor's threads.
+QUEUE_PREDICT_BULK = "predict_bulk"
 QUEUE_ROUTE = "route"
 QUEUE_WEBHOOKS = "webhooks"
 QUEUE_HEALTH = "health"
@@ -59,7 +63,9 @@ TASK_BATCH_FINALIZE = "batches.finalize"
 
 
 def enqueue_predict(celery: Celery, request_id: str, *, priority: int) -> None:
-    celery.send_task(TASK_PREDICT, args=[request_id], queue=QUEUE_PREDICT, priority=priority)
+    """Interactive requests to `predict`, batch lines (priority above 0) to `predict_bulk`."""
+    queue = QUEUE_PREDICT if priority == 0 else QUEUE_PREDICT_BULK
+    celery.send_task(TASK_PREDICT, args=[request_id], queue=queue, priority=priority)
 
 
 def enqueue_route(

@@ -43,17 +43,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.bias import fallback_state, relative_error
 from app.db import Database
-from app.dispatch import (
-    QUEUE_BATCHES,
-    QUEUE_HEALTH,
-    QUEUE_LEARN,
-    QUEUE_PREDICT,
-    QUEUE_ROUTE,
-    QUEUE_WEBHOOKS,
-)
 from app.extensions import Services, services
 from app.fleet import Fleet
 from app.models import InferenceRequest, Priority, RequestStatus
+from app.queues import SERVICE_QUEUES
 from app.settings import Settings
 
 __all__ = [
@@ -74,9 +67,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Queues every deployment has; engine queues (gpu.<k>) are the registered instances.
-FIXED_QUEUES = (QUEUE_PREDICT, QUEUE_ROUTE, QUEUE_WEBHOOKS, QUEUE_HEALTH, QUEUE_LEARN,
-                QUEUE_BATCHES)
 
 _LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _OVERHEAD_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -370,7 +360,7 @@ def scrape_registry(svc: Services) -> CollectorRegistry:
         "requests": RequestCountCollector(svc.db),
         "queues": QueueDepthCollector(
             fleet.redis,
-            lambda: [*FIXED_QUEUES, *(s.instance_id for s in fleet.statuses())],
+            lambda: [*SERVICE_QUEUES, *(s.instance_id for s in fleet.statuses())],
             priority_steps=transport.get("priority_steps", [0]),
             sep=transport.get("sep", ":"),
         ),

@@ -17,8 +17,10 @@ __all__ = ["PRIORITY_STEPS", "SERVICE_QUEUES", "queue_depths"]
 
 PRIORITY_STEPS = tuple(range(10))
 SEPARATOR = ":"
-SERVICE_QUEUES = (dispatch.QUEUE_PREDICT, dispatch.QUEUE_ROUTE, dispatch.QUEUE_WEBHOOKS,
-                  dispatch.QUEUE_HEALTH, dispatch.QUEUE_LEARN)
+#: Queues every deployment has; engine queues (gpu.<k>) are the registered instances.
+SERVICE_QUEUES = (dispatch.QUEUE_PREDICT, dispatch.QUEUE_PREDICT_BULK, dispatch.QUEUE_ROUTE,
+                  dispatch.QUEUE_WEBHOOKS, dispatch.QUEUE_HEALTH, dispatch.QUEUE_LEARN,
+                  dispatch.QUEUE_BATCHES)
 
 
 def _list_name(queue: str, priority: int) -> str:

@@ -69,6 +69,20 @@ def process_commands(settings: Settings) -> dict[str, list[str]]:
             "-l",
             "INFO",
         ),
+        # Batch lines' predictions, apart from the interactive ones, at a lower CPU priority.
+        "predict_bulk": ["nice", "-n", "10", *_celery(
+            "worker",
+            "-Q",
+            "predict_bulk",
+            "-n",
+            "predict_bulk@%h",
+            "--pool",
+            "threads",
+            "--concurrency",
+            "16",
+            "-l",
+            "INFO",
+        )],
         "route": _celery(
             "worker",
             "-Q",

@@ -7,14 +7,14 @@ from typing import Any
 
 from celery.signals import celeryd_after_setup
 
-from app.dispatch import QUEUE_PREDICT
+from app.dispatch import QUEUE_PREDICT, QUEUE_PREDICT_BULK
 
 
 @celeryd_after_setup.connect
 def _warm_up_length_model(sender: Any = None, instance: Any = None, **_: Any) -> None:
     queues = getattr(getattr(instance, "app", None), "amqp", None)
     names = set(queues.queues) if queues is not None else set()
-    if QUEUE_PREDICT not in names:
+    if not names & {QUEUE_PREDICT, QUEUE_PREDICT_BULK}:
         return
     from workers import runtime  # noqa: PLC0415 - the lifecycle module must stay light
 
