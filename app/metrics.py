@@ -46,7 +46,7 @@ from app.db import Database
 from app.extensions import Services, services
 from app.fleet import Fleet
 from app.models import InferenceRequest, Priority, RequestStatus
-from app.queues import SERVICE_QUEUES
+from app.queues import SERVICE_QUEUES, queue_depths
 from app.settings import Settings
 
 __all__ = [
@@ -59,7 +59,6 @@ __all__ = [
     "FleetCollector",
     "FallbackCollector",
     "GuardedCollectors",
-    "queue_keys",
     "scrape_registry",
     "serve_process_metrics",
     "prepare_multiproc_dir",
@@ -212,13 +211,6 @@ class RequestCountCollector:
         yield family
 
 
-def queue_keys(queue: str, *, priority_steps: Sequence[int], sep: str) -> list[str]:
-    """The Redis lists of one Celery queue, as kombu's Redis transport names them: the queue
-    itself for the lowest step, `<queue><sep><step>` for each other priority step."""
-    steps = sorted(set(priority_steps)) or [0]
-    return [queue] + [f"{queue}{sep}{step}" for step in steps[1:]]
-
-
 class QueueDepthCollector:
     """`blockq_queue_messages{queue}`: messages waiting in each Celery queue, all priorities
     (messages a worker has taken, even if not yet acknowledged, are not counted)."""
@@ -237,15 +229,9 @@ class QueueDepthCollector:
         self.sep = sep
 
     def depths(self) -> dict[str, int]:
-        names = sorted(set(self.queues()))
-        keys = {name: queue_keys(name, priority_steps=self.priority_steps, sep=self.sep)
-                for name in names}
-        with self.redis.pipeline(transaction=False) as pipe:
-            for name in names:
-                for key in keys[name]:
-                    pipe.llen(key)
-            lengths = iter(pipe.execute())
-        return {name: sum(next(lengths) for _ in keys[name]) for name in names}
+        by_priority = queue_depths(self.redis, sorted(set(self.queues())),
+                                   priority_steps=self.priority_steps, sep=self.sep)
+        return {name: sum(counts.values()) for name, counts in by_priority.items()}
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily("blockq_queue_messages",

@@ -7,13 +7,13 @@ and `q:1` ... `q:9`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import redis
 
 from app import dispatch
 
-__all__ = ["PRIORITY_STEPS", "SERVICE_QUEUES", "queue_depths"]
+__all__ = ["PRIORITY_STEPS", "SEPARATOR", "SERVICE_QUEUES", "queue_depths", "queue_keys"]
 
 PRIORITY_STEPS = tuple(range(10))
 SEPARATOR = ":"
@@ -23,19 +23,27 @@ SERVICE_QUEUES = (dispatch.QUEUE_PREDICT, dispatch.QUEUE_PREDICT_BULK, dispatch.
                   dispatch.QUEUE_BATCHES)
 
 
-def _list_name(queue: str, priority: int) -> str:
-    return f"{queue}{SEPARATOR}{priority}" if priority else queue
+def queue_keys(queue: str, *, priority_steps: Sequence[int] = PRIORITY_STEPS,
+               sep: str = SEPARATOR) -> list[str]:
+    """The Redis lists of one Celery queue, as kombu's Redis transport names them: the queue
+    itself for the lowest step, `<queue><sep><step>` for each other priority step."""
+    steps = sorted(set(priority_steps)) or [0]
+    return [queue] + [f"{queue}{sep}{step}" for step in steps[1:]]
 
 
-def queue_depths(client: redis.Redis, queues: Iterable[str]) -> dict[str, dict[int, int]]:
+def queue_depths(client: redis.Redis, queues: Iterable[str], *,
+                 priority_steps: Sequence[int] = PRIORITY_STEPS, sep: str = SEPARATOR
+                 ) -> dict[str, dict[int, int]]:
     """Messages waiting in each queue, by priority step (steps with none left out)."""
     names = list(queues)
+    steps = sorted(set(priority_steps)) or [0]
     with client.pipeline(transaction=False) as pipe:
         for queue in names:
-            for priority in PRIORITY_STEPS:
-                pipe.llen(_list_name(queue, priority))
-        lengths = pipe.execute()
-    steps = len(PRIORITY_STEPS)
-    return {queue: {p: n for p, n in zip(PRIORITY_STEPS, lengths[i * steps:(i + 1) * steps],
-                                         strict=True) if n}
-            for i, queue in enumerate(names)}
+            for key in queue_keys(queue, priority_steps=steps, sep=sep):
+                pipe.llen(key)
+        lengths = iter(pipe.execute())
+    depths = {}
+    for queue in names:
+        counted = {step: next(lengths) for step in steps}
+        depths[queue] = {step: n for step, n in counted.items() if n}
+    return depths

@@ -22,9 +22,9 @@ from app.metrics import (
     FleetCollector,
     GuardedCollectors,
     QueueDepthCollector,
-    queue_keys,
     serve_process_metrics,
 )
+from app.queues import queue_keys
 from app.settings import Settings
 from app.teams import ensure_team_key
 from tests.conftest import TEST_REDIS_URL, free_port

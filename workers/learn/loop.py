@@ -86,25 +86,14 @@ def retrain_length_model(db: Database, active: LengthPredictor, *, model_name: s
     older, holdout = split_recent(rows, config.holdout_share)
     bootstrap = read_rows(config.bootstrap_rows) if config.bootstrap_rows else []
     candidate, fit = train([*older, *bootstrap], encoder=active.encoder, counter=active.counter)
-    candidate_metrics = _length_metrics_on(candidate, holdout)
-    active_metrics = _length_metrics_on(active, holdout)
-    better = candidate_metrics["mae_tokens"] < active_metrics["mae_tokens"]
-    with db.session() as session:
-        row = registry.register(
-            session, kind=registry.KIND_LENGTH, scope=model_name,
-            artifact=candidate.head.to_bytes(), training_rows=len(older) + len(bootstrap),
-            metrics={"holdout_rows": len(holdout), "candidate": candidate_metrics,
-                     "active": active_metrics, "active_predictor": active.name,
-                     "fit": json.loads(json.dumps(fit, default=float))},
-            note=f"{candidate.name}; history {len(older)} rows + bootstrap {len(bootstrap)}")
-        if better:
-            registry.promote(session, row)
-        version = row.version
-    return LoopReport("length", model_name, "promoted" if better else "kept",
-                      _verdict("MAE", candidate_metrics["mae_tokens"],
-                               active_metrics["mae_tokens"], "tokens"),
-                      version, len(older) + len(bootstrap), len(holdout),
-                      candidate_metrics, active_metrics)
+    return _register_and_judge(
+        db, _Judged("length", model_name, "mae_tokens", "MAE", "tokens",
+                   _length_metrics_on(candidate, holdout), _length_metrics_on(active, holdout)),
+        artifact=candidate.head.to_bytes(), training_rows=len(older) + len(bootstrap),
+        holdout_rows=len(holdout),
+        extra_metrics={"active_predictor": active.name,
+                       "fit": json.loads(json.dumps(fit, default=float))},
+        note=f"{candidate.name}; history {len(older)} rows + bootstrap {len(bootstrap)}")
 
 
 def refit_exec_model(db: Database, active: ExecModel, *, instance_id: str,
@@ -118,23 +107,50 @@ def refit_exec_model(db: Database, active: ExecModel, *, instance_id: str,
     older, holdout = split_recent(samples, config.holdout_share)
     candidate = fit_from_step_samples(older, name=f"{instance_id}-steps",
                                       source=f"refit from {len(older)} steps of {instance_id}")
-    candidate_metrics = evaluate_on_step_samples(candidate, holdout)
-    active_metrics = evaluate_on_step_samples(active, holdout)
-    better = candidate_metrics["mape"] < active_metrics["mape"]
+    return _register_and_judge(
+        db, _Judged("exec", instance_id, "mape", "step-time MAPE", "",
+                   evaluate_on_step_samples(candidate, holdout),
+                   evaluate_on_step_samples(active, holdout)),
+        artifact=json.dumps(candidate.to_dict()).encode(), training_rows=len(older),
+        holdout_rows=len(holdout), extra_metrics={"active_model": active.name},
+        note=candidate.source)
+
+
+@dataclass(frozen=True, slots=True)
+class _Judged:
+    """A candidate and the active model scored on the same held-out slice (lower is better)."""
+
+    kind: str
+    scope: str
+    metric: str  # key in both metric dicts
+    label: str
+    unit: str
+    candidate: dict[str, float]
+    active: dict[str, float]
+
+    @property
+    def better(self) -> bool:
+        return self.candidate[self.metric] < self.active[self.metric]
+
+
+def _register_and_judge(db: Database, judged: _Judged, *, artifact: bytes, training_rows: int,
+                        holdout_rows: int, extra_metrics: dict[str, Any], note: str
+                        ) -> LoopReport:
+    """Register the candidate; promote it only if it beat the active model."""
     with db.session() as session:
         row = registry.register(
-            session, kind=registry.KIND_EXEC, scope=instance_id,
-            artifact=json.dumps(candidate.to_dict()).encode(), training_rows=len(older),
-            metrics={"holdout_rows": len(holdout), "candidate": candidate_metrics,
-                     "active": active_metrics, "active_model": active.name},
-            note=candidate.source)
-        if better:
+            session, kind=judged.kind, scope=judged.scope, artifact=artifact,
+            training_rows=training_rows,
+            metrics={"holdout_rows": holdout_rows, "candidate": judged.candidate,
+                     "active": judged.active, **extra_metrics},
+            note=note)
+        if judged.better:
             registry.promote(session, row)
         version = row.version
-    return LoopReport("exec", instance_id, "promoted" if better else "kept",
-                      _verdict("step-time MAPE", candidate_metrics["mape"],
-                               active_metrics["mape"], ""),
-                      version, len(older), len(holdout), candidate_metrics, active_metrics)
+    return LoopReport(judged.kind, judged.scope, "promoted" if judged.better else "kept",
+                      _verdict(judged.label, judged.candidate[judged.metric],
+                               judged.active[judged.metric], judged.unit),
+                      version, training_rows, holdout_rows, judged.candidate, judged.active)
 
 
 def _verdict(metric: str, candidate: float, active: float, unit: str) -> str:
