@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = ["Registry"]
 
@@ -24,12 +24,16 @@ class Registry(Generic[T]):
 
         return decorate
 
-    def create(self, name: str) -> T:
+    def get(self, name: str) -> type[T]:
+        """The implementation registered as `name`; unknown names raise, listing the known."""
         try:
-            return self._entries[name]()
+            return self._entries[name]
         except KeyError:
             known = ", ".join(sorted(self._entries))
             raise ValueError(f"unknown {self.kind} '{name}'; known: {known}") from None
+
+    def create(self, name: str, *args: Any, **kwargs: Any) -> T:
+        return self.get(name)(*args, **kwargs)
 
     def names(self) -> list[str]:
         return sorted(self._entries)
