@@ -21,11 +21,9 @@ FCFS, like the instance simulator the router predicts with, and the text is synt
 from __future__ import annotations
 
 import bisect
-import collections
 import json
 import logging
 import random
-import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping
@@ -37,7 +35,6 @@ from typing import Protocol
 from workers.serve.engine import (
     EngineListener,
     EngineSnapshot,
-    EngineStopped,
     FinishReason,
     GenerationRequest,
     GenerationResult,
@@ -45,6 +42,7 @@ from workers.serve.engine import (
     RequestState,
     StepSample,
 )
+from workers.serve.threaded import ThreadedEngine, TrackedRequest
 from workers.sim import (
     BatchStats,
     ExecModel,
@@ -68,8 +66,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ENGINE_KIND = "emulated"
-#: Finished requests remembered so that a redelivered submit gets the finished future back.
-NUM_RECENT_RESULTS = 1024
 #: How far the engine may fall behind its emulated clock and still catch up by sleeping less
 #: (sleep overshoot, a busy CPU). Beyond this, lost time is lost: the engine runs slower.
 MAX_CATCH_UP_S = 0.05
@@ -194,62 +190,40 @@ class EmulatedEngineConfig:
         )
 
 
-@dataclass(slots=True, eq=False)
-class _Tracked:
-    """One submitted request (written by the engine thread, under the lock)."""
+@dataclass(slots=True, eq=False, kw_only=True)
+class _Tracked(TrackedRequest):
+    """A submitted request, with the output length at which it finishes."""
 
-    request: GenerationRequest
-    future: Future[GenerationResult]
-    admitted_at: float
-    num_prompt_tokens: int
     num_target_tokens: int  # the output length at which it finishes
     finish_reason: FinishReason  # how it will finish: "length" if a cap cut it short
     seq: SeqState | None = None  # once handed to the scheduler
-    first_token_at: float | None = None
-    text_parts: list[str] = field(default_factory=list)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return self.seq.num_output_tokens if self.seq is not None else 0
 
 
-class EmulatedEngine:
+class EmulatedEngine(ThreadedEngine[_Tracked]):
     """`Engine` whose GPU is the vLLM scheduling model run in (scaled) real time."""
 
     kind = ENGINE_KIND
+    display_name = "emulated engine"
+    thread_name = "emulated-engine"
 
     def __init__(
         self, config: EmulatedEngineConfig | None = None, listener: EngineListener | None = None
     ) -> None:
+        super().__init__(listener)
         self.config = config if config is not None else EmulatedEngineConfig()
-        self.listener = listener if listener is not None else EngineListener()
         exec_model = self.config.exec_model
         self.exec_model = bundled_model(exec_model) if isinstance(exec_model, str) else exec_model
         self.model = self.config.model or f"emulated/{self.exec_model.name}"
         self._instance_config = self.config.instance_config()
-        self._cond = threading.Condition(threading.Lock())
         # --- guarded by _cond ---
         self._scheduler = Scheduler(self._instance_config)
-        self._inflight: dict[str, _Tracked] = {}
-        self._recent: collections.OrderedDict[str, Future[GenerationResult]] = (
-            collections.OrderedDict()
-        )
-        self._inbox: list[_Tracked] = []
-        self._abort_ids: list[str] = []
-        self._stopping = False
         # --- engine thread only ---
         self._rng = random.Random(self.config.seed)  # step-time noise
-        self._thread: threading.Thread | None = None
         self._clock_s: float | None = None  # monotonic end of the last step; None when idle
-
-    # ---------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
         """Start the engine thread (nothing to load: ready at once)."""
-        if self._thread is not None:
-            raise RuntimeError("EmulatedEngine.start() called twice")
-        self._thread = threading.Thread(target=self._run, name="emulated-engine", daemon=True)
-        self._thread.start()
+        super().start()
         config = self.config
         logger.info(
             "emulated engine ready (no GPU: simulated vLLM scheduler): exec model=%s blocks=%d "
@@ -258,62 +232,6 @@ class EmulatedEngine:
             config.max_num_batched_tokens, config.max_model_len, config.time_scale, config.noise,
         )
 
-    def stop(self) -> None:
-        """End the engine loop; pending futures fail with EngineStopped."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-
-    @property
-    def alive(self) -> bool:
-        """True while the engine loop runs and accepts requests."""
-        return self._thread is not None and self._thread.is_alive() and not self._stopping
-
-    # ---------------------------------------------------------------- requests
-
-    def submit(self, request: GenerationRequest) -> Future[GenerationResult]:
-        """Queue a request for the next step; a request id in flight (or recently finished)
-        returns its existing future instead of starting a second generation.
-
-        A prompt that does not fit max_model_len gets a future failed with `RequestRejected`.
-        """
-        if request.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be positive, got {request.max_tokens}")
-        with self._cond:
-            known = self._known_future(request.request_id)
-            if known is not None:
-                return known
-        num_prompt_tokens = self.config.count_tokens(request.prompt)  # outside the lock: slow
-        with self._cond:
-            known = self._known_future(request.request_id)
-            if known is not None:
-                return known
-            if self._stopping or not self.alive:
-                raise EngineStopped(
-                    f"emulated engine is not running; cannot take {request.request_id}"
-                )
-            future: Future[GenerationResult] = Future()
-            max_len = self.config.max_model_len
-            if num_prompt_tokens >= max_len:
-                future.set_exception(RequestRejected(
-                    f"{request.request_id}: prompt of {num_prompt_tokens} tokens does not fit "
-                    f"max_model_len {max_len} (emulated engine)"))
-                return future
-            tracked = self._track(request, future, num_prompt_tokens)
-            self._inflight[request.request_id] = tracked
-            self._inbox.append(tracked)
-            self._cond.notify_all()
-            return future
-
-    def abort(self, request_id: str) -> None:
-        """Stop a request; its future resolves with finish_reason "abort". Unknown ids: no-op."""
-        with self._cond:
-            if request_id in self._inflight:
-                self._abort_ids.append(request_id)
-                self._cond.notify_all()
-
     def snapshot(self) -> EngineSnapshot:
         """Exact scheduler state: running requests in running order, then waiting ones in
         scheduling order, then those submitted since the last step."""
@@ -321,7 +239,8 @@ class EmulatedEngine:
             scheduler = self._scheduler
             seqs = [*scheduler.running, *scheduler.waiting]
             requests = [self._state_of(self._inflight[s.request_id]) for s in seqs]
-            requests += [self._state_of(t) for t in self._inbox]
+            # Submitted, not in the scheduler yet (in submission order).
+            requests += [self._state_of(t) for t in self._inflight.values() if t.seq is None]
             num_running = len(scheduler.running)
             num_free = scheduler.block_pool.num_free
         config = self.config
@@ -341,23 +260,6 @@ class EmulatedEngine:
             taken_at=time.time(),
         )
 
-    def _known_future(self, request_id: str) -> Future[GenerationResult] | None:
-        """The future of a request in flight or recently finished. Called under the lock."""
-        tracked = self._inflight.get(request_id)
-        return tracked.future if tracked is not None else self._recent.get(request_id)
-
-    def _track(
-        self, request: GenerationRequest, future: Future[GenerationResult], num_prompt_tokens: int
-    ) -> _Tracked:
-        """Bookkeeping for a new request, with the output length at which it will finish."""
-        num_room = self.config.max_model_len - num_prompt_tokens  # vLLM stops at max_model_len
-        num_drawn = max(1, int(self.config.output_lengths(request)))
-        num_cap = min(request.max_tokens, num_room)
-        # An emulated EOS when the drawn length comes first; otherwise a cap cut it ("length").
-        reason: FinishReason = "stop" if num_drawn < num_cap else "length"
-        return _Tracked(request, future, time.time(), num_prompt_tokens, min(num_drawn, num_cap),
-                        reason)
-
     @staticmethod
     def _state_of(tracked: _Tracked) -> RequestState:
         seq = tracked.seq
@@ -370,66 +272,63 @@ class EmulatedEngine:
             is_running=seq is not None and seq.status == SeqStatus.RUNNING,
         )
 
+    # ---------------------------------------------------------------- new requests
+
+    def _prepare(self, request: GenerationRequest) -> int:
+        """The prompt's token count (tokenizing is slow: done outside the lock)."""
+        return self.config.count_tokens(request.prompt)
+
+    def _track(
+        self, request: GenerationRequest, future: Future[GenerationResult], prepared: object
+    ) -> _Tracked:
+        """Bookkeeping for a new request, with the output length at which it will finish."""
+        assert isinstance(prepared, int)
+        num_prompt_tokens = prepared
+        max_len = self.config.max_model_len
+        if num_prompt_tokens >= max_len:
+            raise RequestRejected(
+                f"{request.request_id}: prompt of {num_prompt_tokens} tokens does not fit "
+                f"max_model_len {max_len} (emulated engine)")
+        num_room = max_len - num_prompt_tokens  # vLLM stops at max_model_len
+        num_drawn = max(1, int(self.config.output_lengths(request)))
+        num_cap = min(request.max_tokens, num_room)
+        # An emulated EOS when the drawn length comes first; otherwise a cap cut it ("length").
+        reason: FinishReason = "stop" if num_drawn < num_cap else "length"
+        return _Tracked(request, future, time.time(), num_prompt_tokens,
+                        num_target_tokens=min(num_drawn, num_cap), finish_reason=reason)
+
     # ---------------------------------------------------------------- engine thread
 
-    def _run(self) -> None:
-        error: BaseException | None = None
-        try:
-            self._loop()
-        except BaseException as err:  # noqa: BLE001 - the loop died: fail every request
-            logger.exception("emulated engine loop died")
-            error = err
-        finally:
-            with self._cond:
-                self._stopping = True
-                pending = list(self._inflight.values())
-                self._inflight.clear()
-                self._inbox.clear()
-            reason = "emulated engine stopped" if error is None else (
-                f"emulated engine died: {error!r}")
-            for tracked in pending:
-                if not tracked.future.done():
-                    exc = EngineStopped(f"{reason}; request {tracked.request.request_id} lost")
-                    exc.__cause__ = error
-                    tracked.future.set_exception(exc)
+    def _has_work(self) -> bool:
+        return self._scheduler.has_unfinished_requests
 
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                if not self._scheduler.has_unfinished_requests:
-                    self._clock_s = None  # idle: the next step starts when work comes
-                while not (self._stopping or self._inbox or self._abort_ids
-                           or self._scheduler.has_unfinished_requests):
-                    self._cond.wait()
-                if self._stopping:
-                    return
-                aborted = self._take_inbox_and_aborts()
-                has_work = self._scheduler.has_unfinished_requests
-            now = time.time()
+    def _admit(self, admitted: list[_Tracked]) -> None:
+        """Hand new requests to the scheduler."""
+        with self._cond:
+            for tracked in admitted:
+                if not tracked.future.set_running_or_notify_cancel():  # cancelled meanwhile
+                    del self._inflight[tracked.request_id]
+                    continue
+                tracked.seq = SeqState(tracked.request_id, tracked.num_prompt_tokens,
+                                       tracked.num_target_tokens)
+                self._scheduler.add_request(tracked.seq)
+
+    def _abort(self, request_ids: list[str]) -> None:
+        """Take aborted requests out of the scheduler, resolve them with "abort"."""
+        with self._cond:
+            aborted = [self._inflight.pop(rid) for rid in request_ids if rid in self._inflight]
             for tracked in aborted:
-                self._resolve(tracked, "abort", now)
-            if has_work:
-                self._step()
-
-    def _take_inbox_and_aborts(self) -> list[_Tracked]:
-        """Hand new requests to the scheduler, take aborted ones out. Called under the lock."""
-        abort_ids = set(self._abort_ids)
-        self._abort_ids = []
-        admitted, self._inbox = self._inbox, []
-        for tracked in admitted:
-            if tracked.request.request_id in abort_ids:
-                continue
-            if not tracked.future.set_running_or_notify_cancel():  # cancelled before admission
-                del self._inflight[tracked.request.request_id]
-                continue
-            tracked.seq = SeqState(tracked.request.request_id, tracked.num_prompt_tokens,
-                                   tracked.num_target_tokens)
-            self._scheduler.add_request(tracked.seq)
-        aborted = [self._inflight.pop(rid) for rid in abort_ids if rid in self._inflight]
+                if tracked.seq is not None:
+                    self._drop_from_scheduler(tracked.seq)
+            self._note_if_idle()
+        now = time.time()
         for tracked in aborted:
-            if tracked.seq is not None:
-                self._drop_from_scheduler(tracked.seq)
-        return aborted
+            self._resolve(tracked, "abort", now)
+
+    def _note_if_idle(self) -> None:
+        """Idle: the next step starts when work comes, not back to back. Under the lock."""
+        if not self._scheduler.has_unfinished_requests:
+            self._clock_s = None
 
     def _drop_from_scheduler(self, seq: SeqState) -> None:
         """Take an aborted request out of the scheduler and free its blocks. Under the lock.
@@ -462,6 +361,7 @@ class EmulatedEngine:
             result = self._scheduler.update_from_output(output)
             for request_id in result.sampled_ids:
                 tracked = self._inflight[request_id]
+                tracked.num_output_tokens += 1  # the scheduler sampled one more token
                 if tracked.first_token_at is None:
                     tracked.first_token_at = now
                     first_tokens.append(request_id)
@@ -473,6 +373,7 @@ class EmulatedEngine:
                 self._remember(request_id, tracked.future)
                 finished.append(tracked)
             sample = self._sample(output.stats, len(output.num_scheduled_tokens), duration_s, now)
+            self._note_if_idle()
         for request_id in first_tokens:
             self._notify("on_first_token", request_id, now)
         for request_id, text in deltas:
@@ -526,37 +427,6 @@ class EmulatedEngine:
             num_waiting=len(scheduler.waiting) + len(self._inbox),
             kv_cache_usage=1.0 - scheduler.block_pool.num_free / usable,
         )
-
-    def _resolve(self, tracked: _Tracked, reason: FinishReason, now: float) -> None:
-        """Complete a request's future (outside the lock: done-callbacks run right here)."""
-        if tracked.future.done():  # cancelled by its caller before admission
-            return
-        tracked.future.set_result(GenerationResult(
-            request_id=tracked.request.request_id,
-            output_text="".join(tracked.text_parts),
-            num_prompt_tokens=tracked.num_prompt_tokens,
-            num_output_tokens=tracked.num_output_tokens,
-            finish_reason=reason,
-            admitted_at=tracked.admitted_at,
-            first_token_at=tracked.first_token_at,
-            finished_at=now,
-        ))
-
-    def _remember(self, request_id: str, future: Future[GenerationResult]) -> None:
-        """Keep a completed request's future for deduplication. Called under the lock.
-
-        NOTE: aborted requests are not remembered: re-routed after a drain, they must run again.
-        """
-        self._recent[request_id] = future
-        while len(self._recent) > NUM_RECENT_RESULTS:
-            self._recent.popitem(last=False)
-
-    def _notify(self, hook: str, *args: object) -> None:
-        # NOTE: a faulty listener must not take every in-flight request down with the engine.
-        try:
-            getattr(self.listener, hook)(*args)
-        except Exception:  # noqa: BLE001
-            logger.exception("emulated engine: listener %s failed", hook)
 
 
 def _synthetic_token(request_id: str, index: int) -> str:

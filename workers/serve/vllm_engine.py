@@ -15,23 +15,20 @@ generators, and vLLM's CPU worker replaces `torch.set_num_threads` once it has b
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import os
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from workers.serve.engine import (
     EngineListener,
     EngineSnapshot,
-    EngineStopped,
     FinishReason,
     GenerationFailed,
     GenerationRequest,
@@ -40,6 +37,7 @@ from workers.serve.engine import (
     RequestState,
     StepSample,
 )
+from workers.serve.threaded import ThreadedEngine, TrackedRequest
 
 if TYPE_CHECKING:
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -50,8 +48,6 @@ __all__ = ["VllmEngineConfig", "VllmEngine"]
 logger = logging.getLogger(__name__)
 
 ENGINE_KIND = "vllm"
-#: Finished requests remembered so that a redelivered submit gets the finished future back.
-NUM_RECENT_RESULTS = 1024
 #: vLLM's CPU attention kernels work on KV blocks of a multiple of this many tokens.
 CPU_BLOCK_SIZE_MULTIPLE = 32
 GIB = 1 << 30
@@ -93,22 +89,15 @@ class VllmEngineConfig:
             raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
 
 
-@dataclass(slots=True)
-class _Tracked:
-    """The engine's bookkeeping for one submitted request (engine thread writes, under lock)."""
+@dataclass(slots=True, eq=False, kw_only=True)
+class _Tracked(TrackedRequest):
+    """A submitted request, with what the scheduler-order estimate needs."""
 
-    request: GenerationRequest
-    future: Future[GenerationResult]
-    admitted_at: float
     seq: int  # submission order, for the scheduler-order estimate
     added: bool = False  # handed to vLLM
-    num_prompt_tokens: int = 0
-    num_output_tokens: int = 0
     num_computed_tokens: int = 0  # estimate, see VllmEngine._estimate_progress
     is_running: bool = False
     run_seq: int | None = None  # order in which it (last) started running
-    first_token_at: float | None = None
-    text_parts: list[str] = field(default_factory=list)
 
 
 def _scheduling_order(tracked: _Tracked) -> tuple[int, int, int]:
@@ -154,29 +143,21 @@ def _modules_hidden_from_vllm_kernel_scan() -> Iterator[None]:
         sys.modules.update(hidden)
 
 
-class VllmEngine:
+class VllmEngine(ThreadedEngine[_Tracked]):
     """`Engine` backed by vLLM's in-process `LLMEngine`; see the module docstring."""
 
     kind = ENGINE_KIND
+    display_name = "vLLM engine"
+    thread_name = "vllm-engine"
 
     def __init__(self, config: VllmEngineConfig, listener: EngineListener | None = None) -> None:
+        super().__init__(listener)
         self.config = config
-        self.listener = listener if listener is not None else EngineListener()
-        self._cond = threading.Condition(threading.Lock())
         # --- guarded by _cond ---
-        self._inflight: dict[str, _Tracked] = {}
-        self._recent: collections.OrderedDict[str, Future[GenerationResult]] = (
-            collections.OrderedDict()
-        )
-        self._inbox: list[_Tracked] = []
-        self._abort_ids: list[str] = []
-        self._stopping = False
         self._next_seq = 0
         self._scheduler_stats: SchedulerStats | None = None
         # --- written once by the engine thread before _ready is set ---
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._startup_error: BaseException | None = None
+        self._engine: LLMEngine | None = None
         self._num_total_blocks = 0
         self._block_size = 0
         self._honours_seeds = True
@@ -184,72 +165,6 @@ class VllmEngine:
         self._next_run_seq = 0
         self._step_details: SchedulerIterationDetails | None = None
         self._warned_seed = False
-
-    # ---------------------------------------------------------------- lifecycle
-
-    def start(self) -> None:
-        """Build the vLLM engine on the engine thread; block until it is ready, or raise."""
-        if self._thread is not None:
-            raise RuntimeError("VllmEngine.start() called twice")
-        self._thread = threading.Thread(target=self._run, name="vllm-engine", daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._startup_error is not None:
-            self._thread.join()
-            raise self._startup_error
-
-    def stop(self) -> None:
-        """End the engine loop, release the engine; pending futures fail with EngineStopped."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-
-    @property
-    def alive(self) -> bool:
-        """True while the engine loop runs and accepts requests."""
-        return (
-            self._thread is not None
-            and self._thread.is_alive()
-            and self._ready.is_set()
-            and self._startup_error is None
-            and not self._stopping
-        )
-
-    # ---------------------------------------------------------------- requests
-
-    def submit(self, request: GenerationRequest) -> Future[GenerationResult]:
-        """Queue a request for the next step; a request id in flight (or recently finished)
-        returns its existing future instead of starting a second generation.
-
-        A caller may `cancel()` the future until the engine thread admits the request (usually
-        well under one step); after that, use `abort()`.
-        """
-        if request.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be positive, got {request.max_tokens}")
-        with self._cond:
-            tracked = self._inflight.get(request.request_id)
-            if tracked is not None:
-                return tracked.future
-            recent = self._recent.get(request.request_id)
-            if recent is not None:
-                return recent
-            if self._stopping or not self.alive:
-                raise EngineStopped(f"vLLM engine is not running; cannot take {request.request_id}")
-            tracked = _Tracked(request, Future(), time.time(), self._next_seq)
-            self._next_seq += 1
-            self._inflight[request.request_id] = tracked
-            self._inbox.append(tracked)
-            self._cond.notify_all()
-            return tracked.future
-
-    def abort(self, request_id: str) -> None:
-        """Stop a request; its future resolves with finish_reason "abort". Unknown ids: no-op."""
-        with self._cond:
-            if request_id in self._inflight:
-                self._abort_ids.append(request_id)
-                self._cond.notify_all()
 
     def snapshot(self) -> EngineSnapshot:
         """Running count and KV usage from vLLM's latest scheduler stats, per-request state
@@ -291,34 +206,28 @@ class VllmEngine:
 
     # ---------------------------------------------------------------- engine thread
 
-    def _run(self) -> None:
-        try:
-            engine = self._build()
-        except BaseException as err:  # noqa: BLE001 - handed to start()'s caller
-            self._startup_error = err
-            self._ready.set()
-            return
-        self._ready.set()
-        error: BaseException | None = None
-        try:
-            self._loop(engine)
-        except BaseException as err:  # noqa: BLE001 - the loop died: fail every request
-            logger.exception("vLLM engine loop died")
-            error = err
-        finally:
-            with self._cond:
-                self._stopping = True
-                pending = list(self._inflight.values())
-                self._inflight.clear()
-                self._inbox.clear()
-            reason = "vLLM engine stopped" if error is None else f"vLLM engine died: {error!r}"
-            for tracked in pending:
-                if not tracked.future.done():
-                    exc = EngineStopped(f"{reason}; request {tracked.request.request_id} lost")
-                    exc.__cause__ = error
-                    tracked.future.set_exception(exc)
-            # NOTE: LLMEngine has no public shutdown; its in-process client does.
-            engine.engine_core.shutdown()
+    def _track(
+        self, request: GenerationRequest, future: Future[GenerationResult], prepared: object
+    ) -> _Tracked:
+        tracked = _Tracked(request, future, time.time(), seq=self._next_seq)
+        self._next_seq += 1
+        return tracked
+
+    def _open(self) -> None:
+        self._engine = self._build()
+
+    def _close(self) -> None:
+        # NOTE: LLMEngine has no public shutdown; its in-process client does.
+        self._llm.engine_core.shutdown()
+
+    @property
+    def _llm(self) -> LLMEngine:
+        """The vLLM engine; only the engine thread touches it, once built."""
+        assert self._engine is not None, "the vLLM engine is not built"
+        return self._engine
+
+    def _has_work(self) -> bool:
+        return self._llm.has_unfinished_requests()
 
     def _build(self) -> LLMEngine:
         """Create the in-process vLLM engine. Runs on the engine thread."""
@@ -413,27 +322,11 @@ class VllmEngine:
         if stats.iteration_details is not None:
             self._step_details = stats.iteration_details
 
-    def _loop(self, engine: LLMEngine) -> None:
-        has_work = False
-        while True:
-            with self._cond:
-                while not (self._stopping or self._inbox or self._abort_ids or has_work):
-                    self._cond.wait()
-                if self._stopping:
-                    return
-                admitted, self._inbox = self._inbox, []
-                abort_ids, self._abort_ids = self._abort_ids, []
-            aborted = set(abort_ids)
-            for tracked in admitted:
-                if tracked.request.request_id not in aborted:
-                    self._admit(engine, tracked)
-            if abort_ids:
-                self._abort(engine, abort_ids)
-            if engine.has_unfinished_requests():
-                self._step(engine)
-            has_work = engine.has_unfinished_requests()
+    def _admit(self, admitted: list[_Tracked]) -> None:
+        for tracked in admitted:
+            self._admit_one(tracked)
 
-    def _admit(self, engine: LLMEngine, tracked: _Tracked) -> None:
+    def _admit_one(self, tracked: _Tracked) -> None:
         from vllm import SamplingParams
         from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind
@@ -443,6 +336,7 @@ class VllmEngine:
             with self._cond:
                 self._inflight.pop(request.request_id, None)
             return
+        engine = self._llm
         try:
             # The renderer tokenizes exactly as add_request would; we learn the prompt length.
             renderer = engine.renderer
@@ -490,20 +384,20 @@ class VllmEngine:
             )
         return None
 
-    def _abort(self, engine: LLMEngine, request_ids: list[str]) -> None:
+    def _abort(self, request_ids: list[str]) -> None:
         with self._cond:
             targets = [self._inflight.pop(rid) for rid in request_ids if rid in self._inflight]
         added_ids = [t.request.request_id for t in targets if t.added]
         if added_ids:
-            engine.abort_request(added_ids)
+            self._llm.abort_request(added_ids)
         now = time.time()
         for tracked in targets:
             self._resolve(tracked, "abort", now)
 
-    def _step(self, engine: LLMEngine) -> None:
+    def _step(self) -> None:
         self._step_details = None
         started = time.perf_counter()
-        outputs = engine.step()
+        outputs = self._llm.step()
         duration_ms = (time.perf_counter() - started) * 1000.0
         now = time.time()
         details = self._step_details
@@ -545,7 +439,7 @@ class VllmEngine:
         for request_id, text in deltas:
             self._notify("on_tokens", request_id, text)
         for tracked, reason in finished:
-            self._resolve(tracked, reason, now)
+            self._finish(tracked, reason, now)
         if details is not None and not details.is_dummy:
             self._notify(
                 "on_step",
@@ -615,45 +509,14 @@ class VllmEngine:
             self._next_run_seq += 1
         tracked.is_running = True
 
-    def _resolve(self, tracked: _Tracked, reason: str, now: float) -> None:
-        """Complete a request's future (outside the lock: done-callbacks run right here)."""
-        request_id = tracked.request.request_id
-        if tracked.future.done():  # cancelled by its caller before admission
-            return
+    def _finish(self, tracked: _Tracked, reason: str, now: float) -> None:
+        """Resolve a request vLLM finished with its finish reason (outside the lock)."""
         if reason == "error":
-            tracked.future.set_exception(
-                GenerationFailed(f"vLLM failed request {request_id} (finish reason 'error')")
-            )
+            if not tracked.future.done():
+                tracked.future.set_exception(GenerationFailed(
+                    f"vLLM failed request {tracked.request_id} (finish reason 'error')"))
             return
         finish_reason: FinishReason = (
             reason if reason in ("stop", "length", "abort") else "stop"  # "repetition" stops
         )
-        result = GenerationResult(
-            request_id=request_id,
-            output_text="".join(tracked.text_parts),
-            num_prompt_tokens=tracked.num_prompt_tokens,
-            num_output_tokens=tracked.num_output_tokens,
-            finish_reason=finish_reason,
-            admitted_at=tracked.admitted_at,
-            first_token_at=tracked.first_token_at,
-            finished_at=now,
-        )
-        tracked.future.set_result(result)
-
-    def _remember(self, request_id: str, future: Future[GenerationResult]) -> None:
-        """Keep a completed request's future for deduplication. Called under the lock.
-
-        NOTE: aborted and failed requests are not remembered: they may legitimately come back
-        (re-routed after a drain, retried after an error) and must then run again.
-        """
-        self._recent[request_id] = future
-        while len(self._recent) > NUM_RECENT_RESULTS:
-            self._recent.popitem(last=False)
-
-    def _notify(self, hook: str, *args: Any) -> None:
-        # NOTE: a faulty listener must not take every in-flight request down with the engine;
-        # its error is logged with a traceback and the loop goes on.
-        try:
-            getattr(self.listener, hook)(*args)
-        except Exception:  # noqa: BLE001
-            logger.exception("engine listener %s failed", hook)
+        self._resolve(tracked, finish_reason, now)
