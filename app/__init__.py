@@ -1,31 +1,51 @@
-"""blockq's Flask application: `create_app()` builds it; nothing happens at import time."""
+"""blockq's shared domain and its HTTP API.
+
+`create_app()` builds the Flask app and is the one place that imports the HTTP layer (`app.api`):
+a worker importing a shared module (`app.store`, `app.fleet`, ...) loads no Flask.
+"""
 
 from __future__ import annotations
 
-from flask import Flask
+from typing import TYPE_CHECKING
 
-from app import auth, errors, logs, metrics
-from app.api import admin, health, instances, openai, requests
-from app.api import batches as batches_api  # app.batches: the domain module
-from app.api import files as files_api  # app.files: the domain module
-from app.extensions import Services
-from app.settings import Settings
+if TYPE_CHECKING:
+    from flask import Flask
+
+    from app.settings import Settings
 
 __all__ = ["create_app"]
 
 
 def create_app(settings: Settings | None = None) -> Flask:
     """Build the API app from `settings` (default: Settings.load())."""
+    # NOTE: the HTTP layer is imported here, not at module level: see the module docstring.
+    from flask import Flask  # noqa: PLC0415
+
+    from app.api import (  # noqa: PLC0415
+        access_log,
+        admin,
+        auth,
+        batches,
+        errors,
+        files,
+        health,
+        instances,
+        metrics,
+        openai,
+        requests,
+    )
+    from app.services import Services  # noqa: PLC0415
+    from app.settings import Settings  # noqa: PLC0415
+
     settings = settings or Settings.load()
     app = Flask(__name__)
-    logs.init_app(app, settings)
+    access_log.init_app(app, settings)
     app.config.update(MAX_CONTENT_LENGTH=settings.max_request_bytes, JSON_SORT_KEYS=False)
     app.extensions["blockq"] = services = Services.build(settings)
     services.prompts.warm_up()
     errors.init_app(app)
     auth.init_app(app, settings)
-    for blueprint in (requests.bp, instances.bp, health.bp, openai.bp, files_api.bp,
-                      batches_api.bp, admin.bp):
+    for blueprint in (requests.bp, instances.bp, health.bp, openai.bp, files.bp, batches.bp,
+                      admin.bp, metrics.bp):
         app.register_blueprint(blueprint)
-    app.register_blueprint(metrics.bp)
     return app

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from app import dispatch
 from app.errors import Conflict, InvalidRequest, NotFound
-from app.extensions import Services
+from app.services import Services
 from app.models import (
     Batch,
     BatchLine,

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from app import dispatch, logs, store
 from app.errors import Conflict, InvalidRequest, Unprocessable
-from app.extensions import Services
+from app.services import Services
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
 from app.prompts import PromptCodec
 from app.schemas import CreateRequest, parse_body

@@ -2,8 +2,9 @@
 process wrote it (its role) and, when known, which request it was about.
 
 The request id travels in a context variable: the API sets it from the request being created or
-read, each Celery task from its request id argument (`workers/observability.py`). A filter on the
-one handler installed here copies it, with the role, onto every record. Secrets never reach the
+read (`app/api/access_log.py`), each Celery task from its request id argument
+(`workers/observability.py`). A filter on the one handler installed here copies it, with the
+role, onto every record. Secrets never reach the
 output: API keys, webhook secrets and URL passwords are masked in every formatted line.
 """
 
@@ -13,19 +14,16 @@ import contextvars
 import logging
 import re
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from flask import Flask, g, request
 from pythonjsonlogger.json import JsonFormatter
 
 from app.settings import Settings
 
 __all__ = [
     "configure",
-    "init_app",
     "set_role",
     "bind_request_id",
     "current_request_id",
@@ -37,8 +35,6 @@ logger = logging.getLogger(__name__)
 
 #: Request ids are "req_" + 32 hex digits (app.store.new_request_id).
 REQUEST_ID_PREFIX = "req_"
-#: Endpoints not worth a log line per call: probes and the metrics scraper.
-_QUIET_ENDPOINTS = frozenset({"health.healthz", "health.readyz", "metrics.scrape"})
 
 _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "blockq_request_id", default=None
@@ -142,35 +138,3 @@ def configure(settings: Settings, *, role: str, stream: TextIO | None = None) ->
     # NOTE: httpx logs every request's URL at INFO, and webhook URLs may carry tokens.
     for name in ("httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.WARNING)
-
-
-# --- the API -----------------------------------------------------------------------------------
-def init_app(app: Flask, settings: Settings) -> None:
-    """Configure the API process's logging (role "api"); bind each HTTP request's request id
-    (from the URL; the submit path binds the one it creates) and write one access line per call."""
-    configure(settings, role="api")
-    app.before_request(_bind_http_request)
-    app.after_request(_log_http_request)
-    app.teardown_request(lambda _exc: bind_request_id(None))
-
-
-def _bind_http_request() -> None:
-    g.log_started_at = time.perf_counter()
-    # NOTE: set on every request: server threads are reused, and so is their context.
-    bind_request_id((request.view_args or {}).get("request_id"))
-
-
-def _log_http_request(response: Any) -> Any:
-    if request.endpoint not in _QUIET_ENDPOINTS:
-        started = g.get("log_started_at")
-        logger.info(
-            "%s %s %s", request.method, request.path, response.status_code,
-            extra={
-                "method": request.method,
-                "path": request.path,
-                "status": response.status_code,
-                "duration_ms": None if started is None
-                else round((time.perf_counter() - started) * 1000, 3),
-            },
-        )
-    return response

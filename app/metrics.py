@@ -1,4 +1,5 @@
-"""Prometheus metrics of blockq: their definitions, the scrape-time collectors, GET /metrics.
+"""Prometheus metrics of blockq: their definitions and the scrape-time collectors (the API's
+GET /metrics view is `app/api/metrics.py`).
 
 Two kinds of series:
 
@@ -25,14 +26,11 @@ from typing import Any, Protocol
 from wsgiref.simple_server import WSGIServer
 
 import redis
-from flask import Blueprint, Response
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     REGISTRY,
     CollectorRegistry,
     Counter,
     Histogram,
-    generate_latest,
     start_http_server,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -43,14 +41,13 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.bias import fallback_state, relative_error
 from app.db import Database
-from app.extensions import Services, services
 from app.fleet import Fleet
 from app.models import InferenceRequest, Priority, RequestStatus
 from app.queues import SERVICE_QUEUES, queue_depths
+from app.services import Services
 from app.settings import Settings
 
 __all__ = [
-    "bp",
     "observe_completion",
     "observe_routing",
     "EngineStepMetrics",
@@ -354,17 +351,6 @@ def scrape_registry(svc: Services) -> CollectorRegistry:
         "fallback": FallbackCollector(fleet.redis),
     }))
     return registry
-
-
-# --- exposition --------------------------------------------------------------------------------
-bp = Blueprint("metrics", __name__)
-
-
-@bp.get("/metrics")
-def scrape() -> Response:
-    """Prometheus text format; no API key (see the module docstring)."""
-    return Response(generate_latest(scrape_registry(services())),
-                    content_type=CONTENT_TYPE_LATEST)
 
 
 def serve_process_metrics(settings: Settings) -> WSGIServer | None:

@@ -1,7 +1,7 @@
 """Celery queue depths, read straight from the Redis broker.
 
 Celery's Redis transport (kombu) keeps one Redis list per queue and priority step: with the
-`sep=":"` and priority steps 0-9 of workers/celery_app.py, queue `q` is the lists `q` (priority 0)
+`sep=":"` and priority steps 0-9 of app/celery_app.py, queue `q` is the lists `q` (priority 0)
 and `q:1` ... `q:9`.
 """
 

@@ -44,7 +44,7 @@ from app.migrate import recreate_database, upgrade  # noqa: E402
 from app.models import InferenceRequest, ModelVersion, RequestOutcome  # noqa: E402
 from app.prompts import PromptCodec  # noqa: E402
 from app.settings import Settings  # noqa: E402
-from workers.celery_app import create_celery  # noqa: E402
+from app.celery_app import create_celery  # noqa: E402
 from workers.predict.dataset import (  # noqa: E402
     DEFAULT_DATA_DIR,
     LengthRow,

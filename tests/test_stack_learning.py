@@ -12,12 +12,12 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from app import model_registry as registry
 from app.cli.stack import Stack
 from app.db import Database
 from app.models import RequestOutcome
 from tests.test_stack import start_stack  # noqa: F401 - the fixture
 from tests.test_stack_emulated import _submit, _wait_terminal
-from workers.learn import registry
 from workers.predict.length_model import BOOTSTRAP_ARTIFACT, LengthHead
 
 pytestmark = [pytest.mark.services, pytest.mark.stack]

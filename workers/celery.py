@@ -1,11 +1,22 @@
-"""The Celery entrypoint (`celery -A workers`): the app built from Settings, signals wired."""
+"""The Celery entrypoint (`celery -A workers`): the app built from Settings with every stage's
+task module, signals wired."""
 
+from app.celery_app import create_celery
 from app.settings import Settings
 from workers import observability as _observability  # noqa: F401 - connects signals
-from workers.celery_app import create_celery
 from workers.predict import lifecycle as _predict_lifecycle  # noqa: F401 - connects signals
 from workers.serve import lifecycle as _engine_lifecycle  # noqa: F401 - connects signals
 
-__all__ = ["celery"]
+__all__ = ["celery", "TASK_MODULES"]
 
-celery = create_celery(Settings.load())
+TASK_MODULES = (
+    "workers.predict.tasks",
+    "workers.route.tasks",
+    "workers.serve.tasks",
+    "workers.webhooks.tasks",
+    "workers.health.tasks",
+    "workers.learn.tasks",
+    "workers.batch.tasks",
+)
+
+celery = create_celery(Settings.load(), include=TASK_MODULES)

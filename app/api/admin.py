@@ -8,12 +8,13 @@ from typing import Any
 from flask import Blueprint, jsonify, request
 from flask.typing import ResponseReturnValue
 
+from app.api.auth import current_principal
 from app.api.instances import routing_state
-from app.auth import current_principal
+from app.api.services import services
 from app.errors import InvalidRequest, NotFound, PermissionDenied, ServiceUnavailable
-from app.extensions import Services, services
 from app.fleet import InstanceStatus
 from app.queues import SERVICE_QUEUES, queue_depths
+from app.services import Services
 from workers.route.policies import POLICIES
 
 bp = Blueprint("admin", __name__, url_prefix="/v1/admin")

@@ -6,9 +6,9 @@ from flask import Blueprint, jsonify, request
 from flask.typing import ResponseReturnValue
 
 from app import batches
-from app.auth import current_principal
+from app.api.auth import current_principal
+from app.api.services import services
 from app.errors import InvalidRequest
-from app.extensions import services
 from app.pagination import list_object, page_query
 
 bp = Blueprint("batches", __name__, url_prefix="/v1/batches")

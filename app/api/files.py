@@ -6,9 +6,9 @@ from flask import Blueprint, jsonify, request, send_file
 from flask.typing import ResponseReturnValue
 
 from app import files
-from app.auth import current_principal
+from app.api.auth import current_principal
+from app.api.services import services
 from app.errors import InvalidRequest, NotFound
-from app.extensions import services
 from app.pagination import list_object, page_query
 from app.storage import file_store
 

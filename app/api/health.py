@@ -6,7 +6,7 @@ from flask import Blueprint, jsonify
 from flask.typing import ResponseReturnValue
 from sqlalchemy import text
 
-from app.extensions import services
+from app.api.services import services
 
 bp = Blueprint("health", __name__)
 

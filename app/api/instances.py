@@ -7,9 +7,10 @@ from typing import Any
 from flask import Blueprint, jsonify
 from flask.typing import ResponseReturnValue
 
+from app.api.services import services
 from app.bias import FALLBACK_POLICY, fallback_state
-from app.extensions import Services, services
 from app.fleet import InstanceStatus
+from app.services import Services
 
 bp = Blueprint("instances", __name__, url_prefix="/v1")
 

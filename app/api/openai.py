@@ -17,10 +17,10 @@ from flask.typing import ResponseReturnValue
 
 from app import openai_format as fmt
 from app import store
-from app.auth import current_principal
+from app.api.auth import current_principal
+from app.api.services import services
 from app.commands import cancel_request, submit_request
 from app.errors import BlockqError, InvalidRequest, NotFound
-from app.extensions import Services, services
 from app.models import InferenceRequest, RequestStatus
 from app.openai_schemas import (
     ChatCompletionBody,
@@ -30,6 +30,7 @@ from app.openai_schemas import (
     native_body,
 )
 from app.schemas import parse_body
+from app.services import Services
 from app.streams import StreamEvent, read_stream
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")

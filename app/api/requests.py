@@ -6,10 +6,10 @@ from flask import Blueprint, jsonify, request, url_for
 from flask.typing import ResponseReturnValue
 
 from app import store
-from app.auth import current_principal
+from app.api.auth import current_principal
+from app.api.services import services
 from app.commands import cancel_request, submit_request
 from app.errors import InvalidRequest
-from app.extensions import services
 
 bp = Blueprint("requests", __name__, url_prefix="/v1/requests")
 

@@ -6,6 +6,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from app import model_registry as registry
 from app.settings import Settings
 
 __all__ = ["models"]
@@ -35,8 +36,6 @@ def models() -> None:
 @click.option("--kind", type=click.Choice(["length", "exec"]), default=None)
 def list_versions(kind: str | None) -> None:
     """Every registered version with its status and held-out metrics."""
-    from workers.learn import registry  # noqa: PLC0415
-
     rt = _runtime()
     table = Table()
     for column in ("kind", "scope", "version", "status", "training rows", "held-out candidate",
@@ -82,8 +81,6 @@ def refit(instance_ids: tuple[str, ...]) -> None:
               help="Served model name (length; default the configured one) or instance id.")
 def rollback(kind: str, scope: str | None) -> None:
     """Retire the active version and bring back the one promoted before it."""
-    from workers.learn import registry  # noqa: PLC0415
-
     rt = _runtime()
     if scope is None:
         if kind == registry.KIND_EXEC:

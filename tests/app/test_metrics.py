@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
 from app.bias import BiasRule, BiasWatch
-from app.extensions import Services
+from app.celery_app import create_celery
 from app.fleet import Fleet
 from app.metrics import (
     EngineStepMetrics,
@@ -25,10 +25,10 @@ from app.metrics import (
     serve_process_metrics,
 )
 from app.queues import queue_keys
+from app.services import Services
 from app.settings import Settings
 from app.teams import ensure_team_key
 from tests.conftest import TEST_REDIS_URL, free_port
-from workers.celery_app import create_celery
 
 pytestmark = pytest.mark.services
 

@@ -8,7 +8,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from app import create_app, store
-from app.extensions import services
+from app.api.services import services
 from app.models import RequestStatus
 from app.teams import ensure_team_key
 

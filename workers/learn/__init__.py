@@ -1,2 +1,2 @@
-"""The online-learning loop: request history, the model registry, retraining and promotion of
-the length model, refits of execution-time models, and the bias watch."""
+"""The online-learning loop: request history, retraining and promotion of the length model and
+refits of execution-time models through the model registry (`app/model_registry.py`)."""

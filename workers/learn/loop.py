@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from app import model_registry as registry
 from app.db import Database
-from workers.learn import history, registry
+from workers.learn import history
 from workers.sim import ExecModel, evaluate_on_step_samples, fit_from_step_samples
 
 if TYPE_CHECKING:

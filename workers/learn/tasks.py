@@ -15,6 +15,8 @@ from app.settings import Settings
 from workers import runtime
 from workers.learn.loop import LoopConfig, LoopReport, refit_exec_model, retrain_length_model
 from workers.locks import held
+from workers.predict.stage import learned_lengths
+from workers.route.stage import exec_models
 
 __all__ = ["retrain_length", "refit_exec", "loop_config", "run_retrain", "run_refit"]
 
@@ -38,8 +40,8 @@ def run_retrain(rt: runtime.Runtime) -> LoopReport:
     with held(rt.redis, f"blockq:learn:retrain:{model_name}", ttl_s=_RETRAIN_LOCK_S) as mine:
         if not mine:
             return LoopReport("length", model_name, "skipped", "a retrain is already running")
-        report = retrain_length_model(rt.db, rt.length_model.get(), model_name=model_name,
-                                      config=loop_config(rt.settings))
+        report = retrain_length_model(rt.db, learned_lengths(rt).active.get(),
+                                      model_name=model_name, config=loop_config(rt.settings))
     if report.outcome == "promoted":
         rt.bias_watch.reset(model_name)  # the correction belonged to the previous version
     return report
@@ -50,7 +52,7 @@ def run_refit(rt: runtime.Runtime, instance_ids: list[str] | None = None) -> lis
     if instance_ids is None:
         with rt.db.session() as session:
             instance_ids = list(session.scalars(select(Instance.id).order_by(Instance.id)))
-    models = rt.exec_models(instance_ids)
+    models = exec_models(rt).of(instance_ids)
     return [refit_exec_model(rt.db, models[i], instance_id=i, config=loop_config(rt.settings))
             for i in instance_ids]
 

@@ -17,7 +17,8 @@ def _warm_up_length_model(sender: Any = None, instance: Any = None, **_: Any) ->
     if not names & {QUEUE_PREDICT, QUEUE_PREDICT_BULK}:
         return
     from workers import runtime  # noqa: PLC0415 - the lifecycle module must stay light
+    from workers.predict import stage  # noqa: PLC0415
 
     rt = runtime.get()
     if rt.settings.length_predictor == "learned":
-        _ = rt.length_predictor
+        _ = stage.learned_lengths(rt).packaged

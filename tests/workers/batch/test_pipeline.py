@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from app import batches
-from app.extensions import Services
+from app.services import Services
 from app.files import new_file_id, register_file
 from app.models import (
     Batch,

@@ -10,16 +10,17 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
+from app import model_registry as registry
 from app.db import Database
 from app.models import EngineStepSample, ModelStatus, RequestOutcome, utcnow
 from app.settings import Settings
 from tests.workers.predict.conftest import synthetic_rows
-from workers.learn import registry
-from workers.learn.active import ActiveModel
+from workers.active_model import ActiveModel
 from workers.learn.loop import LoopConfig, refit_exec_model, retrain_length_model
 from workers.predict.encoder import Encoder
 from workers.predict.features import TokenCounter
 from workers.predict.length_model import LengthHead, LengthPrediction, train
+from workers.route.stage import exec_models
 from workers.runtime import Runtime
 from workers.sim import BatchStats, bundled_model, step_sample
 
@@ -186,6 +187,6 @@ def test_exec_refit_promotes_a_fit_to_the_instance_and_routers_pick_it_up(
     assert report.outcome == "promoted", report
     assert report.candidate["mape"] < 0.05 < report.active["mape"]
     rt = Runtime(fresh_services)
-    models = rt.exec_models(["gpu.0", "gpu.1"])
+    models = exec_models(rt).of(["gpu.0", "gpu.1"])
     assert models["gpu.0"].name == "gpu.0-steps"
-    assert models["gpu.1"].name == rt.routing_exec_model.name  # no samples: the default
+    assert models["gpu.1"].name == exec_models(rt).default.name  # no samples: the default

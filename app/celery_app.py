@@ -1,7 +1,10 @@
-"""The one Celery application: configuration from Settings, queues, routes and the beat schedule."""
+"""The one Celery application factory: configuration from Settings, queues, routes and the beat
+schedule. The API uses the app it builds to send tasks by name; the workers' entrypoint
+(`workers/celery.py`) adds the task modules."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery
@@ -22,22 +25,15 @@ from app.dispatch import (
 from app.queues import PRIORITY_STEPS, SEPARATOR
 from app.settings import Settings
 
-__all__ = ["create_celery", "TASK_MODULES"]
-
-TASK_MODULES = [
-    "workers.predict.tasks",
-    "workers.route.tasks",
-    "workers.serve.tasks",
-    "workers.webhooks.tasks",
-    "workers.health.tasks",
-    "workers.learn.tasks",
-    "workers.batch.tasks",
-]
+__all__ = ["create_celery"]
 
 
-def create_celery(settings: Settings) -> Celery:
-    """Build the Celery app. Safe defaults for at-least-once work with idempotent tasks."""
-    celery = Celery("blockq", include=TASK_MODULES, set_as_current=True)
+def create_celery(settings: Settings, *, include: Sequence[str] = ()) -> Celery:
+    """Build the Celery app. Safe defaults for at-least-once work with idempotent tasks.
+
+    `include`: the task modules a worker imports (none for a process that only sends tasks).
+    """
+    celery = Celery("blockq", include=list(include), set_as_current=True)
     celery.conf.update(
         broker_url=settings.redis_url,
         broker_connection_retry_on_startup=True,

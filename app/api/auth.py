@@ -6,8 +6,8 @@ from __future__ import annotations
 from flask import Flask, g, request
 from flask_limiter import Limiter
 
+from app.api.services import services
 from app.errors import Unauthorized
-from app.extensions import services
 from app.settings import Settings
 from app.teams import Principal, principal_of
 

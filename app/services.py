@@ -1,4 +1,5 @@
-"""The services one API process holds: settings, database, fleet view, tokenizer, Celery client."""
+"""The services an API process holds (settings, database, fleet view, tokenizer, Celery client),
+built once by `create_app`; domain commands take them as an argument."""
 
 from __future__ import annotations
 
@@ -6,15 +7,14 @@ from dataclasses import dataclass
 
 import redis
 from celery import Celery
-from flask import current_app
 
+from app.celery_app import create_celery
 from app.db import Database
 from app.fleet import Fleet
 from app.prompts import PromptCodec
 from app.settings import Settings
-from workers.celery_app import create_celery
 
-__all__ = ["Services", "services"]
+__all__ = ["Services"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,3 @@ class Services:
             celery=create_celery(settings),
         )
 
-
-def services() -> Services:
-    return current_app.extensions["blockq"]

@@ -1,0 +1,174 @@
+"""The predict stage: a request's predicted output length, recorded before it is routed.
+
+`start` marks the request predicting and reads what the predictor needs, `record` stores the
+answer; in between the configured length predictor answers. The learned one runs concurrent
+task threads' queries through one micro-batcher (a burst is embedded in a few batched passes) and
+scales every answer by the bias watch's correction. No database connection is held while a model
+runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Protocol
+
+from sqlalchemy import update
+
+from app import model_registry, store
+from app.db import Database
+from app.models import InferenceRequest, Priority, RequestStatus, utcnow
+from workers.active_model import ActiveModel
+from workers.predict.baseline import RunningMeanPredictor
+from workers.predict.batcher import MicroBatcher
+from workers.predict.features import Prompt
+from workers.predict.history import LengthHistory
+from workers.registry import Registry
+from workers.runtime import Runtime
+
+if TYPE_CHECKING:
+    from workers.predict.length_model import LengthPredictor
+
+__all__ = ["LengthQuery", "LengthAnswer", "LENGTH_PREDICTORS", "length_predictor", "start",
+           "record"]
+
+
+@dataclass(frozen=True, slots=True)
+class LengthQuery:
+    """What the length predictor needs of one request."""
+
+    prompt: Prompt
+    max_tokens: int
+    priority: int = 0  # Priority.rank: interactive (0) before batch (1) in the micro-batcher
+
+
+@dataclass(frozen=True, slots=True)
+class LengthAnswer:
+    tokens: int
+    p90_tokens: int | None
+    predictor: str  # the name that made it, recorded with the request
+
+
+class LengthPredictorStage(Protocol):
+    """One of `Settings.length_predictor`'s choices, built once per process from the runtime."""
+
+    def __init__(self, rt: Runtime) -> None: ...
+
+    def predict(self, query: LengthQuery) -> LengthAnswer: ...
+
+
+LENGTH_PREDICTORS: Registry[LengthPredictorStage] = Registry("length predictor")
+
+
+@LENGTH_PREDICTORS.register("baseline")
+class BaselineLengths:
+    """The running mean of the served model's observed lengths (kept in Redis)."""
+
+    model = RunningMeanPredictor()
+
+    def __init__(self, rt: Runtime) -> None:
+        self.history = LengthHistory(rt.redis, model=rt.settings.model_name)
+
+    def predict(self, query: LengthQuery) -> LengthAnswer:
+        tokens = self.model.predict(self.history.stats(), max_tokens=query.max_tokens)
+        return LengthAnswer(tokens, None, self.model.name)
+
+
+@LENGTH_PREDICTORS.register("learned")
+class LearnedLengths:
+    """The registry's active length model of the served model (hot-reloaded), else the
+    configured or packaged one; one encoder is loaded, versions swap only the head."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.batcher: MicroBatcher[LengthQuery, LengthAnswer] = MicroBatcher(
+            self._predict_batch, max_batch=32, name="length-batcher")
+
+    @cached_property
+    def packaged(self) -> LengthPredictor:
+        """The configured or packaged model, encoder included: loaded once per process."""
+        # NOTE: torch and transformers load here, in predictor workers only, not at import.
+        from workers.predict.length_model import (  # noqa: PLC0415
+            BOOTSTRAP_ARTIFACT,
+            LengthPredictor,
+        )
+
+        return LengthPredictor.load(self.rt.settings.length_model_path or BOOTSTRAP_ARTIFACT,
+                                    num_threads=1)
+
+    @cached_property
+    def active(self) -> ActiveModel[LengthPredictor]:
+        from workers.predict.length_model import LengthHead  # noqa: PLC0415
+
+        s = self.rt.settings
+        return ActiveModel(
+            self.rt.db, model_registry.KIND_LENGTH, s.model_name,
+            load=lambda artifact: self.packaged.with_head(LengthHead.from_bytes(artifact)),
+            default=lambda: self.packaged, interval_s=s.model_reload_interval_s)
+
+    def predict(self, query: LengthQuery) -> LengthAnswer:
+        return self.batcher(query, priority=query.priority)
+
+    def _predict_batch(self, queries: Sequence[LengthQuery]) -> list[LengthAnswer]:
+        model_name = self.rt.settings.model_name
+        predictor = self.active.get()
+        predictions = predictor.predict_batch(
+            [q.prompt for q in queries], model_name, [q.max_tokens for q in queries])
+        factor = self.rt.bias_watch.correction(model_name)
+        return [
+            LengthAnswer(_scaled(p.tokens, factor, q.max_tokens),
+                         _scaled(p.p90_tokens, factor, q.max_tokens), predictor.name)
+            for p, q in zip(predictions, queries, strict=True)
+        ]
+
+
+def length_predictor(rt: Runtime) -> LengthPredictorStage:
+    """The process's configured length predictor."""
+    return rt.component(_build_length_predictor)
+
+
+def learned_lengths(rt: Runtime) -> LearnedLengths:
+    """The process's learned length predictor (the online loop retrains its active model)."""
+    return rt.component(LearnedLengths)
+
+
+def _build_length_predictor(rt: Runtime) -> LengthPredictorStage:
+    if rt.settings.length_predictor == "learned":
+        return learned_lengths(rt)  # one instance, shared with the online loop
+    return LENGTH_PREDICTORS.create(rt.settings.length_predictor, rt)
+
+
+def start(db: Database, request_id: str) -> LengthQuery | None:
+    """Mark the request predicting and return its query, or None when it is past this stage.
+
+    A redelivered task finds it already predicting and predicts again (nothing was routed yet).
+    """
+    with db.session() as session:
+        store.transition(
+            session, request_id, RequestStatus.PREDICTING, allowed_from={RequestStatus.QUEUED}
+        )
+        request = session.get(InferenceRequest, request_id)
+        if request is None or request.status != RequestStatus.PREDICTING:
+            return None
+        return LengthQuery(request.messages or request.prompt, request.max_tokens,
+                           Priority(request.priority).rank)
+
+
+def record(db: Database, request_id: str, answer: LengthAnswer) -> bool:
+    """Store the answer; False when the request left `predicting` meanwhile (cancelled)."""
+    with db.session() as session:
+        recorded = session.execute(
+            update(InferenceRequest)
+            .where(InferenceRequest.id == request_id,
+                   InferenceRequest.status == str(RequestStatus.PREDICTING))
+            .values(predicted_output_tokens=answer.tokens,
+                    predicted_output_tokens_p90=answer.p90_tokens, predictor=answer.predictor,
+                    predicted_at=utcnow())
+            .execution_options(synchronize_session=False)
+        ).rowcount  # type: ignore[attr-defined]
+    return recorded == 1
+
+
+def _scaled(tokens: int, factor: float, cap: int) -> int:
+    return max(1, min(cap, round(tokens * factor)))

@@ -1,0 +1,176 @@
+"""The route stage: read the request, plan the decision on the fleet's published states, record
+it. The route task (`tasks.py`) calls these in order and publishes to the chosen queue after the
+decision committed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from app import model_registry, store
+from app.db import Database
+from app.fleet import Fleet
+from app.models import InferenceRequest, Priority, RequestStatus, utcnow
+from app.settings import Settings
+from workers.active_model import ActiveModel
+from workers.route.planner import Plan
+from workers.route.policies import POLICIES, RequestView
+from workers.runtime import Runtime
+from workers.sim import ExecModel, bundled_model, bundled_model_names
+
+__all__ = ["DEFAULT_EXEC_MODEL", "ExecModels", "exec_models", "RouteInput", "load",
+           "policy_in_force", "routing_record", "record", "overhead"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_EXEC_MODEL = "qwen2-7b-a30"
+
+
+class ExecModels:
+    """Each instance's active execution-time model (refit from its own steps, hot-reloaded),
+    else the routing default: what block policies simulate instances with."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.db, self.settings = rt.db, rt.settings
+        self._by_instance: dict[str, ActiveModel[ExecModel]] = {}
+        self._lock = threading.Lock()
+
+    @cached_property
+    def default(self) -> ExecModel:
+        s = self.settings
+        name = s.routing_exec_model or (
+            s.emulated_exec_model if s.engine_kind == "emulated" else DEFAULT_EXEC_MODEL)
+        if name in bundled_model_names():
+            return bundled_model(name)
+        return ExecModel.load(Path(name))
+
+    def of(self, instance_ids: Iterable[str]) -> dict[str, ExecModel]:
+        return {i: self._active(i).get() for i in instance_ids}
+
+    def _active(self, instance_id: str) -> ActiveModel[ExecModel]:
+        with self._lock:
+            if instance_id not in self._by_instance:
+                self._by_instance[instance_id] = ActiveModel(
+                    self.db, model_registry.KIND_EXEC, instance_id, load=_exec_model_of,
+                    default=lambda: self.default,
+                    interval_s=self.settings.model_reload_interval_s)
+            return self._by_instance[instance_id]
+
+
+def exec_models(rt: Runtime) -> ExecModels:
+    return rt.component(ExecModels)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteInput:
+    """A request as the route stage found it."""
+
+    view: RequestView
+    priority: int  # Priority.rank, for the queues
+    status: RequestStatus
+    instance_id: str | None  # set when already routed
+    attempt: int
+
+
+def load(db: Database, request_id: str) -> RouteInput | None:
+    with db.session() as session:
+        request = session.get(InferenceRequest, request_id)
+        if request is None:
+            return None
+        return RouteInput(
+            view=RequestView(
+                request_id=request.id,
+                num_prompt_tokens=request.prompt_tokens,
+                predicted_output_tokens=request.predicted_output_tokens,
+                max_tokens=request.max_tokens,
+            ),
+            priority=Priority(request.priority).rank,
+            status=RequestStatus(request.status),
+            instance_id=request.instance_id,
+            attempt=request.attempt,
+        )
+
+
+def policy_in_force(fleet: Fleet, settings: Settings) -> str:
+    """The operator's run-time override (admin API), else the configured policy."""
+    override = fleet.policy_override()
+    if override is None:
+        return settings.routing_policy
+    if override not in POLICIES.names():
+        logger.error("ignoring unknown routing policy override %r", override)
+        return settings.routing_policy
+    return override
+
+
+def routing_record(plan: Plan, decision_ms: float, fallback: dict[str, Any] | None,
+                   timing: dict[str, float], route_started_at: float) -> dict[str, Any]:
+    """What the request's `routing` column keeps of the decision."""
+    routing: dict[str, Any] = {
+        "scores": plan.decision.scores,
+        "what_ifs": plan.what_ifs,
+        "decision_ms": round(decision_ms, 3),
+    }
+    if fallback:
+        routing["fallback"] = fallback
+    routing.update(overhead(timing, route_started_at))
+    return routing
+
+
+def record(db: Database, request_id: str, plan: Plan, routing: dict[str, Any], *,
+           fallback: bool) -> int | None:
+    """Commit the decision (status routed, attempt + 1); the new attempt, or None when the
+    request left queued/predicting meanwhile."""
+    decision = plan.decision
+    ttft_s, e2e_s = plan.what_ifs.get(decision.instance_id, (None, None))
+    with db.session() as session:
+        routed = store.transition(
+            session,
+            request_id,
+            RequestStatus.ROUTED,
+            allowed_from={RequestStatus.QUEUED, RequestStatus.PREDICTING},
+            detail=f"{decision.policy}{' (fallback)' if fallback else ''} -> "
+            f"{decision.instance_id}",
+            instance_id=decision.instance_id,
+            policy=decision.policy,
+            routing=routing,
+            predicted_ttft_s=ttft_s,
+            predicted_e2e_s=e2e_s,
+            routed_at=utcnow(),
+            attempt=InferenceRequest.attempt + 1,
+        )
+        attempt = session.scalar(
+            select(InferenceRequest.attempt).where(InferenceRequest.id == request_id)
+        )
+    return attempt if routed else None
+
+
+def overhead(timing: dict[str, float], route_started_at: float) -> dict[str, object]:
+    """Overhead from entering predict to now (the publish follows the decision's commit at
+    once), with its stages: predict, the hand-off through the broker, and the route task."""
+    started, predicted = timing.get("predict_started_at"), timing.get("predicted_at")
+    if started is None or predicted is None:
+        return {}
+    now = time.time()
+    return {
+        "overhead_ms": round((now - started) * 1000, 3),
+        "stages_ms": {
+            "predict": round((predicted - started) * 1000, 3),
+            "handoff": round((route_started_at - predicted) * 1000, 3),
+            "route": round((now - route_started_at) * 1000, 3),
+        },
+    }
+
+
+def _exec_model_of(artifact: bytes) -> ExecModel:
+    return ExecModel.from_dict(json.loads(artifact))
+
