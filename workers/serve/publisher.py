@@ -1,0 +1,60 @@
+"""The state publisher of an engine instance: its snapshot and heartbeat in Redis, every
+`state_publish_interval_s`, and the cancellations it finds there applied to the engine."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from app.fleet import Fleet
+from workers.serve.engine import Engine
+from workers.serve.periodic import Periodic
+
+__all__ = ["StatePublisher"]
+
+#: How long stop() waits for a publish in progress.
+JOIN_TIMEOUT_S = 5.0
+
+
+class StatePublisher:
+    """Publishes what the engine holds so that routers see it, and aborts what was cancelled."""
+
+    def __init__(self, instance_id: str, model_name: str, engine: Engine, fleet: Fleet,
+                 interval_s: float) -> None:
+        self.instance_id = instance_id
+        self.model_name = model_name
+        self.engine = engine
+        self.fleet = fleet
+        self.accepting = True  # False once the instance withdraws: route nothing new to it
+        self._thread = Periodic(f"{instance_id}-publisher", interval_s, self.publish_once,
+                                "state publish failed on %s", instance_id)
+
+    def start(self) -> None:
+        """Publish now, then every interval."""
+        self.publish_once()
+        self._thread.start()
+
+    def withdraw(self) -> None:
+        """Tell routers at once that this instance takes no new work; the heartbeat goes on."""
+        self.accepting = False
+        self.publish_once()
+
+    def signal_stop(self) -> None:
+        """Stop publishing and drop the heartbeat (routers re-route what is left here)."""
+        self.accepting = False
+        self._thread.signal_stop()
+        self.fleet.mark_stopped(self.instance_id)
+
+    def join(self) -> None:
+        self._thread.join(JOIN_TIMEOUT_S)
+
+    def publish_once(self) -> None:
+        snapshot = self.engine.snapshot()
+        state: dict[str, Any] = dataclasses.asdict(snapshot)
+        state["instance_id"] = self.instance_id
+        state["model"] = self.model_name
+        state["accepting"] = self.accepting
+        self.fleet.publish(self.instance_id, state)
+        in_flight = [r.request_id for r in snapshot.requests]
+        for request_id in self.fleet.cancelled(in_flight):
+            self.engine.abort(request_id)

@@ -1,0 +1,144 @@
+"""A request's life on an engine instance, in the database: admitted (ROUTED -> RUNNING),
+completed (-> SUCCEEDED) or failed (-> FAILED), each written once, with the request's stream,
+webhook, metrics and learning feedback following the write."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app import dispatch, metrics, store
+from app.db import Database
+from app.models import InferenceRequest, Priority, RequestStatus, utcnow
+from app.streams import StreamWriter
+from workers.learn import history
+from workers.runtime import current_celery
+from workers.serve.engine import GenerationRequest, GenerationResult
+from workers.serve.feedback import LengthFeedback
+
+__all__ = ["RequestRecords", "storable"]
+
+logger = logging.getLogger(__name__)
+
+
+class RequestRecords:
+    """Guarded status writes of the requests one instance runs: a write that finds the request
+    finished, cancelled or re-routed meanwhile changes nothing, so a rerun is a no-op."""
+
+    def __init__(self, instance_id: str, model_name: str, db: Database, streams: StreamWriter,
+                 feedback: LengthFeedback) -> None:
+        self.instance_id = instance_id
+        self.model_name = model_name
+        self.db = db
+        self.streams = streams
+        self.feedback = feedback
+
+    def admit(self, request_id: str, attempt: int) -> GenerationRequest | None:
+        """Mark the request RUNNING here; None if it is no longer ours to run (finished,
+        cancelled, or re-routed since this message was sent)."""
+        ours = [
+            InferenceRequest.instance_id == self.instance_id,
+            InferenceRequest.attempt == attempt,
+        ]
+        with self.db.session() as session:
+            store.transition(
+                session,
+                request_id,
+                RequestStatus.RUNNING,
+                allowed_from={RequestStatus.ROUTED},
+                extra_where=ours,
+                detail=f"admitted by {self.instance_id}",
+                started_at=utcnow(),
+            )
+            request = session.get(InferenceRequest, request_id)
+            if (
+                request is None
+                or request.status != RequestStatus.RUNNING
+                or request.instance_id != self.instance_id
+                or request.attempt != attempt
+            ):
+                return None
+            if request.stream:
+                self.streams.follow(request_id, attempt)
+            return GenerationRequest(
+                request_id=request.id,
+                prompt=request.prompt,
+                max_tokens=request.max_tokens,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                seed=request.seed,
+                stop=tuple(request.stop or ()),
+                priority=Priority(request.priority).rank,
+                predicted_output_tokens=request.predicted_output_tokens,
+            )
+
+    def complete(self, result: GenerationResult, attempt: int) -> None:
+        """Store the result (SUCCEEDED) unless another attempt or a cancel came first."""
+        with self.db.session() as session:
+            done = store.transition(
+                session,
+                result.request_id,
+                RequestStatus.SUCCEEDED,
+                allowed_from=store.ACTIVE_STATUSES,
+                detail=f"finished on {self.instance_id}",
+                output_text=storable(result.output_text),
+                output_tokens=result.num_output_tokens,
+                finish_reason=result.finish_reason,
+                first_token_at=_utc(result.first_token_at),
+                finished_at=_utc(result.finished_at),
+            )
+            if done:
+                history.record_outcome(session, result.request_id, model_name=self.model_name)
+                predicted = session.scalar(select(InferenceRequest.predicted_output_tokens)
+                                           .where(InferenceRequest.id == result.request_id))
+                finished = session.get(InferenceRequest, result.request_id)
+            webhook_url = done and _webhook_url(session, result.request_id)
+        if not done:
+            self.streams.discard(result.request_id)
+            return  # completed by another attempt, or cancelled meanwhile
+        logger.info("request finished on %s: %d tokens (%s)", self.instance_id,
+                    result.num_output_tokens, result.finish_reason,
+                    extra={"instance_id": self.instance_id,
+                           "output_tokens": result.num_output_tokens,
+                           "finish_reason": result.finish_reason})
+        metrics.observe_completion(finished)
+        self.streams.end(result.request_id, attempt, result.finish_reason)
+        self.feedback.observe(predicted, result.num_output_tokens)
+        if webhook_url:
+            dispatch.enqueue_webhook(current_celery(), result.request_id, "request.succeeded")
+
+    def fail(self, request_id: str, attempt: int, exc: Exception) -> None:
+        """Mark the request FAILED with the engine's error (logged with its traceback)."""
+        logger.exception("generation failed for %s", request_id)
+        with self.db.session() as session:
+            done = store.transition(
+                session,
+                request_id,
+                RequestStatus.FAILED,
+                allowed_from=store.ACTIVE_STATUSES,
+                detail=f"engine error on {self.instance_id}",
+                error={"type": "engine_error", "message": f"{type(exc).__name__}: {exc}"},
+                finished_at=utcnow(),
+            )
+            webhook_url = done and _webhook_url(session, request_id)
+        if done:
+            self.streams.fail(request_id, attempt, "the engine failed to generate this request")
+        if webhook_url:
+            dispatch.enqueue_webhook(current_celery(), request_id, "request.failed")
+
+
+def storable(text: str) -> str:
+    """Text as every database stores it: PostgreSQL text cannot hold NUL characters."""
+    return text.replace("\x00", "\ufffd")
+
+
+def _utc(unix_s: float | None) -> datetime | None:
+    return None if unix_s is None else datetime.fromtimestamp(unix_s, UTC)
+
+
+def _webhook_url(session: Session, request_id: str) -> str | None:
+    request = session.get(InferenceRequest, request_id)
+    return request.webhook_url if request else None
