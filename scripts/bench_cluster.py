@@ -1,9 +1,9 @@
 """Cluster benchmark: routing policies on N simulated instances, capacity under a TTFT SLO.
 
-Replays a workload through `workers.route.cluster_sim` (discrete-event, no Celery): 12 vLLM
-instances whose ground truth is the scheduler with the true output lengths and noisy step
-times, and a router that sees only published states (refreshed every 100 ms), the requests it
-routed since, and predicted output lengths. Setup as the Block paper: max_num_seqs 48, token
+Replays a workload through `workers.sim.cluster` (discrete-event, no Celery): 12 vLLM instances
+whose ground truth is the scheduler with the true output lengths and noisy step times, and a
+router that sees only published states (refreshed every 100 ms), the requests it routed since,
+and predicted output lengths. Setup as the Block paper: max_num_seqs 48, token
 budget 512, block size 16, max_model_len 4096; Llama-2-7B on A30 (1052 KV blocks) and
 Qwen2-7B on A30 (7289 blocks); ShareGPT lengths with Poisson arrivals, or the Azure
 conversation / code traces with their real arrival times rescaled to each rate.
@@ -38,24 +38,22 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from workers.route.cluster_sim import (
+from workers.route.policies import needs_what_if
+from workers.sim import InstanceConfig, bundled_model
+from workers.sim.cluster import (
+    AZURE_CODE,
+    AZURE_CONV,
+    SHAREGPT,
     ClusterSetup,
     RunResult,
+    Workload,
     capacity_bounds,
+    load_azure_trace,
+    load_length_trace,
     predictor_from_spec,
     saturation_rate,
     simulate,
 )
-from workers.route.policies import needs_what_if
-from workers.route.workload import (
-    AZURE_CODE,
-    AZURE_CONV,
-    SHAREGPT,
-    Workload,
-    load_azure_trace,
-    load_length_trace,
-)
-from workers.sim import InstanceConfig, bundled_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: ``../shared/data`` next to the repository checkout.

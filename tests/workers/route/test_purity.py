@@ -1,4 +1,4 @@
-"""The route stage's pure core (policies, cluster simulation, workloads) needs no services."""
+"""The route stage's pure policies and the cluster benchmark built on them need no services."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 
 import workers.route
+import workers.sim.cluster
 
 ROUTE_DIR = Path(workers.route.__file__).resolve().parent
-PURE_MODULES = ("policies.py", "cluster_sim.py", "workload.py")
+CLUSTER_DIR = Path(workers.sim.cluster.__file__).resolve().parent
+PURE_MODULES = (ROUTE_DIR / "policies.py", *sorted(CLUSTER_DIR.glob("*.py")))
 ALLOWED = {"numpy", "workers"}
 #: What the pure modules may import from this project.
 ALLOWED_OURS = ("workers.registry", "workers.sim", "workers.route.")
@@ -26,8 +28,9 @@ def imports_of(path: Path) -> set[str]:
 
 
 def test_pure_route_modules_import_only_stdlib_numpy_and_the_pure_core() -> None:
-    for name in PURE_MODULES:
-        names = imports_of(ROUTE_DIR / name)
+    for path in PURE_MODULES:
+        name = path.name
+        names = imports_of(path)
         foreign = {n for n in names if n.split(".")[0] not in sys.stdlib_module_names
                    and n.split(".")[0] not in ALLOWED}
         assert not foreign, f"{name} imports {sorted(foreign)}"

@@ -39,8 +39,10 @@ from workers.route.policies import (
     needs_what_if,
     probed,
 )
-from workers.route.workload import Workload
-from workers.sim import ExecModel, InstanceConfig, InstanceSnapshot, SimRequest
+
+from ..exec_model import ExecModel
+from ..snapshot import InstanceConfig, InstanceSnapshot, SimRequest
+from .workload import Workload
 
 __all__ = [
     "ClusterSetup",

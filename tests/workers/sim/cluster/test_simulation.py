@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from workers.route.cluster_sim import (
+from workers.sim import InstanceConfig, Scheduler, SeqState
+from workers.sim.cluster.simulation import (
     ClusterSetup,
     GroundTruthInstance,
     LogNormalPredictor,
@@ -19,8 +20,7 @@ from workers.route.cluster_sim import (
     saturation_rate,
     simulate,
 )
-from workers.route.workload import Workload, poisson_unit_arrivals
-from workers.sim import InstanceConfig, Scheduler, SeqState
+from workers.sim.cluster.workload import Workload, poisson_unit_arrivals
 
 
 def _workload(lengths: list[tuple[int, int]], seed: int = 0) -> Workload:

@@ -1,0 +1,53 @@
+"""The cluster benchmark's world: ground-truth instances, workloads, a routed fleet (pure).
+
+Benchmark-only: production never imports it. It sits above the route stage's pure policies
+(the router it simulates), so `workers.sim` itself must not import this subpackage.
+"""
+
+from .simulation import (
+    ClusterSetup,
+    GroundTruthInstance,
+    LengthPredictor,
+    LogNormalPredictor,
+    MeanPredictor,
+    OraclePredictor,
+    RunResult,
+    SimulatedRequest,
+    capacity_bounds,
+    predictor_from_spec,
+    saturation_rate,
+    simulate,
+)
+from .workload import (
+    AZURE_CODE,
+    AZURE_CONV,
+    SHAREGPT,
+    Workload,
+    fit_to_model,
+    load_azure_trace,
+    load_length_trace,
+    poisson_unit_arrivals,
+)
+
+__all__ = [
+    "AZURE_CODE",
+    "AZURE_CONV",
+    "SHAREGPT",
+    "ClusterSetup",
+    "GroundTruthInstance",
+    "LengthPredictor",
+    "LogNormalPredictor",
+    "MeanPredictor",
+    "OraclePredictor",
+    "RunResult",
+    "SimulatedRequest",
+    "Workload",
+    "capacity_bounds",
+    "fit_to_model",
+    "load_azure_trace",
+    "load_length_trace",
+    "poisson_unit_arrivals",
+    "predictor_from_spec",
+    "saturation_rate",
+    "simulate",
+]
