@@ -1,6 +1,6 @@
 """Cluster benchmark: routing policies on N simulated instances, capacity under a TTFT SLO.
 
-Replays a workload through `workers.sim.cluster` (discrete-event, no Celery): 12 vLLM instances
+Replays a workload through `workers.cluster_sim` (discrete-event, no Celery): 12 vLLM instances
 whose ground truth is the scheduler with the true output lengths and noisy step times, and a
 router that sees only published states (refreshed every 100 ms), the requests it routed since,
 and predicted output lengths. Setup as the Block paper: max_num_seqs 48, token
@@ -38,9 +38,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from workers.route.policies import needs_what_if
-from workers.sim import InstanceConfig, bundled_model
-from workers.sim.cluster import (
+from workers.cluster_sim import (
     AZURE_CODE,
     AZURE_CONV,
     SHAREGPT,
@@ -54,6 +52,8 @@ from workers.sim.cluster import (
     saturation_rate,
     simulate,
 )
+from workers.route.policies import needs_what_if
+from workers.sim import InstanceConfig, bundled_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: ``../shared/data`` next to the repository checkout.

@@ -6,11 +6,11 @@ import ast
 import sys
 from pathlib import Path
 
+import workers.cluster_sim
 import workers.route
-import workers.sim.cluster
 
 ROUTE_DIR = Path(workers.route.__file__).resolve().parent
-CLUSTER_DIR = Path(workers.sim.cluster.__file__).resolve().parent
+CLUSTER_DIR = Path(workers.cluster_sim.__file__).resolve().parent
 PURE_MODULES = (ROUTE_DIR / "policies.py", *sorted(CLUSTER_DIR.glob("*.py")))
 ALLOWED = {"numpy", "workers"}
 #: What the pure modules may import from this project.

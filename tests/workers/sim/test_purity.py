@@ -27,9 +27,7 @@ def imported_roots(path: Path) -> set[str]:
 
 
 def test_sim_imports_only_the_standard_library_and_numpy() -> None:
-    # NOTE: the cluster benchmark also imports the route policies it simulates; its own
-    # purity test is in tests/workers/route/test_purity.py.
-    files = sorted(p for p in SIM_DIR.rglob("*.py") if not p.is_relative_to(SIM_DIR / "cluster"))
+    files = sorted(SIM_DIR.rglob("*.py"))
     assert files
     for path in files:
         roots = imported_roots(path)

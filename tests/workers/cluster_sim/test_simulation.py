@@ -7,8 +7,7 @@ import random
 
 import pytest
 
-from workers.sim import InstanceConfig, Scheduler, SeqState
-from workers.sim.cluster.simulation import (
+from workers.cluster_sim.simulation import (
     ClusterSetup,
     GroundTruthInstance,
     LogNormalPredictor,
@@ -20,7 +19,8 @@ from workers.sim.cluster.simulation import (
     saturation_rate,
     simulate,
 )
-from workers.sim.cluster.workload import Workload, poisson_unit_arrivals
+from workers.cluster_sim.workload import Workload, poisson_unit_arrivals
+from workers.sim import InstanceConfig, Scheduler, SeqState
 
 
 def _workload(lengths: list[tuple[int, int]], seed: int = 0) -> Workload:

@@ -39,9 +39,8 @@ from workers.route.policies import (
     needs_what_if,
     probed,
 )
+from workers.sim import ExecModel, InstanceConfig, InstanceSnapshot, SimRequest
 
-from ..exec_model import ExecModel
-from ..snapshot import InstanceConfig, InstanceSnapshot, SimRequest
 from .workload import Workload
 
 __all__ = [

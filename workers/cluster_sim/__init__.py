@@ -1,7 +1,8 @@
 """The cluster benchmark's world: ground-truth instances, workloads, a routed fleet (pure).
 
-Benchmark-only: production never imports it. It sits above the route stage's pure policies
-(the router it simulates), so `workers.sim` itself must not import this subpackage.
+Benchmark-only: production never imports it. It sits above the simulator (`workers.sim`, the
+instances) and the route stage's pure policies (the router it simulates), which import
+`workers.sim` themselves; inside `workers.sim` it would make the two packages a cycle.
 """
 
 from .simulation import (

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from workers.sim.cluster.workload import (
+from workers.cluster_sim.workload import (
     Workload,
     fit_to_model,
     load_azure_trace,
