@@ -1,95 +1,93 @@
-"""Build the engine host of one instance from Settings, for the configured engine kind."""
+"""Build the engine host of one instance from Settings, for the configured engine kind.
+
+Engine kinds are registered in `ENGINE_KINDS`: a kind is built from (instance_id, Settings) and
+then called with the host (the engine's listener) to make the engine.
+"""
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from typing import Protocol
 
 from app.settings import Settings
 from workers import runtime
-from workers.serve.emulated_engine import (
-    AnswerLengths,
-    EmulatedEngine,
-    EmulatedEngineConfig,
-    MaxTokensLengths,
-    OutputLengths,
-    ShareGptLengths,
-)
+from workers.registry import Registry
+from workers.serve.emulated_engine import EmulatedEngine, EmulatedEngineConfig
 from workers.serve.engine import Engine, EngineListener
 from workers.serve.host import EngineHost
+from workers.serve.output_lengths import OUTPUT_LENGTHS
+from workers.serve.vllm_engine import VllmEngine, VllmEngineConfig
 
-__all__ = ["build_engine_host"]
+__all__ = ["ENGINE_KINDS", "EngineKindBuilder", "build_engine_host"]
 
 #: Block size of an emulated instance when Settings.block_size is unset (vLLM's GPU default).
 EMULATED_DEFAULT_BLOCK_SIZE = 16
 
 
+class EngineKindBuilder(Protocol):
+    """One engine kind, configured for one instance; calling it makes the engine."""
+
+    def __init__(self, instance_id: str, settings: Settings) -> None: ...
+
+    def __call__(self, listener: EngineListener) -> Engine: ...
+
+
+#: Engine kinds by name (Settings.engine_kind).
+ENGINE_KINDS: Registry[EngineKindBuilder] = Registry("engine kind")
+
+
 def build_engine_host(instance_id: str, settings: Settings) -> EngineHost:
-    builders = {"vllm": _vllm_engine_factory, "emulated": _emulated_engine_factory}
-    if settings.engine_kind not in builders:
-        raise SystemExit(
-            f"unknown engine kind {settings.engine_kind!r}; known: {sorted(builders)}"
+    try:
+        kind = ENGINE_KINDS.get(settings.engine_kind)
+    except ValueError as unknown:
+        raise SystemExit(str(unknown)) from None
+    return EngineHost(instance_id, kind(instance_id, settings), runtime.get())
+
+
+@ENGINE_KINDS.register("vllm")
+class VllmEngineBuilder:
+    """The vLLM engine serving Settings' model."""
+
+    def __init__(self, instance_id: str, settings: Settings) -> None:
+        self.config = VllmEngineConfig(
+            model=str(settings.resolved_model_path),
+            max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            max_model_len=settings.max_model_len,
+            block_size=settings.block_size,
+            kv_cache_gib=settings.kv_cache_gib,
+            num_threads=settings.engine_threads,
         )
-    make_engine = builders[settings.engine_kind](instance_id, settings)
-    return EngineHost(instance_id, make_engine, runtime.get())
+
+    def __call__(self, listener: EngineListener) -> Engine:
+        return VllmEngine(self.config, listener=listener)
 
 
-def _vllm_engine_factory(
-    instance_id: str, settings: Settings
-) -> Callable[[EngineListener], Engine]:
-    from workers.serve.vllm_engine import VllmEngine, VllmEngineConfig  # noqa: PLC0415 - heavy
-
-    config = VllmEngineConfig(
-        model=str(settings.resolved_model_path),
-        max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-        max_model_len=settings.max_model_len,
-        block_size=settings.block_size,
-        kv_cache_gib=settings.kv_cache_gib,
-        num_threads=settings.engine_threads,
-    )
-
-    def make_engine(listener: EngineListener) -> Engine:
-        return VllmEngine(config, listener=listener)
-
-    return make_engine
-
-
-def _emulated_engine_factory(
-    instance_id: str, settings: Settings
-) -> Callable[[EngineListener], Engine]:
+@ENGINE_KINDS.register("emulated")
+class EmulatedEngineBuilder:
     """An emulated instance counting prompt tokens with the served model's tokenizer, as the API
     does, so that the API's context check and the engine agree."""
-    prompts = runtime.get().prompts
-    prompts.warm_up()
-    lengths = _output_lengths(settings)
-    config = EmulatedEngineConfig(
-        exec_model=settings.emulated_exec_model,
-        model=f"emulated/{settings.model_name}",
-        num_blocks=settings.emulated_num_blocks,
-        block_size=settings.block_size or EMULATED_DEFAULT_BLOCK_SIZE,
-        max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-        max_model_len=settings.max_model_len,
-        time_scale=settings.emulated_time_scale,
-        noise=settings.emulated_noise,
-        # Instances differ in their noise, not in their requests' lengths.
-        seed=zlib.crc32(instance_id.encode()),
-        output_lengths=lengths,
-        count_tokens=prompts.count,
-    )
 
-    def make_engine(listener: EngineListener) -> Engine:
-        return EmulatedEngine(config, listener=listener)
+    def __init__(self, instance_id: str, settings: Settings) -> None:
+        prompts = runtime.get().prompts
+        prompts.warm_up()
+        lengths = OUTPUT_LENGTHS.get(settings.emulated_output_lengths).configure(
+            settings.emulated_answers_path)
+        self.config = EmulatedEngineConfig(
+            exec_model=settings.emulated_exec_model,
+            model=f"emulated/{settings.model_name}",
+            num_blocks=settings.emulated_num_blocks,
+            block_size=settings.block_size or EMULATED_DEFAULT_BLOCK_SIZE,
+            max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            max_model_len=settings.max_model_len,
+            time_scale=settings.emulated_time_scale,
+            noise=settings.emulated_noise,
+            # Instances differ in their noise, not in their requests' lengths.
+            seed=zlib.crc32(instance_id.encode()),
+            output_lengths=lengths,
+            count_tokens=prompts.count,
+        )
 
-    return make_engine
-
-
-def _output_lengths(settings: Settings) -> OutputLengths:
-    if settings.emulated_output_lengths == "max_tokens":
-        return MaxTokensLengths()
-    if settings.emulated_output_lengths == "answers":
-        if settings.emulated_answers_path is None:
-            raise ValueError("emulated_output_lengths 'answers' needs emulated_answers_path")
-        return AnswerLengths.from_jsonl(settings.emulated_answers_path)
-    return ShareGptLengths()
+    def __call__(self, listener: EngineListener) -> Engine:
+        return EmulatedEngine(self.config, listener=listener)

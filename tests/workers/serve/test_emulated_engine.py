@@ -10,14 +10,7 @@ from concurrent.futures import wait
 
 import pytest
 
-from workers.serve.emulated_engine import (
-    AnswerLengths,
-    EmulatedEngine,
-    EmulatedEngineConfig,
-    MaxTokensLengths,
-    ShareGptLengths,
-    sharegpt_output_tokens,
-)
+from workers.serve.emulated_engine import EmulatedEngine, EmulatedEngineConfig
 from workers.serve.engine import (
     Engine,
     EngineListener,
@@ -26,6 +19,7 @@ from workers.serve.engine import (
     RequestRejected,
     StepSample,
 )
+from workers.serve.output_lengths import AnswerLengths, MaxTokensLengths, ShareGptLengths
 from workers.sim import InstanceConfig, InstanceSnapshot, SimRequest, predict_what_if
 
 RESULT_TIMEOUT_S = 30
@@ -139,16 +133,6 @@ def test_answer_lengths_replay_the_real_answer_of_the_same_prompt(make_engine, t
     assert (capped.num_output_tokens, capped.finish_reason) == (100, "length")
     unknown = _request("a3", prompt_tokens=7)
     assert lengths(unknown) == ShareGptLengths()(unknown)
-
-
-def test_sharegpt_quantiles_interpolate() -> None:
-    assert sharegpt_output_tokens(0.0) == 3
-    assert sharegpt_output_tokens(50.0) == 286
-    assert sharegpt_output_tokens(100.0) == 1734
-    assert 286 < sharegpt_output_tokens(52.5) < 314
-    draws = [ShareGptLengths()(_request(f"m{i}")) for i in range(2000)]
-    median = sorted(draws)[1000]
-    assert 240 < median < 330
 
 
 def test_output_is_capped_by_max_model_len(make_engine) -> None:

@@ -1,0 +1,28 @@
+"""Engine kinds are a registry: Settings.engine_kind picks one, unknown kinds are refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.settings import Settings
+from workers.serve.engine import EngineListener
+from workers.serve.factory import ENGINE_KINDS, VllmEngineBuilder, build_engine_host
+from workers.serve.vllm_engine import VllmEngine
+
+
+def test_every_settings_engine_kind_is_registered() -> None:
+    assert ENGINE_KINDS.names() == ["emulated", "vllm"]
+
+
+def test_an_unknown_engine_kind_stops_the_worker_naming_the_known_ones() -> None:
+    settings = Settings.model_construct(engine_kind="tpu")
+    with pytest.raises(SystemExit, match="unknown engine kind 'tpu'; known: emulated, vllm"):
+        build_engine_host("gpu.0", settings)
+
+
+def test_the_vllm_kind_builds_an_engine_from_settings_without_starting_it() -> None:
+    settings = Settings(max_num_seqs=7, max_num_batched_tokens=64, max_model_len=256)
+    engine = VllmEngineBuilder("gpu.0", settings)(EngineListener())
+    assert isinstance(engine, VllmEngine) and not engine.alive
+    assert (engine.config.max_num_seqs, engine.config.max_num_batched_tokens,
+            engine.config.max_model_len) == (7, 64, 256)
