@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,20 +11,13 @@ import redis
 
 from app.migrate import recreate_database, upgrade
 from app.settings import Settings
-
-ROOT = Path(__file__).resolve().parent.parent
-# Test services: the local PostgreSQL and Redis (a separate database and Redis db number).
-TEST_DATABASE_URL = os.environ.get(
-    "BLOCKQ_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/blockq_test"
+from tests.environment import (
+    ROOT,
+    TEST_DATABASE_URL,
+    TEST_REDIS_URL,
+    TEST_WEBHOOK_SECRET,
+    free_port,
 )
-TEST_REDIS_URL = os.environ.get("BLOCKQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
-TEST_WEBHOOK_SECRET = "whsec_" + "dGVzdC1zZWNyZXQtZm9yLWJsb2NrcS13ZWJob29rcw=="
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

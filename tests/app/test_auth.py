@@ -14,7 +14,7 @@ from app.cli import main as cli
 from app.models import ApiKey, Team
 from app.settings import Settings
 from app.teams import create_team, issue_key, revoke_key
-from tests.app.test_requests_api import services_of, team_key
+from tests.app.flask_client import services_of, team_key
 
 pytestmark = pytest.mark.services
 

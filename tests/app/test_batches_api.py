@@ -12,8 +12,7 @@ from sqlalchemy import update
 from app import create_app
 from app.models import Batch, BatchStatus, StoredFile
 from app.settings import Settings
-from tests.app.test_files_api import _error, upload
-from tests.app.test_requests_api import services_of, team_key
+from tests.app.flask_client import error_body, services_of, team_key, upload
 
 pytestmark = pytest.mark.services
 
@@ -58,28 +57,29 @@ def test_create_refuses_what_openai_refuses(client: FlaskClient) -> None:
         ({}, "input_file_id"),
     ]
     for body, param in cases:
-        error = _error(_create(client, **body), 400)
+        error = error_body(_create(client, **body), 400)
         assert error["param"] == param and error["type"] == "invalid_request_error", error
-    assert _error(client.post("/v1/batches", data="not json"), 400)["code"] == "invalid_json"
+    assert error_body(client.post("/v1/batches", data="not json"), 400)["code"] == "invalid_json"
 
 
 def test_an_output_file_is_no_input(client: FlaskClient) -> None:
     file_id = upload(client).get_json()["id"]
     with services_of(client).db.session() as session:
         session.execute(update(StoredFile).values(purpose="batch_output"))
-    error = _error(_create(client, input_file_id=file_id), 400)
+    error = error_body(_create(client, input_file_id=file_id), 400)
     assert error["param"] == "input_file_id" and "purpose 'batch'" in error["message"]
 
 
 def test_batches_are_visible_only_to_their_team(client: FlaskClient) -> None:
     batch_id = _create(client, input_file_id=upload(client).get_json()["id"]).get_json()["id"]
     other = {"Authorization": f"Bearer {team_key(client, 'others')}"}
-    assert _error(client.get(f"/v1/batches/{batch_id}", headers=other), 404)["code"] == "not_found"
-    assert _error(client.post(f"/v1/batches/{batch_id}/cancel", headers=other), 404)
+    missing = error_body(client.get(f"/v1/batches/{batch_id}", headers=other), 404)
+    assert missing["code"] == "not_found"
+    assert error_body(client.post(f"/v1/batches/{batch_id}/cancel", headers=other), 404)
     assert client.get("/v1/batches", headers=other).get_json()["data"] == []
     # Another team's file is no input either.
     other_file = upload(client, **other).get_json()["id"]
-    assert _error(_create(client, input_file_id=other_file), 400)["param"] == "input_file_id"
+    assert error_body(_create(client, input_file_id=other_file), 400)["param"] == "input_file_id"
 
 
 def test_list_pages_newest_first(client: FlaskClient) -> None:
@@ -89,7 +89,7 @@ def test_list_pages_newest_first(client: FlaskClient) -> None:
     assert [b["id"] for b in page["data"]] == ids[::-1][:2] and page["has_more"] is True
     rest = client.get(f"/v1/batches?after={page['last_id']}").get_json()
     assert [b["id"] for b in rest["data"]] == ids[:1] and rest["has_more"] is False
-    assert _error(client.get("/v1/batches?limit=101"), 400)["param"] == "limit"
+    assert error_body(client.get("/v1/batches?limit=101"), 400)["param"] == "limit"
 
 
 def test_cancel_is_idempotent_and_refused_once_finished(client: FlaskClient) -> None:
@@ -103,4 +103,4 @@ def test_cancel_is_idempotent_and_refused_once_finished(client: FlaskClient) -> 
     with services_of(client).db.session() as session:
         session.execute(update(Batch).where(Batch.id == finished)
                         .values(status=BatchStatus.COMPLETED))
-    assert _error(client.post(f"/v1/batches/{finished}/cancel"), 409)["param"] == "id"
+    assert error_body(client.post(f"/v1/batches/{finished}/cancel"), 409)["param"] == "id"

@@ -3,19 +3,14 @@ show, download, delete, team isolation and the size limit."""
 
 from __future__ import annotations
 
-import io
-from typing import Any
-
 import pytest
 from flask.testing import FlaskClient
 
 from app import create_app
 from app.settings import Settings
-from tests.app.test_requests_api import services_of, team_key
+from tests.app.flask_client import JSONL, error_body, services_of, team_key, upload
 
 pytestmark = pytest.mark.services
-
-JSONL = b'{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {}}\n'
 
 
 @pytest.fixture
@@ -26,19 +21,6 @@ def client(fresh_services: Settings) -> FlaskClient:
     test_client = app.test_client()
     test_client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {team_key(test_client, 'tests')}"
     return test_client
-
-
-def upload(client: FlaskClient, content: bytes = JSONL, *, name: str = "input.jsonl",
-           purpose: str = "batch", **headers: str) -> Any:
-    return client.post("/v1/files", data={"purpose": purpose, "file": (io.BytesIO(content), name)},
-                       content_type="multipart/form-data", headers=headers)
-
-
-def _error(response: Any, status: int) -> dict[str, Any]:
-    assert response.status_code == status, response.get_data(as_text=True)
-    body = response.get_json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
-    return body["error"]
 
 
 def test_upload_show_download_delete(client: FlaskClient) -> None:
@@ -57,9 +39,9 @@ def test_upload_show_download_delete(client: FlaskClient) -> None:
     deleted = client.delete(f"/v1/files/{file['id']}")
     assert deleted.get_json() == {"id": file["id"], "object": "file", "deleted": True}
     assert not stored.exists()
-    assert _error(client.get(f"/v1/files/{file['id']}"), 404)["code"] == "not_found"
-    assert _error(client.get(f"/v1/files/{file['id']}/content"), 404)
-    assert _error(client.delete(f"/v1/files/{file['id']}"), 404)
+    assert error_body(client.get(f"/v1/files/{file['id']}"), 404)["code"] == "not_found"
+    assert error_body(client.get(f"/v1/files/{file['id']}/content"), 404)
+    assert error_body(client.delete(f"/v1/files/{file['id']}"), 404)
 
 
 def test_list_pages_newest_first_with_after_limit_and_has_more(client: FlaskClient) -> None:
@@ -74,31 +56,31 @@ def test_list_pages_newest_first_with_after_limit_and_has_more(client: FlaskClie
     oldest = client.get("/v1/files?order=asc&limit=1").get_json()
     assert [f["id"] for f in oldest["data"]] == ids[:1]
     assert client.get("/v1/files?purpose=batch_output").get_json()["data"] == []
-    assert _error(client.get("/v1/files?limit=0"), 400)["param"] == "limit"
-    assert _error(client.get("/v1/files?after=file-nope"), 400)["param"] == "after"
+    assert error_body(client.get("/v1/files?limit=0"), 400)["param"] == "limit"
+    assert error_body(client.get("/v1/files?after=file-nope"), 400)["param"] == "after"
 
 
 def test_files_are_visible_only_to_their_team(client: FlaskClient) -> None:
     file_id = upload(client).get_json()["id"]
     other = {"Authorization": f"Bearer {team_key(client, 'others')}"}
-    assert _error(client.get(f"/v1/files/{file_id}", headers=other), 404)
-    assert _error(client.get(f"/v1/files/{file_id}/content", headers=other), 404)
-    assert _error(client.delete(f"/v1/files/{file_id}", headers=other), 404)
+    assert error_body(client.get(f"/v1/files/{file_id}", headers=other), 404)
+    assert error_body(client.get(f"/v1/files/{file_id}/content", headers=other), 404)
+    assert error_body(client.delete(f"/v1/files/{file_id}", headers=other), 404)
     assert client.get("/v1/files", headers=other).get_json()["data"] == []
     assert client.get(f"/v1/files/{file_id}").status_code == 200
 
 
 def test_upload_refusals(client: FlaskClient) -> None:
-    wrong_purpose = _error(upload(client, purpose="fine-tune"), 400)
+    wrong_purpose = error_body(upload(client, purpose="fine-tune"), 400)
     assert wrong_purpose["param"] == "purpose" and wrong_purpose["type"] == "invalid_request_error"
-    assert _error(upload(client, purpose="batch_output"), 400)["param"] == "purpose"
-    assert _error(client.post("/v1/files", data={"purpose": "batch"},
+    assert error_body(upload(client, purpose="batch_output"), 400)["param"] == "purpose"
+    assert error_body(client.post("/v1/files", data={"purpose": "batch"},
                               content_type="multipart/form-data"), 400)["param"] == "file"
-    assert _error(client.post("/v1/files", json={"purpose": "batch"}), 400)["param"] == "file"
-    too_large = _error(upload(client, b"x" * 4097), 413)
+    assert error_body(client.post("/v1/files", json={"purpose": "batch"}), 400)["param"] == "file"
+    too_large = error_body(upload(client, b"x" * 4097), 413)
     assert too_large["code"] == "file_too_large"
     leftovers = services_of(client).settings.resolved_files_dir
     assert [p.name for p in leftovers.iterdir()] == [".tmp"]
     assert not any((leftovers / ".tmp").iterdir())
-    assert _error(upload(client, b"x" * 100_000), 413)["code"] == "request_too_large"
+    assert error_body(upload(client, b"x" * 100_000), 413)["code"] == "request_too_large"
     assert client.get("/v1/files").get_json()["data"] == []

@@ -28,7 +28,7 @@ from app.queues import queue_keys
 from app.services import Services
 from app.settings import Settings
 from app.teams import ensure_team_key
-from tests.conftest import TEST_REDIS_URL, free_port
+from tests.environment import TEST_REDIS_URL, free_port
 
 pytestmark = pytest.mark.services
 

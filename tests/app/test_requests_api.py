@@ -8,9 +8,8 @@ import pytest
 from flask.testing import FlaskClient
 
 from app import create_app, store
-from app.api.services import services
 from app.models import RequestStatus
-from app.teams import ensure_team_key
+from tests.app.flask_client import services_of, team_key
 
 pytestmark = pytest.mark.services
 
@@ -23,11 +22,6 @@ def client(fresh_services) -> FlaskClient:  # type: ignore[no-untyped-def]
     test_client = app.test_client()
     test_client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {team_key(test_client, 'tests')}"
     return test_client
-
-
-def team_key(client: FlaskClient, team: str, **options: Any) -> str:
-    with services_of(client).db.session() as session:
-        return ensure_team_key(session, team, **options).key
 
 
 def _error(response) -> dict[str, Any]:  # type: ignore[no-untyped-def]
@@ -59,11 +53,6 @@ def test_chat_messages_are_rendered_with_the_template(client: FlaskClient) -> No
     with services_of(client).db.session() as session:
         prompt = store.get_request(session, request_id).prompt
     assert "Hi" in prompt and prompt != "Hi"
-
-
-def services_of(client: FlaskClient):  # type: ignore[no-untyped-def]
-    with client.application.app_context():
-        return services()
 
 
 def test_idempotency_same_body_same_request_other_body_conflict(client: FlaskClient) -> None:

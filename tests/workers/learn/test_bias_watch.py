@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from app.bias import BiasRule, BiasWatch, fallback_state
-from tests.conftest import TEST_REDIS_URL
+from tests.environment import TEST_REDIS_URL
 
 MODEL = "tiny-llama"
 

@@ -14,7 +14,7 @@ from app import model_registry as registry
 from app.db import Database
 from app.models import EngineStepSample, ModelStatus, RequestOutcome, utcnow
 from app.settings import Settings
-from tests.workers.predict.conftest import synthetic_rows
+from tests.workers.synthetic_lengths import synthetic_rows
 from workers.active_model import ActiveModel
 from workers.learn.loop import LoopConfig, refit_exec_model, retrain_length_model
 from workers.predict.encoder import Encoder

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.workers.synthetic_lengths import synthetic_rows
 from workers.predict.dataset import (
     ARENA_BENCH,
     ARENA_HARD,
@@ -19,8 +20,6 @@ from workers.predict.dataset import (
     split_by_prompt,
     write_rows,
 )
-
-from .conftest import synthetic_rows
 
 
 def write_jsonl(path: Path, records: list[dict]) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.workers.synthetic_lengths import synthetic_rows
 from workers.predict.dataset import split_by_prompt
 from workers.predict.length_model import (
     BOOTSTRAP_ARTIFACT,
@@ -20,8 +21,6 @@ from workers.predict.length_model import (
     length_metrics,
     train,
 )
-
-from .conftest import synthetic_rows
 
 # Small data: lighter penalties than the defaults tuned on 2,450 real rows.
 CONFIG = TrainConfig(alphas=(0.3, 3.0, 30.0), num_folds=4, min_rows_per_model_quantile=10)

@@ -31,19 +31,18 @@ from sqlalchemy import func, select, update
 from app.cli import main as cli
 from app.cli.stack import Stack
 from app.db import Database
-from app.migrate import upgrade
+from app.migrate import recreate_database, upgrade
 from app.models import Batch, InferenceRequest, utcnow
 from app.settings import Settings
 from app.store import ACTIVE_STATUSES
 from app.teams import create_team, issue_key
-from tests.conftest import (
+from tests.environment import (
     TEST_DATABASE_URL,
     TEST_REDIS_URL,
     TEST_WEBHOOK_SECRET,
     free_port,
-    recreate_database,
 )
-from tests.test_stack import WebhookReceiver, _base_env
+from tests.stack.webhook_receiver import WebhookReceiver
 
 pytestmark = [pytest.mark.services, pytest.mark.stack]
 
@@ -53,7 +52,9 @@ MAX_IN_FLIGHT = 32
 
 
 @pytest.fixture(scope="module")
-def stack(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(
+    model_path: Path, tmp_path_factory: pytest.TempPathFactory, inherited_env: dict[str, str]
+) -> Iterator[Stack]:
     """The stack `start_stack` starts, with emulated engines 20 times faster than real time,
     a small batch in-flight limit (so that shares matter) and fast batch ticks."""
     recreate_database(TEST_DATABASE_URL)
@@ -70,7 +71,7 @@ def stack(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         emulated_output_lengths="max_tokens", max_batch_in_flight=MAX_IN_FLIGHT,
         batch_release_interval_s=0.2, batch_expiry_check_interval_s=0.5,
     )
-    running = Stack(settings, env={**_base_env(), **settings.as_env()})
+    running = Stack(settings, env={**inherited_env, **settings.as_env()})
     try:
         running.start()
         running.wait_ready(num_instances=2)

@@ -6,17 +6,12 @@ Real PostgreSQL, Redis and vLLM (the tiny model); webhooks go to a receiver on 1
 from __future__ import annotations
 
 import json
-import os
-import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
-import httpx
 import pytest
 from openai import OpenAI
 from sqlalchemy import func, select
@@ -24,120 +19,13 @@ from sqlalchemy import func, select
 from app.cli.stack import Stack
 from app.db import Database
 from app.models import EngineStepSample, WebhookDelivery
-from app.settings import Settings
-from tests.conftest import TEST_WEBHOOK_SECRET, free_port
+from tests.environment import TEST_WEBHOOK_SECRET
+from tests.stack.native_requests import submit, wait_terminal
+from tests.stack.webhook_receiver import WebhookReceiver
 
 pytestmark = [pytest.mark.services, pytest.mark.vllm, pytest.mark.stack]
 
 ORDER = ["queued", "predicting", "routed", "running", "succeeded"]
-TERMINAL = {"succeeded", "failed", "cancelled"}
-
-
-@pytest.fixture
-def start_stack(fresh_services: Settings) -> Iterator[Callable[..., Stack]]:
-    stacks: list[Stack] = []
-
-    def start(num_instances: int, **overrides: Any) -> Stack:
-        settings = fresh_services.model_copy(
-            update={
-                "num_instances": num_instances,
-                "api_workers": 1,
-                "heartbeat_ttl_s": 2.0,
-                "orphan_check_interval_s": 1.0,
-                "webhook_backoff_s": 0.2,
-                "engine_concurrency": 96,
-                "kv_cache_gib": 0.5,
-                **overrides,
-            }
-        )
-        stack = Stack(settings, env={**_base_env(), **settings.as_env()})
-        stacks.append(stack)
-        stack.start()
-        stack.wait_ready(num_instances=num_instances)
-        return stack
-
-    yield start
-    for stack in stacks:
-        stack.stop()
-
-
-def _base_env() -> dict[str, str]:
-    return {key: value for key, value in os.environ.items() if not key.startswith("BLOCKQ_")}
-
-
-class WebhookReceiver:
-    """Records every delivery; `/flaky` answers 500 to the first two attempts of each event."""
-
-    def __init__(self) -> None:
-        self.deliveries: list[tuple[str, dict[str, str], bytes]] = []
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-                body = self.rfile.read(int(self.headers["content-length"]))
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                with receiver.lock:
-                    receiver.deliveries.append((self.path, headers, body))
-                    seen = sum(
-                        1
-                        for p, h, _ in receiver.deliveries
-                        if p == self.path and h["webhook-id"] == headers["webhook-id"]
-                    )
-                failing = self.path == "/flaky" and seen <= 2
-                self.send_response(500 if failing else 200)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-
-
-def _submit(client: httpx.Client, **body: Any) -> str:
-    response = client.post("/v1/requests", json=body)
-    assert response.status_code == 202, response.text
-    return response.json()["id"]
-
-
-def _wait_terminal(
-    client: httpx.Client,
-    ids: list[str],
-    timeout_s: float = 120,
-    seen: dict[str, list[str]] | None = None,
-) -> dict[str, dict[str, Any]]:
-    done: dict[str, dict[str, Any]] = {}
-    deadline = time.monotonic() + timeout_s
-    while len(done) < len(ids):
-        if time.monotonic() > deadline:
-            stuck = [client.get(f"/v1/requests/{i}").json() for i in ids if i not in done]
-            pytest.fail(
-                f"{len(stuck)} requests unfinished: "
-                + json.dumps(
-                    [
-                        {k: r[k] for k in ("id", "status", "instance_id", "attempt", "events")}
-                        for r in stuck[:3]
-                    ],
-                    indent=1,
-                )
-            )
-        for request_id in ids:
-            if request_id in done:
-                continue
-            body = client.get(f"/v1/requests/{request_id}").json()
-            if seen is not None and (
-                not seen[request_id] or seen[request_id][-1] != body["status"]
-            ):
-                seen[request_id].append(body["status"])
-            if body["status"] in TERMINAL:
-                done[request_id] = body
-        time.sleep(0.05)
-    return done
 
 
 def _at(value: str) -> datetime:
@@ -152,7 +40,7 @@ def test_requests_flow_end_to_end_with_webhooks(start_stack: Callable[..., Stack
         with ThreadPoolExecutor(8) as pool:
             ids = list(
                 pool.map(
-                    lambda i: _submit(
+                    lambda i: submit(
                         client,
                         prompt=f"Question {i}: tell me about queues.",
                         max_tokens=8 + i % 24,
@@ -162,11 +50,11 @@ def test_requests_flow_end_to_end_with_webhooks(start_stack: Callable[..., Stack
                 )
             )
         flaky = [
-            _submit(client, prompt=f"Flaky {i}", max_tokens=8, webhook_url=f"{receiver.url}/flaky")
+            submit(client, prompt=f"Flaky {i}", max_tokens=8, webhook_url=f"{receiver.url}/flaky")
             for i in range(5)
         ]
         seen: dict[str, list[str]] = defaultdict(list)
-        results = _wait_terminal(client, ids + flaky, seen=seen)
+        results = wait_terminal(client, ids + flaky, seen=seen)
     finally:
         client.close()
 
@@ -232,7 +120,7 @@ def _assert_webhooks(receiver: WebhookReceiver, *, ok_ids: set[str], flaky_ids: 
 def test_cancel_a_running_request_aborts_it(start_stack: Callable[..., Stack]) -> None:
     stack = start_stack(1)
     with stack.client() as client:
-        request_id = _submit(client, prompt="Write forever.", max_tokens=1800)
+        request_id = submit(client, prompt="Write forever.", max_tokens=1800)
         deadline = time.monotonic() + 60
         while client.get(f"/v1/requests/{request_id}").json()["status"] != "running":
             assert time.monotonic() < deadline
@@ -253,14 +141,14 @@ def test_continuous_batching_survives_celery(start_stack: Callable[..., Stack]) 
     body = {"prompt": "Count slowly to a hundred.", "max_tokens": 256, "temperature": 0.0}
     with stack.client() as client:
         started = time.monotonic()
-        ids = [_submit(client, **body) for _ in range(32)]
-        concurrent = _wait_terminal(client, ids)
+        ids = [submit(client, **body) for _ in range(32)]
+        concurrent = wait_terminal(client, ids)
         concurrent_s = time.monotonic() - started
 
         started = time.monotonic()
         sequential = {}
         for _ in range(32):
-            sequential.update(_wait_terminal(client, [_submit(client, **body)]))
+            sequential.update(wait_terminal(client, [submit(client, **body)]))
         sequential_s = time.monotonic() - started
 
     assert all(r["status"] == "succeeded" for r in [*concurrent.values(), *sequential.values()])
@@ -278,7 +166,7 @@ def test_continuous_batching_survives_celery(start_stack: Callable[..., Stack]) 
 def test_sigkilled_engine_worker_loses_nothing(start_stack: Callable[..., Stack]) -> None:
     stack = start_stack(2)
     with stack.client() as client:
-        ids = [_submit(client, prompt=f"Long answer {i}", max_tokens=160) for i in range(40)]
+        ids = [submit(client, prompt=f"Long answer {i}", max_tokens=160) for i in range(40)]
         deadline = time.monotonic() + 60
         while True:
             gpu0 = next(i for i in client.get("/v1/instances").json()["data"] if i["id"] == "gpu.0")
@@ -287,7 +175,7 @@ def test_sigkilled_engine_worker_loses_nothing(start_stack: Callable[..., Stack]
             assert time.monotonic() < deadline, "gpu.0 never ran anything"
             time.sleep(0.05)
         stack.kill("gpu.0")
-        results = _wait_terminal(client, ids)
+        results = wait_terminal(client, ids)
 
     assert Counter(r["status"] for r in results.values()) == {"succeeded": 40}
     requeued = [

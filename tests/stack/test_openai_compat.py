@@ -13,7 +13,6 @@ from click.testing import CliRunner
 
 from app.cli import main as cli
 from app.cli.stack import Stack
-from tests.test_stack import start_stack  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.services, pytest.mark.stack]
 
@@ -29,7 +28,7 @@ def _native(stack: Stack, response_id: str) -> dict:
         return client.get(f"/v1/requests/{request_id}").json()
 
 
-def test_models_completions_and_errors(start_stack: Callable[..., Stack]) -> None:  # noqa: F811
+def test_models_completions_and_errors(start_stack: Callable[..., Stack]) -> None:
     stack = start_stack(2, engine_kind="emulated", emulated_time_scale=0.05)
     client = _client(stack)
     model = stack.settings.model_name
@@ -76,7 +75,7 @@ def test_models_completions_and_errors(start_stack: Callable[..., Stack]) -> Non
 
 
 def test_streams_flow_while_generating_and_a_dropped_stream_cancels(
-    start_stack: Callable[..., Stack],  # noqa: F811
+    start_stack: Callable[..., Stack],
 ) -> None:
     # About 2 s of generation per request: time to see tokens arrive before the end.
     stack = start_stack(1, engine_kind="emulated", emulated_time_scale=1.0,
@@ -129,7 +128,7 @@ def test_streams_flow_while_generating_and_a_dropped_stream_cancels(
 
 @pytest.mark.vllm
 def test_chat_completions_on_vllm_stream_the_real_engines_tokens(
-    start_stack: Callable[..., Stack],  # noqa: F811
+    start_stack: Callable[..., Stack],
 ) -> None:
     stack = start_stack(1)  # the real vLLM engine with the tiny model
     client = _client(stack)

@@ -9,18 +9,17 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 import pytest
 
 from app.cli.stack import Stack
-from tests.test_stack import start_stack  # noqa: F401 - the fixture
-from tests.test_stack_emulated import _submit, _wait_terminal
+from tests.environment import ROOT
+from tests.stack.native_requests import submit, wait_terminal
 
 pytestmark = [pytest.mark.services, pytest.mark.stack]
 
-CELERY = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "celery")
+CELERY = str(ROOT / ".venv" / "bin" / "celery")
 
 
 def _celery(stack: Stack, *args: str) -> str:
@@ -31,7 +30,7 @@ def _celery(stack: Stack, *args: str) -> str:
 
 
 def _burst(client: httpx.Client, count: int, first: int = 0) -> list[str]:
-    return [_submit(client, prompt=f"Question {i}.", max_tokens=16)
+    return [submit(client, prompt=f"Question {i}.", max_tokens=16)
             for i in range(first, first + count)]
 
 
@@ -47,7 +46,7 @@ def _until(predicate: Callable[[], bool], timeout_s: float = 30) -> None:
 
 
 def test_admin_api_drains_pauses_and_switches_routing(
-    start_stack: Callable[..., Stack],  # noqa: F811
+    start_stack: Callable[..., Stack],
 ) -> None:
     stack = start_stack(2, engine_kind="emulated", emulated_time_scale=0.05,
                         routing_policy="round_robin")
@@ -58,7 +57,7 @@ def test_admin_api_drains_pauses_and_switches_routing(
         # Switch routing at run time, and back.
         switched = admin.put("/v1/admin/routing", json={"policy": "least_requests"}).json()
         assert switched["policy"] == switched["override"] == "least_requests"
-        routed = _wait_terminal(user, _burst(user, 4))
+        routed = wait_terminal(user, _burst(user, 4))
         assert {r["policy"] for r in routed.values()} == {"least_requests"}
         assert admin.put("/v1/admin/routing", json={"policy": "nonsense"}).status_code == 400
         restored = admin.put("/v1/admin/routing", json={"policy": None}).json()
@@ -66,18 +65,18 @@ def test_admin_api_drains_pauses_and_switches_routing(
 
         # A drained instance gets nothing new; resumed, it is chosen again.
         assert admin.post("/v1/admin/instances/gpu.0/drain").json()["control"] == "drained"
-        drained = _wait_terminal(user, _burst(user, 8, first=10))
+        drained = wait_terminal(user, _burst(user, 8, first=10))
         assert {r["instance_id"] for r in drained.values()} == {"gpu.1"}
         listed = {i["id"]: i for i in user.get("/v1/instances").json()["data"]}
         assert listed["gpu.0"]["control"] == "drained" and not listed["gpu.0"]["accepting"]
         admin.post("/v1/admin/instances/gpu.0/resume")
-        resumed = _wait_terminal(user, _burst(user, 8, first=20))
+        resumed = wait_terminal(user, _burst(user, 8, first=20))
         assert Counter(r["instance_id"] for r in resumed.values()) == {"gpu.0": 4, "gpu.1": 4}
 
         # Paused: no routing to it, and its worker consumes nothing from its queue.
         assert admin.post("/v1/admin/instances/gpu.1/pause").json()["control"] == "paused"
         assert not _consumes(stack, "gpu.1") and _consumes(stack, "gpu.0")
-        paused = _wait_terminal(user, _burst(user, 6, first=30))
+        paused = wait_terminal(user, _burst(user, 6, first=30))
         assert {r["instance_id"] for r in paused.values()} == {"gpu.0"}
         admin.post("/v1/admin/instances/gpu.1/resume")
         assert _consumes(stack, "gpu.1")
@@ -94,7 +93,7 @@ def _consumes(stack: Stack, queue: str) -> bool:
 
 
 def test_readme_recipes_pause_a_gpu_queue_and_resume_it(
-    start_stack: Callable[..., Stack],  # noqa: F811
+    start_stack: Callable[..., Stack],
 ) -> None:
     stack = start_stack(2, engine_kind="emulated", emulated_time_scale=0.05,
                         routing_policy="round_robin")
@@ -116,7 +115,7 @@ def test_readme_recipes_pause_a_gpu_queue_and_resume_it(
         assert "new rate limit set successfully" in _celery(
             stack, "control", "rate_limit", "serve.generate", "100/s")
         assert "OK" in _celery(stack, "control", "add_consumer", "gpu.0", "-d", node)
-        finished = _wait_terminal(client, ids)
+        finished = wait_terminal(client, ids)
         assert Counter(r["status"] for r in finished.values()) == {"succeeded": 10}
 
         # Purge a queue (README: Operations): messages waiting in gpu.1 are dropped.

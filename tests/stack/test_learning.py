@@ -16,8 +16,7 @@ from app import model_registry as registry
 from app.cli.stack import Stack
 from app.db import Database
 from app.models import RequestOutcome
-from tests.test_stack import start_stack  # noqa: F401 - the fixture
-from tests.test_stack_emulated import _submit, _wait_terminal
+from tests.stack.native_requests import submit, wait_terminal
 from workers.predict.length_model import BOOTSTRAP_ARTIFACT, LengthHead
 
 pytestmark = [pytest.mark.services, pytest.mark.stack]
@@ -25,9 +24,9 @@ pytestmark = [pytest.mark.services, pytest.mark.stack]
 
 def _wave(client: httpx.Client, first: int, count: int) -> dict[str, dict]:
     # NOTE: max_tokens far above the answers, so that no cap makes a prediction exact.
-    ids = [_submit(client, prompt=f"Question {i}: explain how {i} queues work, in detail.",
-                   max_tokens=1500 + i) for i in range(first, first + count)]
-    return _wait_terminal(client, ids)
+    ids = [submit(client, prompt=f"Question {i}: explain how {i} queues work, in detail.",
+                  max_tokens=1500 + i) for i in range(first, first + count)]
+    return wait_terminal(client, ids)
 
 
 def _outcomes(stack: Stack) -> dict[str, RequestOutcome]:
@@ -53,7 +52,7 @@ def _promote_renamed_bootstrap(stack: Stack, version: str) -> None:
 
 
 def test_history_hot_reload_and_fallback_in_the_running_stack(
-    start_stack: Callable[..., Stack],  # noqa: F811 - the imported fixture
+    start_stack: Callable[..., Stack],
 ) -> None:
     stack = start_stack(
         2, engine_kind="emulated", emulated_time_scale=0.05, routing_policy="block",

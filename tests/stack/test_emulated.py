@@ -6,55 +6,31 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import func, select
 
 from app.cli.stack import Stack
 from app.db import Database
 from app.models import EngineStepSample
-from tests.test_stack import start_stack  # noqa: F401 - the fixture, shared with the vLLM stack
+from tests.stack.native_requests import submit, wait_terminal
 
 pytestmark = [pytest.mark.services, pytest.mark.stack]
 
-TERMINAL = {"succeeded", "failed", "cancelled"}
-
-
-def _submit(client: httpx.Client, **body: Any) -> str:
-    response = client.post("/v1/requests", json=body)
-    assert response.status_code == 202, response.text
-    return response.json()["id"]
-
-
-def _wait_terminal(client: httpx.Client, ids: list[str], timeout_s: float = 120) -> dict[str, dict]:
-    done: dict[str, dict] = {}
-    deadline = time.monotonic() + timeout_s
-    while len(done) < len(ids):
-        assert time.monotonic() < deadline, f"{len(ids) - len(done)} requests unfinished"
-        for request_id in ids:
-            if request_id not in done:
-                body = client.get(f"/v1/requests/{request_id}").json()
-                if body["status"] in TERMINAL:
-                    done[request_id] = body
-        time.sleep(0.05)
-    return done
-
 
 def test_emulated_instances_serve_requests_end_to_end(
-    start_stack: Callable[..., Stack],  # noqa: F811 - the imported fixture
+    start_stack: Callable[..., Stack],
 ) -> None:
     stack = start_stack(2, engine_kind="emulated", emulated_time_scale=0.05)
     with stack.client() as client:
         instances = client.get("/v1/instances").json()["data"]
         with ThreadPoolExecutor(8) as pool:
             ids = list(pool.map(
-                lambda i: _submit(client, prompt=f"Question {i}: tell me about queues.",
-                                  max_tokens=8 + i % 24),
+                lambda i: submit(client, prompt=f"Question {i}: tell me about queues.",
+                                 max_tokens=8 + i % 24),
                 range(50),
             ))
-        results = _wait_terminal(client, ids)
+        results = wait_terminal(client, ids)
 
     assert {i["id"]: i["engine_kind"] for i in instances} == {
         "gpu.0": "emulated", "gpu.1": "emulated"}
@@ -85,14 +61,14 @@ def _num_step_samples(stack: Stack, timeout_s: float = 10.0) -> int:
 
 
 def test_block_routing_records_every_decision(
-    start_stack: Callable[..., Stack],  # noqa: F811 - the imported fixture
+    start_stack: Callable[..., Stack],
 ) -> None:
     stack = start_stack(3, engine_kind="emulated", emulated_time_scale=0.05,
                         routing_policy="block")
     with stack.client() as client:
-        ids = [_submit(client, prompt=f"Explain topic {i} in depth.", max_tokens=64 + i)
+        ids = [submit(client, prompt=f"Explain topic {i} in depth.", max_tokens=64 + i)
                for i in range(45)]
-        results = _wait_terminal(client, ids)
+        results = wait_terminal(client, ids)
 
     assert Counter(r["status"] for r in results.values()) == {"succeeded": 45}
     assert {r["instance_id"] for r in results.values()} == {"gpu.0", "gpu.1", "gpu.2"}

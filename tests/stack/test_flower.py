@@ -14,8 +14,7 @@ import httpx
 import pytest
 
 from app.cli.stack import Stack
-from tests.conftest import ROOT
-from tests.test_stack import start_stack  # noqa: F401 - the fixture
+from tests.environment import ROOT
 
 pytestmark = [pytest.mark.services, pytest.mark.stack]
 
@@ -47,7 +46,7 @@ def _wait_for_workers(stack: Stack, auth: tuple[str, str], names: set[str]) -> N
 
 
 def test_flower_shows_every_worker_behind_basic_auth(
-    start_stack: Callable[..., Stack],  # noqa: F811
+    start_stack: Callable[..., Stack],
 ) -> None:
     stack = start_stack(2, engine_kind="emulated", emulated_time_scale=0.05)
     user, password = stack.flower_basic_auth.split(":", 1)

@@ -16,12 +16,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.cli.stack import Stack
-from tests.conftest import TEST_WEBHOOK_SECRET
-from tests.test_stack import (
-    WebhookReceiver,
-    start_stack,  # noqa: F401 - the fixture, shared with the vLLM stack
-)
-from tests.test_stack_emulated import _submit, _wait_terminal
+from tests.environment import TEST_WEBHOOK_SECRET
+from tests.stack.native_requests import submit, wait_terminal
+from tests.stack.webhook_receiver import WebhookReceiver
 
 pytestmark = [pytest.mark.services, pytest.mark.stack]
 
@@ -52,7 +49,7 @@ def by_label(samples: Samples, name: str, label: str) -> dict[str, float]:
 
 
 def test_metrics_add_up_every_process_and_move(
-    start_stack: Callable[..., Stack],  # noqa: F811 - the imported fixture
+    start_stack: Callable[..., Stack],
 ) -> None:
     stack = start_stack(2, engine_kind="emulated", emulated_time_scale=0.05,
                         routing_policy="block")
@@ -60,10 +57,10 @@ def test_metrics_add_up_every_process_and_move(
     num_requests = 20
     with stack.client() as client, ThreadPoolExecutor(8) as pool:
         ids = list(pool.map(
-            lambda i: _submit(client, prompt=f"Question {i}: tell me about queues.",
-                              max_tokens=8 + i),
+            lambda i: submit(client, prompt=f"Question {i}: tell me about queues.",
+                             max_tokens=8 + i),
             range(num_requests)))
-        results = _wait_terminal(client, ids)
+        results = wait_terminal(client, ids)
     assert all(r["status"] == "succeeded" for r in results.values())
 
     # The completion metrics are observed just after the commit the client saw: wait for them.
@@ -130,15 +127,15 @@ def json_lines(path: Path) -> list[dict[str, Any]]:
 
 
 def test_a_requests_id_is_in_the_json_logs_of_every_stage(
-    start_stack: Callable[..., Stack],  # noqa: F811 - the imported fixture
+    start_stack: Callable[..., Stack],
 ) -> None:
     receiver = WebhookReceiver()
     stack = start_stack(2, engine_kind="emulated", emulated_time_scale=0.05, log_format="json")
     try:
         with stack.client() as client:
-            request_id = _submit(client, prompt="Tell me about logs.", max_tokens=16,
-                                 webhook_url=f"{receiver.url}/ok")
-            result = _wait_terminal(client, [request_id])[request_id]
+            request_id = submit(client, prompt="Tell me about logs.", max_tokens=16,
+                                webhook_url=f"{receiver.url}/ok")
+            result = wait_terminal(client, [request_id])[request_id]
     finally:
         deadline = time.monotonic() + 15
         while not receiver.deliveries and time.monotonic() < deadline:

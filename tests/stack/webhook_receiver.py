@@ -1,0 +1,43 @@
+"""A webhook receiver on 127.0.0.1 that records every delivery the stack makes."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from tests.environment import free_port
+
+
+class WebhookReceiver:
+    """Records every delivery; `/flaky` answers 500 to the first two attempts of each event."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[tuple[str, dict[str, str], bytes]] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers["content-length"]))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                with receiver.lock:
+                    receiver.deliveries.append((self.path, headers, body))
+                    seen = sum(
+                        1
+                        for p, h, _ in receiver.deliveries
+                        if p == self.path and h["webhook-id"] == headers["webhook-id"]
+                    )
+                failing = self.path == "/flaky" and seen <= 2
+                self.send_response(500 if failing else 200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
