@@ -19,6 +19,19 @@ from tests.environment import (
     free_port,
 )
 
+#: Markers a test gets for using a fixture (see pyproject.toml for each marker's meaning).
+MARKERS_OF_FIXTURES = {
+    "fresh_services": "services",  # the real PostgreSQL and Redis
+    "vllm_engine": "vllm",  # tests/workers/serve: an in-process vLLM engine
+}
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Marks each test by the fixtures it uses, so that `-m` selects by what a test needs."""
+    for fixture, marker in MARKERS_OF_FIXTURES.items():
+        if fixture in getattr(item, "fixturenames", ()):
+            item.add_marker(marker)
+
 
 @pytest.fixture(scope="session")
 def model_path() -> Path:

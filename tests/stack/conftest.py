@@ -12,6 +12,12 @@ from app.cli.stack import Stack
 from app.settings import Settings
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Every test in this folder starts the whole stack, on the real PostgreSQL and Redis."""
+    item.add_marker("stack")
+    item.add_marker("services")
+
+
 @pytest.fixture(scope="session")
 def inherited_env() -> dict[str, str]:
     """Our environment without BLOCKQ_* (the settings give those), for the stack's processes."""

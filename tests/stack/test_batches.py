@@ -44,8 +44,6 @@ from tests.environment import (
 )
 from tests.stack.webhook_receiver import WebhookReceiver
 
-pytestmark = [pytest.mark.services, pytest.mark.stack]
-
 MODEL = "tiny-llama"
 CHAT = "/v1/chat/completions"
 MAX_IN_FLIGHT = 32

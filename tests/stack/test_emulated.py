@@ -7,15 +7,12 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 from sqlalchemy import func, select
 
 from app.cli.stack import Stack
 from app.db import Database
 from app.models import EngineStepSample
 from tests.stack.native_requests import submit, wait_terminal
-
-pytestmark = [pytest.mark.services, pytest.mark.stack]
 
 
 def test_emulated_instances_serve_requests_end_to_end(

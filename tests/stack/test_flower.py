@@ -11,12 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-import pytest
 
 from app.cli.stack import Stack
 from tests.environment import ROOT
-
-pytestmark = [pytest.mark.services, pytest.mark.stack]
 
 ARTIFACTS = Path(os.environ.get("BLOCKQ_TEST_ARTIFACTS", ROOT / ".blockq" / "test-artifacts"))
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

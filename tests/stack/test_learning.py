@@ -9,7 +9,6 @@ from collections import Counter
 from collections.abc import Callable
 
 import httpx
-import pytest
 from sqlalchemy import select
 
 from app import model_registry as registry
@@ -18,8 +17,6 @@ from app.db import Database
 from app.models import RequestOutcome
 from tests.stack.native_requests import submit, wait_terminal
 from workers.predict.length_model import BOOTSTRAP_ARTIFACT, LengthHead
-
-pytestmark = [pytest.mark.services, pytest.mark.stack]
 
 
 def _wave(client: httpx.Client, first: int, count: int) -> dict[str, dict]:

@@ -12,15 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.cli.stack import Stack
 from tests.environment import TEST_WEBHOOK_SECRET
 from tests.stack.native_requests import submit, wait_terminal
 from tests.stack.webhook_receiver import WebhookReceiver
-
-pytestmark = [pytest.mark.services, pytest.mark.stack]
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 

@@ -14,8 +14,6 @@ from click.testing import CliRunner
 from app.cli import main as cli
 from app.cli.stack import Stack
 
-pytestmark = [pytest.mark.services, pytest.mark.stack]
-
 
 def _client(stack: Stack, api_key: str | None = None) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key=api_key or stack.api_key,

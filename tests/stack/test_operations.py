@@ -11,13 +11,10 @@ from collections import Counter
 from collections.abc import Callable
 
 import httpx
-import pytest
 
 from app.cli.stack import Stack
 from tests.environment import ROOT
 from tests.stack.native_requests import submit, wait_terminal
-
-pytestmark = [pytest.mark.services, pytest.mark.stack]
 
 CELERY = str(ROOT / ".venv" / "bin" / "celery")
 

@@ -23,7 +23,7 @@ from tests.environment import TEST_WEBHOOK_SECRET
 from tests.stack.native_requests import submit, wait_terminal
 from tests.stack.webhook_receiver import WebhookReceiver
 
-pytestmark = [pytest.mark.services, pytest.mark.vllm, pytest.mark.stack]
+pytestmark = pytest.mark.vllm  # the default engine kind: the real vLLM engine, tiny model
 
 ORDER = ["queued", "predicting", "routed", "running", "succeeded"]
 

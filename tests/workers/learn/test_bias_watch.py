@@ -12,6 +12,8 @@ import redis
 from app.bias import BiasRule, BiasWatch, fallback_state
 from tests.environment import TEST_REDIS_URL
 
+pytestmark = pytest.mark.services
+
 MODEL = "tiny-llama"
 
 
