@@ -12,6 +12,7 @@ Key layout (all under one prefix):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterable
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+
+from workers.sim.engine_state import EngineState
 
 __all__ = ["Fleet", "InstanceStatus"]
 
@@ -33,8 +36,9 @@ class InstanceStatus:
     alive: bool
     # Seconds since the state was last published (None: never published).
     heartbeat_age_s: float | None
-    # The published state: engine_kind, model, counts, KV blocks, config, requests.
-    state: dict[str, Any]
+    # The published state: engine_kind, model, counts, KV blocks, config, requests
+    # (None: registered, but no state stored).
+    state: EngineState | None
     # Requests routed here that the published state does not show yet, in routing order:
     # {"request_id", "num_prompt_tokens", "predicted_output_tokens", "at"}.
     assigned: tuple[dict[str, Any], ...]
@@ -50,15 +54,15 @@ class InstanceStatus:
     def accepting(self) -> bool:
         """False while the instance finishes its work before stopping, or while an operator
         holds it (drained, paused): route nothing new."""
-        return bool(self.state.get("accepting", True)) and self.control is None
+        return (self.state is None or self.state.accepting) and self.control is None
 
     @property
     def num_running(self) -> int:
-        return int(self.state.get("num_running", 0))
+        return self.state.num_running if self.state is not None else 0
 
     @property
     def num_waiting(self) -> int:
-        return int(self.state.get("num_waiting", 0))
+        return self.state.num_waiting if self.state is not None else 0
 
 
 class Fleet:
@@ -73,11 +77,11 @@ class Fleet:
         return ":".join((self.prefix, *parts))
 
     # --- engine workers ------------------------------------------------------------------------
-    def publish(self, instance_id: str, state: dict[str, Any]) -> None:
+    def publish(self, instance_id: str, state: EngineState) -> None:
         """Store the state and renew the heartbeat in one round trip; the requests the state
         shows are no longer counted as assigned."""
-        payload = json.dumps({**state, "published_at": time.time()})
-        shown = [r["request_id"] for r in state.get("requests", ())]
+        payload = json.dumps(dataclasses.replace(state, published_at=time.time()).to_json())
+        shown = [r.request_id for r in state.requests]
         with self.redis.pipeline(transaction=True) as pipe:
             if shown:
                 pipe.hdel(self._key("instance", instance_id, "assigned"), *shown)
@@ -184,8 +188,8 @@ def _status(
     instance_id: str, raw_state: bytes | None, alive: int, raw_assigned: list[bytes],
     raw_control: bytes | None, *, now: float,
 ) -> InstanceStatus:
-    state = json.loads(raw_state) if raw_state else {}
-    published_at = state.get("published_at")
+    state = EngineState.from_json(json.loads(raw_state)) if raw_state else None
+    published_at = state.published_at if state is not None else None
     assigned = sorted((json.loads(raw) for raw in raw_assigned), key=lambda entry: entry["at"])
     return InstanceStatus(
         instance_id=instance_id,

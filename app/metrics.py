@@ -263,7 +263,8 @@ class FleetCollector:
         kv_usage = gauge("blockq_engine_kv_cache_usage_ratio",
                          "Share of the engine's KV-cache blocks in use, 0 to 1.")
         for status in self.fleet.statuses():
-            values = [status.instance_id, str(status.state.get("engine_kind", "unknown"))]
+            state = status.state
+            values = [status.instance_id, state.engine_kind if state else "unknown"]
             alive.add_metric(values, 1 if status.alive else 0)
             if status.heartbeat_age_s is not None:
                 age.add_metric(values, status.heartbeat_age_s)
@@ -272,10 +273,8 @@ class FleetCollector:
             running.add_metric(values, status.num_running)
             waiting.add_metric(values, status.num_waiting)
             assigned.add_metric(values, status.num_assigned)
-            total = int(status.state.get("num_total_blocks") or 0)
-            if total > 0:
-                free = int(status.state.get("num_free_blocks") or 0)
-                kv_usage.add_metric(values, 1 - free / total)
+            if state is not None and state.num_total_blocks > 0:
+                kv_usage.add_metric(values, 1 - state.num_free_blocks / state.num_total_blocks)
         yield from (alive, age, running, waiting, assigned, kv_usage)
 
 

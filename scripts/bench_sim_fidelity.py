@@ -56,14 +56,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.serve.engine import (
-    EngineListener,
-    EngineSnapshot,
-    GenerationRequest,
-    GenerationResult,
-    RequestState,
-    StepSample,
-)
+from workers.serve.engine import EngineListener, GenerationRequest, GenerationResult, StepSample
 from workers.sim import (
     BatchStats,
     ExecModel,
@@ -76,6 +69,7 @@ from workers.sim import (
     fit_from_step_samples,
     predict_what_if,
 )
+from workers.sim.engine_state import EngineState
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data"
@@ -216,7 +210,7 @@ class Observation:
 
     run: str
     arrival: Arrival
-    snapshot: EngineSnapshot
+    snapshot: EngineState
     result: GenerationResult
 
     @property
@@ -249,7 +243,7 @@ def replay(engine, recorder: StepRecorder, prompts: PromptMaker, arrivals: list[
     texts = {a.request_id: prompts.make(a.num_prompt_tokens) for a in arrivals}
     _wait_idle(engine)
     recorder.take()
-    pending: list[tuple[Arrival, EngineSnapshot, Future[GenerationResult]]] = []
+    pending: list[tuple[Arrival, EngineState, Future[GenerationResult]]] = []
     started = time.monotonic()
     for arrival in sorted(arrivals, key=lambda a: a.at_s):
         delay = started + arrival.at_s - time.monotonic()
@@ -276,23 +270,16 @@ def _wait_idle(engine, timeout_s: float = 60.0) -> None:
 # ------------------------------------------------------------------------------ prediction
 
 
-def instance_snapshot(snapshot: EngineSnapshot, prompt_tokens: dict[str, int],
+def instance_snapshot(snapshot: EngineState, prompt_tokens: dict[str, int],
                       final_output_tokens: dict[str, int]) -> InstanceSnapshot:
     """The simulator's view of an engine snapshot, with every request's true final length.
 
     Requests submitted since the engine's last step show 0 prompt tokens (vLLM has not
     tokenized them yet); their length comes from `prompt_tokens`, as a predictor would read
     it from the request record.
-    NOTE: `EngineSnapshot.num_total_blocks` excludes vLLM's null block; the simulator's
-    `InstanceConfig.num_total_blocks` is vLLM's num_gpu_blocks, which includes it.
+    (`EngineState.to_instance_snapshot` leaves them out: a router does not know their length.)
     """
-    config = InstanceConfig(
-        num_total_blocks=snapshot.num_total_blocks + 1,
-        block_size=snapshot.block_size,
-        max_num_seqs=snapshot.max_num_seqs,
-        max_num_batched_tokens=snapshot.max_num_batched_tokens,
-        max_model_len=snapshot.max_model_len,
-    )
+    config = snapshot.instance_config()
     requests = tuple(
         SimRequest(
             request_id=r.request_id,
@@ -596,7 +583,7 @@ def save_runs(path: Path, runs: Sequence[Run]) -> None:
     """Everything measured, to re-analyse later without vLLM (`--load-raw`)."""
     data = [{"label": r.label, "rate": r.rate, "wall_s": r.wall_s, "samples": r.samples,
              "observations": [{"arrival": dataclasses.asdict(o.arrival),
-                               "snapshot": dataclasses.asdict(o.snapshot),
+                               "snapshot": o.snapshot.to_json(),
                                "result": dataclasses.asdict(o.result)}
                               for o in r.observations]}
             for r in runs]
@@ -608,10 +595,8 @@ def load_runs(path: Path) -> list[Run]:
     for r in json.loads(path.read_text()):
         observations = []
         for o in r["observations"]:
-            snapshot = dict(o["snapshot"])
-            snapshot["requests"] = tuple(RequestState(**q) for q in snapshot["requests"])
             observations.append(Observation(r["label"], Arrival(**o["arrival"]),
-                                            EngineSnapshot(**snapshot),
+                                            EngineState.from_json(o["snapshot"]),
                                             GenerationResult(**o["result"])))
         runs.append(Run(r["label"], r["rate"], observations, r["samples"], r["wall_s"]))
     return runs

@@ -11,6 +11,7 @@ from app.api.services import services
 from app.bias import FALLBACK_POLICY, fallback_state
 from app.fleet import InstanceStatus
 from app.services import Services
+from workers.sim.engine_state import EngineState
 
 bp = Blueprint("instances", __name__, url_prefix="/v1")
 
@@ -41,18 +42,25 @@ def _instance_to_dict(status: InstanceStatus) -> dict[str, Any]:
         "alive": status.alive,
         "accepting": status.accepting,
         "control": status.control,
-        "engine_kind": state.get("engine_kind"),
-        "model": state.get("model"),
+        "engine_kind": state.engine_kind if state else None,
+        "model": state.model if state else None,
         "running": status.num_running,
         "waiting": status.num_waiting,
         "assigned": status.num_assigned,
-        "free_kv_blocks": state.get("num_free_blocks"),
-        "total_kv_blocks": state.get("num_total_blocks"),
+        "free_kv_blocks": state.num_free_blocks if state else None,
+        "total_kv_blocks": state.num_total_blocks if state else None,
         "seconds_since_heartbeat": (
             None if status.heartbeat_age_s is None else round(status.heartbeat_age_s, 3)
         ),
-        "config": {
-            key: state.get(key)
-            for key in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len")
-        },
+        "config": _engine_config(state),
     }
+
+
+def _engine_config(state: EngineState | None) -> dict[str, int | None]:
+    """The engine's scheduling limits; None each while the instance has published no state."""
+    if state is None:
+        return dict.fromkeys(("max_num_seqs", "max_num_batched_tokens", "block_size",
+                              "max_model_len"))
+    return {"max_num_seqs": state.max_num_seqs,
+            "max_num_batched_tokens": state.max_num_batched_tokens,
+            "block_size": state.block_size, "max_model_len": state.max_model_len}

@@ -28,6 +28,7 @@ from app.queues import queue_keys
 from app.services import Services
 from app.settings import Settings
 from app.teams import ensure_team_key
+from tests.engine_states import engine_state
 from tests.environment import TEST_REDIS_URL, free_port
 
 pytestmark = pytest.mark.services
@@ -106,10 +107,10 @@ def test_depth_counts_what_celery_sends_with_blockqs_broker_options(client: redi
 
 def test_fleet_collector_reports_published_states(client: redis.Redis) -> None:
     fleet = Fleet(client, heartbeat_ttl_s=30)
-    fleet.publish("gpu.0", {"engine_kind": "emulated", "num_running": 3, "num_waiting": 2,
-                            "num_total_blocks": 100, "num_free_blocks": 25, "requests": []})
-    fleet.publish("gpu.1", {"engine_kind": "emulated", "num_running": 9, "num_waiting": 9,
-                            "num_total_blocks": 100, "num_free_blocks": 0, "requests": []})
+    fleet.publish("gpu.0", engine_state(num_running=3, num_waiting=2, num_total_blocks=100,
+                                        num_free_blocks=25))
+    fleet.publish("gpu.1", engine_state(num_running=9, num_waiting=9, num_total_blocks=100,
+                                        num_free_blocks=0))
     fleet.mark_stopped("gpu.1")
     fleet.assign("gpu.0", "req_a", num_prompt_tokens=5, predicted_output_tokens=7)
     got = samples(FleetCollector(fleet))

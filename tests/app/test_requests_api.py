@@ -10,6 +10,7 @@ from flask.testing import FlaskClient
 from app import create_app, store
 from app.models import RequestStatus
 from tests.app.flask_client import services_of, team_key
+from tests.engine_states import engine_state
 
 pytestmark = pytest.mark.services
 
@@ -179,26 +180,22 @@ def test_instances_lists_published_state_and_heartbeat_age(client: FlaskClient) 
     svc = services_of(client)
     svc.fleet.publish(
         "gpu.0",
-        {
-            "engine_kind": "vllm",
-            "model": "tiny-llama",
-            "num_running": 3,
-            "num_waiting": 1,
-            "num_free_blocks": 90,
-            "num_total_blocks": 100,
-            "max_num_seqs": 48,
-            "max_num_batched_tokens": 512,
-            "block_size": 16,
-            "max_model_len": 2048,
-        },
+        engine_state(engine_kind="vllm", model="tiny-llama", num_running=3, num_waiting=1,
+                     num_free_blocks=90, num_total_blocks=100, max_num_seqs=48,
+                     max_num_batched_tokens=512, block_size=16, max_model_len=2048),
     )
     data = client.get("/v1/instances").get_json()["data"]
     assert len(data) == 1
     inst = data[0]
-    assert inst["id"] == "gpu.0" and inst["alive"] is True and inst["engine_kind"] == "vllm"
-    assert (inst["running"], inst["waiting"], inst["free_kv_blocks"]) == (3, 1, 90)
-    assert 0 <= inst["seconds_since_heartbeat"] < 5
-    svc.fleet.publish("gpu.1", {"engine_kind": "vllm", "accepting": False})
+    assert 0 <= inst.pop("seconds_since_heartbeat") < 5
+    assert inst == {
+        "id": "gpu.0", "object": "instance", "alive": True, "accepting": True, "control": None,
+        "engine_kind": "vllm", "model": "tiny-llama", "running": 3, "waiting": 1, "assigned": 0,
+        "free_kv_blocks": 90, "total_kv_blocks": 100,
+        "config": {"max_num_seqs": 48, "max_num_batched_tokens": 512, "block_size": 16,
+                   "max_model_len": 2048},
+    }
+    svc.fleet.publish("gpu.1", engine_state(engine_kind="vllm", accepting=False))
     assert [s.instance_id for s in svc.fleet.routable()] == ["gpu.0"]
     svc.fleet.mark_stopped("gpu.0")
     assert client.get("/v1/instances").get_json()["data"][0]["alive"] is False

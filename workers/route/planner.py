@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from app.fleet import InstanceStatus
 from workers.route.policies import (
@@ -21,13 +20,7 @@ from workers.route.policies import (
     prepare_published,
     probed,
 )
-from workers.sim import (
-    ExecModel,
-    InstanceSnapshot,
-    SimRequest,
-    predict_what_if_prepared,
-    snapshot_from_dict,
-)
+from workers.sim import ExecModel, SimRequest, predict_what_if_prepared
 
 __all__ = ["Plan", "plan_route"]
 
@@ -58,7 +51,8 @@ def plan_route(
     views = []
     what_ifs: dict[str, tuple[float, float]] = {}
     for status in probed(policy_name, sorted(candidates, key=lambda c: c.instance_id), ctx.rng):
-        snapshot = _sim_snapshot(status.state)
+        assert status.state is not None, f"{status.instance_id} has published no state"
+        snapshot = status.state.to_instance_snapshot()
         assigned = [
             _waiting(a["request_id"], a["num_prompt_tokens"], a["predicted_output_tokens"])
             for a in status.assigned
@@ -73,17 +67,6 @@ def plan_route(
             what_ifs[status.instance_id] = (what_if.ttft_s, what_if.e2e_s)
         views.append(instance_view(status.instance_id, snapshot, assigned, what_if))
     return Plan(decide(policy_name, request, views, ctx), what_ifs)
-
-
-def _sim_snapshot(state: dict[str, Any]) -> InstanceSnapshot:
-    # NOTE: engines publish the blocks a request can use; vLLM's num_gpu_blocks, which the
-    # simulator's config means, counts one more: the null block vLLM keeps back. A request the
-    # engine took but has not tokenized yet shows 0 prompt tokens: it is left out (it is in the
-    # engine for a few milliseconds before the next state shows it whole).
-    requests = [r for r in state.get("requests", ()) if r.get("num_prompt_tokens", 0) > 0]
-    return snapshot_from_dict(
-        {**state, "num_total_blocks": int(state["num_total_blocks"]) + 1, "requests": requests}
-    )
 
 
 def _waiting(request_id: str, num_prompt_tokens: int, predicted: int | None) -> SimRequest:

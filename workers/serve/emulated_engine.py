@@ -30,12 +30,10 @@ from dataclasses import dataclass, field
 
 from workers.serve.engine import (
     EngineListener,
-    EngineSnapshot,
     FinishReason,
     GenerationRequest,
     GenerationResult,
     RequestRejected,
-    RequestState,
     StepSample,
 )
 from workers.serve.output_lengths import OutputLengths, ShareGptLengths
@@ -49,6 +47,7 @@ from workers.sim import (
     SeqStatus,
     bundled_model,
 )
+from workers.sim.engine_state import EngineState, RequestState
 
 __all__ = ["EmulatedEngine", "EmulatedEngineConfig", "approx_token_count"]
 
@@ -149,7 +148,7 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
             config.max_num_batched_tokens, config.max_model_len, config.time_scale, config.noise,
         )
 
-    def snapshot(self) -> EngineSnapshot:
+    def snapshot(self) -> EngineState:
         """Exact scheduler state: running requests in running order, then waiting ones in
         scheduling order, then those submitted since the last step."""
         with self._cond:
@@ -161,7 +160,7 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
             num_running = len(scheduler.running)
             num_free = scheduler.block_pool.num_free
         config = self.config
-        return EngineSnapshot(
+        return EngineState(
             engine_kind=ENGINE_KIND,
             model=self.model,
             num_running=num_running,

@@ -1,7 +1,8 @@
 """What an engine worker needs from an inference engine, whatever the engine (vLLM or emulated).
 
 Plain data crosses this boundary: a `GenerationRequest` goes in, a `Future` of a
-`GenerationResult` comes out, and `snapshot()` tells the router what the engine holds right now.
+`GenerationResult` comes out, and `snapshot()` tells the router what the engine holds right now
+(a `workers.sim.engine_state.EngineState`, the published state's one form).
 An engine owns its own thread; every method here may be called from any thread, and callbacks on
 an `EngineListener` run on the engine's thread, so they must be quick and must not block.
 
@@ -14,12 +15,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
+from workers.sim.engine_state import EngineState
+
 __all__ = [
     "FinishReason",
     "GenerationRequest",
     "GenerationResult",
-    "RequestState",
-    "EngineSnapshot",
     "StepSample",
     "EngineListener",
     "Engine",
@@ -86,36 +87,6 @@ class GenerationResult:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestState:
-    """One in-flight request as the engine sees it."""
-
-    request_id: str
-    num_prompt_tokens: int  # 0 until the engine has tokenized the prompt
-    num_computed_tokens: int  # tokens whose KV is in the cache: best available estimate
-    num_output_tokens: int  # tokens generated so far
-    predicted_output_tokens: int | None  # copied from the request
-    is_running: bool  # False = waiting (not yet scheduled, or preempted)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSnapshot:
-    """What an engine holds at one moment: what routing policies and the simulator read."""
-
-    engine_kind: str  # "vllm" or "emulated"
-    model: str  # the served model (its path or name)
-    num_running: int  # requests in the running batch
-    num_waiting: int  # requests queued in the engine, not yet scheduled (or preempted)
-    num_total_blocks: int  # KV-cache blocks the engine has
-    num_free_blocks: int  # of those, not in use
-    block_size: int  # tokens per KV-cache block
-    max_num_seqs: int  # most requests in one batch
-    max_num_batched_tokens: int  # token budget of one step (chunked prefill)
-    max_model_len: int  # most tokens (prompt + output) in one request
-    requests: tuple[RequestState, ...]  # every request submitted and not yet finished
-    taken_at: float  # time.time() of the snapshot
-
-
-@dataclass(frozen=True, slots=True)
 class StepSample:
     """One engine step, for fitting the execution-time model."""
 
@@ -171,6 +142,6 @@ class Engine(Protocol):
         """Stop a request; its future resolves with finish_reason "abort". Unknown ids: no-op."""
         ...
 
-    def snapshot(self) -> EngineSnapshot:
-        """The engine's current state; cheap and thread-safe."""
+    def snapshot(self) -> EngineState:
+        """The engine's current state (what its host publishes); cheap and thread-safe."""
         ...

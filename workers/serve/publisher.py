@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 from app.fleet import Fleet
 from workers.serve.engine import Engine
 from workers.serve.periodic import Periodic
@@ -49,12 +46,9 @@ class StatePublisher:
         self._thread.join(JOIN_TIMEOUT_S)
 
     def publish_once(self) -> None:
-        snapshot = self.engine.snapshot()
-        state: dict[str, Any] = dataclasses.asdict(snapshot)
-        state["instance_id"] = self.instance_id
-        state["model"] = self.model_name
-        state["accepting"] = self.accepting
+        state = self.engine.snapshot().published(self.instance_id, self.model_name,
+                                                 accepting=self.accepting)
         self.fleet.publish(self.instance_id, state)
-        in_flight = [r.request_id for r in snapshot.requests]
+        in_flight = [r.request_id for r in state.requests]
         for request_id in self.fleet.cancelled(in_flight):
             self.engine.abort(request_id)

@@ -28,16 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 from workers.serve.engine import (
     EngineListener,
-    EngineSnapshot,
     FinishReason,
     GenerationFailed,
     GenerationRequest,
     GenerationResult,
     RequestRejected,
-    RequestState,
     StepSample,
 )
 from workers.serve.threaded import ThreadedEngine, TrackedRequest
+from workers.sim.engine_state import EngineState, RequestState
 
 if TYPE_CHECKING:
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -166,7 +165,7 @@ class VllmEngine(ThreadedEngine[_Tracked]):
         self._step_details: SchedulerIterationDetails | None = None
         self._warned_seed = False
 
-    def snapshot(self) -> EngineSnapshot:
+    def snapshot(self) -> EngineState:
         """Running count and KV usage from vLLM's latest scheduler stats, per-request state
         from our own tracking (see `_estimate_progress`)."""
         with self._cond:
@@ -189,7 +188,7 @@ class VllmEngine(ThreadedEngine[_Tracked]):
         num_waiting = num_in_flight - num_running
         usage = stats.kv_cache_usage if stats is not None else 0.0
         num_free = round(self._num_total_blocks * (1.0 - usage))
-        return EngineSnapshot(
+        return EngineState(
             engine_kind=ENGINE_KIND,
             model=self.config.model,
             num_running=num_running,

@@ -7,7 +7,7 @@ from .exec_model import (BatchStats, ExecModel, bundled_model, bundled_model_nam
 from .profiling import AttentionScale, fit_from_vidur_profile
 from .scheduler import Scheduler, SchedulerOutput, SeqState, SeqStatus, StepResult
 from .snapshot import (InstanceConfig, InstanceSnapshot, OverrunPolicy, PreparedInstance,
-                       SeqSpec, SimRequest, prepare, snapshot_from_dict, target_output_tokens)
+                       SeqSpec, SimRequest, prepare, target_output_tokens)
 from .result import WhatIf
 from .whatif import predict_what_if, predict_what_if_prepared, predict_what_if_stepwise
 
@@ -37,7 +37,6 @@ __all__ = [
     "predict_what_if_prepared",
     "predict_what_if_stepwise",
     "prepare",
-    "snapshot_from_dict",
     "step_sample",
     "target_output_tokens",
 ]

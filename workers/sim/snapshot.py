@@ -1,11 +1,13 @@
-"""Instance snapshots as engine workers publish them, and their normalised simulator form."""
+"""Instance snapshots as the simulator takes them, and their normalised form.
+
+Engines publish `workers.sim.engine_state.EngineState`; its `to_instance_snapshot()` makes one.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 __all__ = [
     "InstanceConfig",
@@ -16,7 +18,6 @@ __all__ = [
     "SimRequest",
     "prepare",
     "shared_prefix_blocks",
-    "snapshot_from_dict",
     "target_output_tokens",
 ]
 
@@ -100,7 +101,8 @@ class SimRequest:
 
 @dataclass(frozen=True, slots=True)
 class InstanceSnapshot:
-    """What an engine worker publishes: config, free blocks, running and waiting requests."""
+    """One instance as the simulator takes it: config, free blocks, running and waiting
+    requests (made from a published state by `EngineState.to_instance_snapshot`)."""
 
     config: InstanceConfig
     #: Free KV blocks (vLLM counts evictable cached blocks as free).
@@ -265,40 +267,3 @@ def prepare(snapshot: InstanceSnapshot,
 
 def _is_prefilling(spec: SeqSpec) -> bool:
     return spec.is_prefilling
-
-
-def snapshot_from_dict(data: Mapping[str, Any], *, watermark: float = 0.0,
-                       enable_prefix_caching: bool = False) -> InstanceSnapshot:
-    """Build a snapshot from its JSON form.
-
-    Keys: ``num_total_blocks, num_free_blocks, block_size, max_num_seqs,
-    max_num_batched_tokens, max_model_len, requests`` and optionally ``watermark``,
-    ``enable_prefix_caching`` (overriding the keyword defaults); each request has
-    ``request_id, num_prompt_tokens, num_computed_tokens, num_output_tokens,
-    predicted_output_tokens, is_running`` and optionally ``num_cached_tokens``.
-    """
-    config = InstanceConfig(
-        num_total_blocks=int(data["num_total_blocks"]),
-        block_size=int(data["block_size"]),
-        max_num_seqs=int(data["max_num_seqs"]),
-        max_num_batched_tokens=int(data["max_num_batched_tokens"]),
-        max_model_len=int(data["max_model_len"]),
-        watermark=float(data.get("watermark", watermark)),
-        enable_prefix_caching=bool(data.get("enable_prefix_caching", enable_prefix_caching)),
-    )
-    requests = tuple(_request_from_dict(r) for r in data.get("requests", ()))
-    return InstanceSnapshot(config, int(data["num_free_blocks"]), requests)
-
-
-def _request_from_dict(data: Mapping[str, Any]) -> SimRequest:
-    predicted = data.get("predicted_output_tokens")
-    return SimRequest(
-        request_id=str(data["request_id"]),
-        num_prompt_tokens=int(data["num_prompt_tokens"]),
-        num_computed_tokens=int(data.get("num_computed_tokens", 0)),
-        num_output_tokens=int(data.get("num_output_tokens", 0)),
-        predicted_output_tokens=None if predicted is None else int(predicted),
-        is_running=bool(data.get("is_running", False)),
-        num_cached_tokens=int(data.get("num_cached_tokens", 0)),
-    )
-

@@ -1,45 +1,28 @@
-"""The route stage's decision over published states in the real Redis: freshness, bookkeeping."""
+"""The route stage's decision over published engine states, built here (no Redis)."""
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Sequence
 
 import pytest
-import redis
 
-from app.fleet import Fleet
-from tests.conftest import TEST_REDIS_URL
-from workers.route.planner import plan_route
+from app.fleet import InstanceStatus
+from tests.engine_states import engine_state, waiting_request
+from workers.route.planner import Plan, plan_route
 from workers.route.policies import RequestView, RoutingContext
 from workers.sim import bundled_model
+from workers.sim.engine_state import EngineState
 
-pytestmark = pytest.mark.services
-
-
-def _idle_state(num_free_blocks: int = 7288) -> dict:  # type: ignore[type-arg]
-    return {
-        "engine_kind": "emulated",
-        "num_running": 0,
-        "num_waiting": 0,
-        "num_total_blocks": 7288,
-        "num_free_blocks": num_free_blocks,
-        "block_size": 16,
-        "max_num_seqs": 48,
-        "max_num_batched_tokens": 512,
-        "max_model_len": 4096,
-        "requests": [],
-    }
+MODEL = bundled_model("qwen2-7b-a30")
 
 
-@pytest.fixture
-def fleet() -> Iterator[Fleet]:
-    client = redis.Redis.from_url(TEST_REDIS_URL)
-    client.flushdb()
-    yield Fleet(client, heartbeat_ttl_s=0.4)
-    client.flushdb()
-    client.close()
+def _status(instance_id: str, state: EngineState,
+            assigned: Sequence[dict] = ()) -> InstanceStatus:  # type: ignore[type-arg]
+    """A routing candidate as the fleet reads it: alive, accepting, just published."""
+    return InstanceStatus(instance_id, alive=True, heartbeat_age_s=0.0, state=state,
+                          assigned=tuple(assigned))
 
 
 def _request(i: int) -> RequestView:
@@ -47,87 +30,60 @@ def _request(i: int) -> RequestView:
                        max_tokens=1024)
 
 
-def test_an_instance_without_a_fresh_heartbeat_is_no_candidate(fleet: Fleet) -> None:
-    fleet.publish("gpu.0", _idle_state())
-    fleet.publish("gpu.1", _idle_state())
-    time.sleep(0.25)
-    fleet.publish("gpu.1", _idle_state())
-    time.sleep(0.25)
-    assert [s.instance_id for s in fleet.routable()] == ["gpu.1"]
-    assert {s.instance_id: s.alive for s in fleet.statuses()} == {"gpu.0": False, "gpu.1": True}
+def _plan(policy: str, candidates: Sequence[InstanceStatus], seed: int = 0) -> Plan:
+    ctx = RoutingContext(ticket=seed, rng=random.Random(seed))
+    return plan_route(policy, _request(seed), candidates, ctx, MODEL)
 
 
 @pytest.mark.parametrize("policy", ["least_requests", "least_tokens", "block", "block_ttft"])
-def test_assignments_are_visible_to_the_next_decision(fleet: Fleet, policy: str) -> None:
+def test_assignments_are_visible_to_the_next_decision(policy: str) -> None:
     """A burst onto two idle instances alternates instead of piling onto one."""
-    fleet.publish("gpu.0", _idle_state())
-    fleet.publish("gpu.1", _idle_state())
-    model = bundled_model("qwen2-7b-a30")
+    assigned: dict[str, list[dict]] = {"gpu.0": [], "gpu.1": []}  # type: ignore[type-arg]
     chosen = []
     for i in range(4):
-        ctx = RoutingContext(ticket=i, rng=random.Random(i))
-        plan = plan_route(policy, _request(i), fleet.routable(), ctx, model)
-        decision = plan.decision
-        fleet.assign(decision.instance_id, f"req_{i}", num_prompt_tokens=600,
-                     predicted_output_tokens=300)
-        chosen.append(decision.instance_id)
+        candidates = [_status(k, engine_state(), v) for k, v in assigned.items()]
+        plan = _plan(policy, candidates, seed=i)
+        instance_id = plan.decision.instance_id
+        assigned[instance_id].append({"request_id": f"req_{i}", "num_prompt_tokens": 600,
+                                      "predicted_output_tokens": 300, "at": time.time()})
+        chosen.append(instance_id)
         if policy.startswith("block"):
             assert set(plan.what_ifs) == {"gpu.0", "gpu.1"}
     assert sorted(chosen) == ["gpu.0", "gpu.0", "gpu.1", "gpu.1"]
     assert chosen[0] != chosen[1] and chosen[2] != chosen[3]
 
 
-def test_block_prefers_the_instance_with_less_queued_work(fleet: Fleet) -> None:
-    busy = _idle_state()
-    busy["requests"] = [
-        {"request_id": f"r{i}", "num_prompt_tokens": 1500, "num_computed_tokens": 0,
-         "num_output_tokens": 0, "predicted_output_tokens": 400, "is_running": False}
-        for i in range(20)
-    ]
-    fleet.publish("gpu.0", busy)
-    fleet.publish("gpu.1", _idle_state())
-    ctx = RoutingContext(ticket=0, rng=random.Random(0))
-    plan = plan_route("block", _request(0), fleet.routable(), ctx, bundled_model("qwen2-7b-a30"))
+def test_block_prefers_the_instance_with_less_queued_work() -> None:
+    busy = engine_state(*(waiting_request(f"r{i}", 1500, 400) for i in range(20)),
+                        num_waiting=20)
+    plan = _plan("block", [_status("gpu.0", busy), _status("gpu.1", engine_state())])
     assert plan.decision.instance_id == "gpu.1"
     assert plan.what_ifs["gpu.1"][1] < plan.what_ifs["gpu.0"][1]
 
 
 @pytest.mark.parametrize("num_probes", [2, 4])
-def test_power_of_k_simulates_only_the_instances_it_probes(fleet: Fleet, num_probes: int) -> None:
-    for k in range(6):
-        fleet.publish(f"gpu.{k}", _idle_state())
-    model = bundled_model("qwen2-7b-a30")
+def test_power_of_k_simulates_only_the_instances_it_probes(num_probes: int) -> None:
+    candidates = [_status(f"gpu.{k}", engine_state()) for k in range(6)]
     probed_sets = set()
     for seed in range(20):
-        ctx = RoutingContext(ticket=seed, rng=random.Random(seed))
-        plan = plan_route(f"po{num_probes}_block", _request(0), fleet.routable(), ctx, model)
+        plan = _plan(f"po{num_probes}_block", candidates, seed=seed)
         assert len(plan.what_ifs) == len(plan.decision.scores) == num_probes
         assert plan.decision.instance_id in plan.what_ifs
         probed_sets.add(frozenset(plan.what_ifs))
     assert len(probed_sets) > 3  # random probes, not always the same instances
 
 
-def test_a_published_state_that_shows_a_request_clears_its_assignment(fleet: Fleet) -> None:
-    fleet.publish("gpu.0", _idle_state())
-    fleet.assign("gpu.0", "req_1", num_prompt_tokens=10, predicted_output_tokens=5)
-    fleet.assign("gpu.0", "req_2", num_prompt_tokens=10, predicted_output_tokens=5)
-    assert fleet.routable()[0].num_assigned == 2
-    shown = _idle_state()
-    shown["requests"] = [{"request_id": "req_1", "num_prompt_tokens": 10,
-                          "num_computed_tokens": 0, "num_output_tokens": 0,
-                          "predicted_output_tokens": 5, "is_running": False}]
-    fleet.publish("gpu.0", shown)
-    assert [a["request_id"] for a in fleet.routable()[0].assigned] == ["req_2"]
-    fleet.unassign("gpu.0", "req_2")
-    assert fleet.routable()[0].num_assigned == 0
+def test_a_request_the_engine_has_not_tokenized_yet_is_left_out() -> None:
+    fresh = engine_state(waiting_request("fresh", 0, None), num_waiting=1)
+    with_fresh = _plan("block", [_status("gpu.0", fresh)])
+    idle = _plan("block", [_status("gpu.0", engine_state())])
+    assert with_fresh.what_ifs == idle.what_ifs
 
 
-def test_a_request_the_engine_has_not_tokenized_yet_is_left_out(fleet: Fleet) -> None:
-    state = _idle_state()
-    state["requests"] = [{"request_id": "fresh", "num_prompt_tokens": 0,
-                          "num_computed_tokens": 0, "num_output_tokens": 0,
-                          "predicted_output_tokens": None, "is_running": False}]
-    fleet.publish("gpu.0", state)
-    ctx = RoutingContext(ticket=0, rng=random.Random(0))
-    plan = plan_route("block", _request(0), fleet.routable(), ctx, bundled_model("qwen2-7b-a30"))
-    assert plan.decision.instance_id == "gpu.0"
+def test_the_published_blocks_are_the_usable_ones() -> None:
+    """Engines publish the blocks requests can use (vLLM's null block aside): an instance with
+    exactly one max_model_len sequence of them, all free, is simulated as such."""
+    one_sequence = engine_state(num_total_blocks=256, num_free_blocks=256)  # 4096 / 16
+    plan = _plan("block", [_status("gpu.0", one_sequence)])
+    ((ttft_s, e2e_s),) = plan.what_ifs.values()
+    assert 0 < ttft_s < e2e_s

@@ -10,7 +10,7 @@ import pytest
 from workers.sim import (BatchStats, ExecModel, InstanceConfig, InstanceSnapshot, OverrunPolicy,
                          SimRequest, WhatIf, bundled_model, predict_what_if,
                          predict_what_if_prepared, predict_what_if_stepwise, prepare,
-                         snapshot_from_dict, target_output_tokens)
+                         target_output_tokens)
 
 from .cases import random_case
 
@@ -146,26 +146,6 @@ def test_requests_past_their_prediction_get_a_margin_not_a_negative_length() -> 
     assert target_output_tokens(barely, config, overrun) == 18
     assert target_output_tokens(unknown, config, overrun) == 63
     assert target_output_tokens(capped, config, overrun) == 96
-
-
-def test_snapshot_from_dict_reads_the_published_form(toy_model: ExecModel) -> None:
-    data = {
-        "num_total_blocks": 7289, "num_free_blocks": 7000, "block_size": 16,
-        "max_num_seqs": 48, "max_num_batched_tokens": 512, "max_model_len": 4096,
-        "requests": [
-            {"request_id": "a", "num_prompt_tokens": 300, "num_computed_tokens": 310,
-             "num_output_tokens": 11, "predicted_output_tokens": 200, "is_running": True},
-            {"request_id": "b", "num_prompt_tokens": 50, "num_computed_tokens": 0,
-             "num_output_tokens": 0, "predicted_output_tokens": None, "is_running": False},
-        ],
-    }
-    snapshot = snapshot_from_dict(data, enable_prefix_caching=True)
-    assert snapshot.config.enable_prefix_caching and snapshot.num_free_blocks == 7000
-    assert [r.request_id for r in snapshot.running] == ["a"]
-    assert snapshot.waiting[0].predicted_output_tokens is None
-    result = predict_what_if(snapshot, SimRequest("new", 20, predicted_output_tokens=5),
-                             toy_model)
-    assert 0 < result.ttft_s < result.e2e_s
 
 
 def test_misuse_is_rejected(toy_model: ExecModel) -> None:

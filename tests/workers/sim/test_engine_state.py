@@ -1,0 +1,76 @@
+"""The published engine state: its JSON form and its conversion to the simulator's snapshot."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from workers.sim import ExecModel, SimRequest, predict_what_if
+from workers.sim.engine_state import EngineState, RequestState
+
+#: As an engine publishes it: the Block paper's A30 / Qwen2-7B instance, one request running
+#: (vLLM's KV estimate may count every token), one waiting, one not tokenized yet.
+PUBLISHED = {
+    "engine_kind": "emulated", "model": "qwen2-7b", "num_running": 1, "num_waiting": 2,
+    "num_total_blocks": 7288, "num_free_blocks": 7000, "block_size": 16, "max_num_seqs": 48,
+    "max_num_batched_tokens": 512, "max_model_len": 4096,
+    "requests": [
+        {"request_id": "a", "num_prompt_tokens": 300, "num_computed_tokens": 310,
+         "num_output_tokens": 11, "predicted_output_tokens": 200, "is_running": True},
+        {"request_id": "b", "num_prompt_tokens": 50, "num_computed_tokens": 0,
+         "num_output_tokens": 0, "predicted_output_tokens": None, "is_running": False},
+        {"request_id": "fresh", "num_prompt_tokens": 0, "num_computed_tokens": 0,
+         "num_output_tokens": 0, "predicted_output_tokens": 40, "is_running": False},
+    ],
+    "taken_at": 1700000000.5, "instance_id": "gpu.0", "accepting": False,
+    "published_at": 1700000000.75,
+}
+
+
+def test_the_json_form_round_trips_key_for_key() -> None:
+    state = EngineState.from_json(PUBLISHED)
+    assert state.requests[0] == RequestState("a", 300, 310, 11, 200, True)
+    assert (state.instance_id, state.accepting, state.published_at) == ("gpu.0", False,
+                                                                        1700000000.75)
+    assert json.dumps(state.to_json()) == json.dumps(PUBLISHED)  # same keys, same order
+
+
+def test_an_engine_snapshot_is_published_with_its_instance() -> None:
+    snapshot = dataclasses.replace(EngineState.from_json(PUBLISHED), instance_id=None,
+                                   accepting=True, published_at=None)
+    published = snapshot.published("gpu.3", "served-model", accepting=False)
+    assert (published.instance_id, published.model, published.accepting) == (
+        "gpu.3", "served-model", False)
+    assert published.requests == snapshot.requests and snapshot.instance_id is None
+
+
+def test_states_published_before_the_host_set_them_read_as_accepting() -> None:
+    older = {k: v for k, v in PUBLISHED.items()
+             if k not in ("instance_id", "accepting", "published_at")}
+    state = EngineState.from_json(older)
+    assert state.accepting and state.instance_id is None and state.published_at is None
+
+
+def test_the_simulator_counts_the_null_block_and_skips_untokenized_requests(
+    toy_model: ExecModel,
+) -> None:
+    state = EngineState.from_json(PUBLISHED)
+    snapshot = state.to_instance_snapshot(enable_prefix_caching=True)
+    config = snapshot.config
+    assert (config.num_total_blocks, config.num_usable_blocks) == (7289, 7288)
+    assert config.enable_prefix_caching and config.watermark == 0.0
+    assert snapshot.num_free_blocks == 7000
+    assert [r.request_id for r in snapshot.running] == ["a"]
+    assert [r.request_id for r in snapshot.waiting] == ["b"]
+    assert snapshot.waiting[0].predicted_output_tokens is None
+    assert snapshot.running[0] == SimRequest("a", 300, 310, 11, 200, True)
+    result = predict_what_if(snapshot, SimRequest("new", 20, predicted_output_tokens=5),
+                             toy_model)
+    assert 0 < result.ttft_s < result.e2e_s
+
+
+def test_a_state_missing_a_field_is_refused() -> None:
+    with pytest.raises(KeyError, match="num_free_blocks"):
+        EngineState.from_json({k: v for k, v in PUBLISHED.items() if k != "num_free_blocks"})

@@ -1,0 +1,149 @@
+"""What an engine instance publishes: its state, as routers, the API and the metrics read it.
+
+`EngineState` is the one form of it: an engine's `snapshot()` returns one, the engine host adds
+the instance's id, served model and whether it accepts work, and the fleet stores its JSON form
+(`to_json` / `from_json`) in Redis. `to_instance_snapshot` turns it into the simulator's
+`InstanceSnapshot`; the two rules that separate what engines publish from what the simulator
+means live there, and only there:
+
+- engines publish the KV blocks requests can use; vLLM's ``num_gpu_blocks``, which
+  `InstanceConfig.num_total_blocks` means, counts one more (the null block vLLM keeps back);
+- a request the engine took but has not tokenized yet shows 0 prompt tokens: the simulator
+  leaves it out (it is in the engine for a few milliseconds before a state shows it whole).
+
+Pure: no I/O, nothing of ours outside workers.sim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .snapshot import InstanceConfig, InstanceSnapshot, SimRequest
+
+__all__ = ["EngineState", "RequestState"]
+
+#: vLLM's block pool keeps one block back (its null block); engines publish the others.
+NUM_NULL_BLOCKS = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RequestState:
+    """One in-flight request as the engine sees it."""
+
+    request_id: str
+    num_prompt_tokens: int  # 0 until the engine has tokenized the prompt
+    num_computed_tokens: int  # tokens whose KV is in the cache: best available estimate
+    num_output_tokens: int  # tokens generated so far
+    predicted_output_tokens: int | None  # copied from the request
+    is_running: bool  # False = waiting (not yet scheduled, or preempted)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "num_prompt_tokens": self.num_prompt_tokens,
+            "num_computed_tokens": self.num_computed_tokens,
+            "num_output_tokens": self.num_output_tokens,
+            "predicted_output_tokens": self.predicted_output_tokens,
+            "is_running": self.is_running,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RequestState:
+        predicted = data["predicted_output_tokens"]
+        return cls(
+            request_id=str(data["request_id"]),
+            num_prompt_tokens=int(data["num_prompt_tokens"]),
+            num_computed_tokens=int(data["num_computed_tokens"]),
+            num_output_tokens=int(data["num_output_tokens"]),
+            predicted_output_tokens=None if predicted is None else int(predicted),
+            is_running=bool(data["is_running"]),
+        )
+
+    def to_sim_request(self) -> SimRequest:
+        """The request as the simulator takes it; only for tokenized requests."""
+        return SimRequest(
+            request_id=self.request_id,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_computed_tokens=self.num_computed_tokens,
+            num_output_tokens=self.num_output_tokens,
+            predicted_output_tokens=self.predicted_output_tokens,
+            is_running=self.is_running,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineState:
+    """What an engine holds at one moment: what routing policies and the simulator read."""
+
+    engine_kind: str  # "vllm" or "emulated"
+    model: str  # the served model (the engine's path or name; the host publishes its name)
+    num_running: int  # requests in the running batch
+    num_waiting: int  # requests queued in the engine, not yet scheduled (or preempted)
+    num_total_blocks: int  # KV-cache blocks requests can use (vLLM's null block excluded)
+    num_free_blocks: int  # of those, not in use
+    block_size: int  # tokens per KV-cache block
+    max_num_seqs: int  # most requests in one batch
+    max_num_batched_tokens: int  # token budget of one step (chunked prefill)
+    max_model_len: int  # most tokens (prompt + output) in one request
+    requests: tuple[RequestState, ...]  # every request submitted and not yet finished
+    taken_at: float  # time.time() of the snapshot
+    # --- set when published (`published`, then the fleet's `published_at`) ---
+    instance_id: str | None = None  # the instance (its queue name, "gpu.0")
+    accepting: bool = True  # False while the instance withdraws: route nothing new to it
+    published_at: float | None = None  # time.time() when stored: the heartbeat's age
+
+    def published(self, instance_id: str, model: str, *, accepting: bool) -> EngineState:
+        """This state as the engine host publishes it for its instance."""
+        return dataclasses.replace(self, instance_id=instance_id, model=model,
+                                   accepting=accepting)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object the fleet stores (keys in field order)."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["requests"] = [r.to_json() for r in self.requests]
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EngineState:
+        published_at = data.get("published_at")
+        return cls(
+            engine_kind=str(data["engine_kind"]),
+            model=str(data["model"]),
+            num_running=int(data["num_running"]),
+            num_waiting=int(data["num_waiting"]),
+            num_total_blocks=int(data["num_total_blocks"]),
+            num_free_blocks=int(data["num_free_blocks"]),
+            block_size=int(data["block_size"]),
+            max_num_seqs=int(data["max_num_seqs"]),
+            max_num_batched_tokens=int(data["max_num_batched_tokens"]),
+            max_model_len=int(data["max_model_len"]),
+            requests=tuple(RequestState.from_json(r) for r in data["requests"]),
+            taken_at=float(data["taken_at"]),
+            instance_id=data.get("instance_id"),
+            accepting=bool(data.get("accepting", True)),
+            published_at=None if published_at is None else float(published_at),
+        )
+
+    def instance_config(self, *, watermark: float = 0.0,
+                        enable_prefix_caching: bool = False) -> InstanceConfig:
+        """The simulator's config of this instance (its blocks counted as vLLM counts them)."""
+        return InstanceConfig(
+            num_total_blocks=self.num_total_blocks + NUM_NULL_BLOCKS,
+            block_size=self.block_size,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            watermark=watermark,
+            enable_prefix_caching=enable_prefix_caching,
+        )
+
+    def to_instance_snapshot(self, *, watermark: float = 0.0,
+                             enable_prefix_caching: bool = False) -> InstanceSnapshot:
+        """The simulator's snapshot of this state; requests not tokenized yet are left out."""
+        config = self.instance_config(watermark=watermark,
+                                      enable_prefix_caching=enable_prefix_caching)
+        requests = tuple(r.to_sim_request() for r in self.requests if r.num_prompt_tokens > 0)
+        return InstanceSnapshot(config, self.num_free_blocks, requests)
