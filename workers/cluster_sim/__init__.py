@@ -5,15 +5,14 @@ instances) and the route stage's pure policies (the router it simulates), which 
 `workers.sim` themselves; inside `workers.sim` it would make the two packages a cycle.
 """
 
+from .ground_truth import GroundTruthInstance, SimulatedRequest
 from .simulation import (
     ClusterSetup,
-    GroundTruthInstance,
     LengthPredictor,
     LogNormalPredictor,
     MeanPredictor,
     OraclePredictor,
     RunResult,
-    SimulatedRequest,
     capacity_bounds,
     predictor_from_spec,
     saturation_rate,

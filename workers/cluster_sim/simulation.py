@@ -1,10 +1,9 @@
 """Discrete-event simulation of a routed cluster: N instances, one router, one workload. Pure.
 
-The instances are the ground truth: each runs vLLM v1 scheduling (the same rules as
-`workers.sim.Scheduler`) with the requests' TRUE output lengths and step times from an
-execution-time model with seeded multiplicative noise. The router sees only what it would see
-in production: snapshots each instance publishes every ``publish_interval_s`` (at its own
-phase), the requests it routed since (`FleetLedger`), and the output lengths a length
+The instances are the ground truth (`GroundTruthInstance`: the simulator's scheduler model
+with the requests' TRUE output lengths and noisy step times). The router sees only what it
+would see in production: snapshots each instance publishes every ``publish_interval_s`` (at
+its own phase), the requests it routed since (`FleetLedger`), and the output lengths a length
 predictor gave. Block policies simulate each candidate from those with `workers.sim`.
 
 Time advances arrival by arrival. Before a request is routed every instance whose publication
@@ -15,8 +14,8 @@ would show it; at most one step, about 30-60 ms, ahead).
 
 NOTE: instances step one engine step at a time rather than jumping over decode phases as
 `workers.sim.FastSim` does: a snapshot is due every ``publish_interval_s`` (2-3 steps) and an
-arrival somewhere in the fleet every few steps, so there are few steps to skip; the step loop
-is instead kept lean (plain slots objects, no per-step allocations beyond one list).
+arrival somewhere in the fleet every few steps, so there are few steps to skip; and every
+step's time carries its own noise factor.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -39,19 +37,18 @@ from workers.route.policies import (
     needs_what_if,
     probed,
 )
-from workers.sim import ExecModel, InstanceConfig, InstanceSnapshot, SimRequest
+from workers.sim import ExecModel, InstanceConfig, SimRequest
 
+from .ground_truth import GroundTruthInstance, SimulatedRequest
 from .workload import Workload
 
 __all__ = [
     "ClusterSetup",
-    "GroundTruthInstance",
     "LengthPredictor",
     "LogNormalPredictor",
     "MeanPredictor",
     "OraclePredictor",
     "RunResult",
-    "SimulatedRequest",
     "capacity_bounds",
     "predictor_from_spec",
     "saturation_rate",
@@ -148,199 +145,6 @@ def predictor_from_spec(spec: str) -> LengthPredictor:
     if kind == "lognormal" and sigma:
         return LogNormalPredictor(float(sigma))
     raise ValueError(f"unknown length predictor {spec!r}; known: oracle, mean, lognormal:<sigma>")
-
-
-# -- the ground truth ----------------------------------------------------------------------
-
-class SimulatedRequest:
-    """One request's ground truth and outcome."""
-
-    __slots__ = ("request_id", "arrival_s", "num_prompt_tokens", "max_output_tokens",
-                 "predicted_output_tokens", "num_output_tokens", "num_computed_tokens",
-                 "num_owned_blocks", "first_token_s", "finish_s", "num_preemptions",
-                 "instance_id", "what_if_e2e_s")
-
-    def __init__(self, request_id: str, arrival_s: float, num_prompt_tokens: int,
-                 max_output_tokens: int, predicted_output_tokens: int) -> None:
-        self.request_id = request_id
-        self.arrival_s = arrival_s
-        self.num_prompt_tokens = num_prompt_tokens
-        #: The true output length: the request finishes when it has this many tokens.
-        self.max_output_tokens = max_output_tokens
-        #: What the router planned with (published with the request, as engines do).
-        self.predicted_output_tokens = predicted_output_tokens
-        self.num_output_tokens = 0
-        self.num_computed_tokens = 0
-        self.num_owned_blocks = 0
-        self.first_token_s: float | None = None
-        self.finish_s: float | None = None
-        self.num_preemptions = 0
-        self.instance_id: str | None = None
-        #: The chosen instance's simulated end-to-end latency, when the policy simulated.
-        self.what_if_e2e_s: float | None = None
-
-
-class GroundTruthInstance:
-    """One vLLM instance: FCFS, chunked prefill, recompute preemption, noisy step times.
-
-    The schedule follows `workers.sim.Scheduler` step for step (a test checks it); this
-    version trades its generality (prefix caching, snapshots to restore) for speed.
-    """
-
-    def __init__(self, instance_id: str, config: InstanceConfig, exec_model: ExecModel,
-                 noise_sigma: float = 0.0, seed: int | Sequence[int] = 0) -> None:
-        if config.enable_prefix_caching:
-            raise ValueError("GroundTruthInstance does not model prefix caching")
-        self.instance_id = instance_id
-        self.config = config
-        self.exec_model = exec_model
-        self.now_s = 0.0
-        self.running: list[SimulatedRequest] = []
-        self.waiting: deque[SimulatedRequest] = deque()
-        self.num_free_blocks = config.num_usable_blocks
-        self.num_preemptions = 0
-        self.num_steps = 0
-        self._noise_sigma = noise_sigma
-        self._noise_rng = np.random.default_rng(seed)
-        self._noise: list[float] = []
-        self._noise_index = 0
-
-    @property
-    def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
-
-    def add(self, request: SimulatedRequest, at_s: float) -> None:
-        """Queue `request` arriving at `at_s` (not before the instance's present)."""
-        self.run_until(at_s)
-        if not self.has_work:
-            self.now_s = max(self.now_s, at_s)
-        request.instance_id = self.instance_id
-        self.waiting.append(request)
-
-    def run_until(self, until_s: float) -> None:
-        """Run every step that starts before `until_s`."""
-        while self.now_s < until_s and (self.running or self.waiting):
-            self.step()
-
-    def run_to_end(self) -> None:
-        while self.running or self.waiting:
-            self.step()
-
-    def snapshot(self) -> InstanceSnapshot:
-        """What the engine publishes now (lengths as predicted, not the true ones)."""
-        requests = [SimRequest(r.request_id, r.num_prompt_tokens, r.num_computed_tokens,
-                               r.num_output_tokens, r.predicted_output_tokens, True)
-                    for r in self.running]
-        requests += [SimRequest(r.request_id, r.num_prompt_tokens, 0, r.num_output_tokens,
-                                r.predicted_output_tokens, False) for r in self.waiting]
-        return InstanceSnapshot(self.config, self.num_free_blocks, tuple(requests))
-
-    def step(self) -> list[tuple[SimulatedRequest, int]]:
-        """One engine step; returns what it scheduled: (request, tokens), in schedule order."""
-        config = self.config
-        block_size = config.block_size
-        running = self.running
-        waiting = self.waiting
-        if not running:
-            self.num_free_blocks = config.num_usable_blocks  # idle: every block is free
-        free = self.num_free_blocks
-        budget = config.max_num_batched_tokens
-        scheduled: list[tuple[SimulatedRequest, int]] = []
-        preempted = False
-        # Running requests first, in order; the last one is preempted when blocks run out.
-        index = 0
-        while index < len(running) and budget > 0:
-            seq = running[index]
-            computed = seq.num_computed_tokens
-            num_new = seq.num_prompt_tokens + seq.num_output_tokens - computed
-            if num_new > budget:
-                num_new = budget
-            need = -(-(computed + num_new) // block_size) - seq.num_owned_blocks
-            if need > free:
-                victim = None
-                while need > free:
-                    victim = running.pop()
-                    free += victim.num_owned_blocks
-                    victim.num_owned_blocks = 0
-                    victim.num_computed_tokens = 0
-                    victim.num_preemptions += 1
-                    self.num_preemptions += 1
-                    waiting.appendleft(victim)
-                    preempted = True
-                    if victim is seq:
-                        break
-                if victim is seq:
-                    break
-            free -= need
-            seq.num_owned_blocks += need
-            scheduled.append((seq, num_new))
-            budget -= num_new
-            index += 1
-        # Then waiting requests, first come first served, unless this step preempted.
-        if not preempted:
-            max_num_seqs = config.max_num_seqs
-            reserve_full_input = config.reserve_full_input
-            while budget > 0 and waiting and len(running) < max_num_seqs:
-                seq = waiting[0]
-                num_tokens = seq.num_prompt_tokens + seq.num_output_tokens
-                num_new = num_tokens if num_tokens < budget else budget
-                watermark = config.num_watermark_blocks if running else 0
-                if reserve_full_input and -(-num_tokens // block_size) + watermark > free:
-                    break
-                need = -(-num_new // block_size)
-                if need + watermark > free:
-                    break
-                waiting.popleft()
-                running.append(seq)
-                free -= need
-                seq.num_owned_blocks = need
-                scheduled.append((seq, num_new))
-                budget -= num_new
-        assert scheduled, f"{self.instance_id}: a step with work scheduled nothing"
-        # Price the step.
-        prefill_tokens = num_decodes = prefill_seqs = decode_context = chunk_x_context = 0
-        chunk_sq = 0
-        for seq, num_new in scheduled:
-            num_tokens = seq.num_prompt_tokens + seq.num_output_tokens
-            computed = seq.num_computed_tokens
-            if num_new == 1 and computed == num_tokens - 1:
-                num_decodes += 1
-                decode_context += num_tokens
-            else:
-                prefill_tokens += num_new
-                prefill_seqs += 1
-                chunk_x_context += num_new * computed
-                chunk_sq += num_new * num_new
-            seq.num_computed_tokens = computed + num_new
-        duration_ms = self.exec_model.step_ms_of(prefill_tokens, num_decodes, prefill_seqs,
-                                                 decode_context, chunk_x_context, chunk_sq)
-        self.now_s += duration_ms * self._next_noise() / 1000.0
-        self.num_steps += 1
-        # Sample one token for every request whose tokens are all computed.
-        now_s = self.now_s
-        for seq, _ in scheduled:
-            if seq.num_computed_tokens < seq.num_prompt_tokens + seq.num_output_tokens:
-                continue
-            seq.num_output_tokens += 1
-            if seq.first_token_s is None:
-                seq.first_token_s = now_s
-            if seq.num_output_tokens >= seq.max_output_tokens:
-                running.remove(seq)
-                free += seq.num_owned_blocks
-                seq.num_owned_blocks = 0
-                seq.finish_s = now_s
-        self.num_free_blocks = free
-        return scheduled
-
-    def _next_noise(self) -> float:
-        if not self._noise_sigma:
-            return 1.0
-        if self._noise_index >= len(self._noise):
-            sigma = self._noise_sigma
-            self._noise = self._noise_rng.lognormal(-sigma * sigma / 2, sigma, 4096).tolist()
-            self._noise_index = 0
-        self._noise_index += 1
-        return self._noise[self._noise_index - 1]
 
 
 # -- one run -----------------------------------------------------------------------------

@@ -64,10 +64,29 @@ class BatchStats:
     @staticmethod
     def of_chunk(num_new_tokens: int, num_computed_before: int, num_tokens: int) -> BatchStats:
         """The contribution of one scheduled chunk."""
-        if num_new_tokens == 1 and num_computed_before == num_tokens - 1:
-            return BatchStats(num_decode_seqs=1, decode_context_tokens=num_tokens)
-        return BatchStats(num_new_tokens, 0, 1, 0, num_new_tokens * num_computed_before,
-                          num_new_tokens * num_new_tokens)
+        return BatchStats.of_chunks(((num_new_tokens, num_computed_before, num_tokens),))
+
+    @staticmethod
+    def of_chunks(chunks: Iterable[tuple[int, int, int]]) -> BatchStats:
+        """A step's composition from its chunks: (new tokens, computed before, sequence tokens).
+
+        A decode is a one-token chunk at the end of its sequence; every other chunk is a
+        prefill. NOTE: summed on plain ints, not `+` on stats: a step scheduler calls this
+        once per step with up to ``max_num_seqs`` chunks.
+        """
+        num_prefill_tokens = num_decode_seqs = num_prefill_seqs = 0
+        decode_context_tokens = prefill_chunk_x_context = prefill_chunk_sq = 0
+        for num_new, num_computed, num_tokens in chunks:
+            if num_new == 1 and num_computed == num_tokens - 1:
+                num_decode_seqs += 1
+                decode_context_tokens += num_tokens
+            else:
+                num_prefill_tokens += num_new
+                num_prefill_seqs += 1
+                prefill_chunk_x_context += num_new * num_computed
+                prefill_chunk_sq += num_new * num_new
+        return BatchStats(num_prefill_tokens, num_decode_seqs, num_prefill_seqs,
+                          decode_context_tokens, prefill_chunk_x_context, prefill_chunk_sq)
 
     def __add__(self, other: BatchStats) -> BatchStats:
         return BatchStats(*(a + b for a, b in zip(_astuple(self), _astuple(other))))

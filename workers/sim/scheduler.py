@@ -149,11 +149,14 @@ class Scheduler:
         budget = self._schedule_running(budget, scheduled, preempted)
         if not preempted:
             self._schedule_waiting(budget, scheduled)
-        stats = BatchStats()
+        chunks = []
+        requests = self.requests
         for request_id, num_new in scheduled.items():
-            seq = self.requests[request_id]
-            stats += BatchStats.of_chunk(num_new, seq.num_computed_tokens, seq.num_tokens)
-            seq.num_computed_tokens += num_new
+            seq = requests[request_id]
+            computed = seq.num_computed_tokens
+            chunks.append((num_new, computed, seq.num_prompt_tokens + seq.num_output_tokens))
+            seq.num_computed_tokens = computed + num_new
+        stats = BatchStats.of_chunks(chunks)
         self._check_invariants(scheduled)
         return SchedulerOutput(scheduled, stats, tuple(s.request_id for s in preempted))
 
@@ -161,9 +164,10 @@ class Scheduler:
         """Sample one token for each fully computed request; retire finished ones."""
         sampled: list[str] = []
         finished: list[str] = []
+        requests = self.requests
         for request_id in output.num_scheduled_tokens:
-            seq = self.requests[request_id]
-            if seq.num_computed_tokens < seq.num_tokens:
+            seq = requests[request_id]
+            if seq.num_computed_tokens < seq.num_prompt_tokens + seq.num_output_tokens:
                 continue  # a partial prefill samples nothing
             seq.num_output_tokens += 1
             sampled.append(request_id)
@@ -175,25 +179,32 @@ class Scheduler:
     # -- scheduling helpers -------------------------------------------------------------
     def _schedule_running(self, budget: int, scheduled: dict[str, int],
                           preempted: list[SeqState]) -> int:
+        # NOTE: the hot path of the cluster benchmark's ground truth (a step per request
+        # in the batch): plain arithmetic on locals, no helper calls.
         block_size = self.config.block_size
         pool = self.block_pool
+        running = self.running
         index = 0
-        while index < len(self.running) and budget > 0:
-            seq = self.running[index]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        while index < len(running) and budget > 0:
+            seq = running[index]
+            computed = seq.num_computed_tokens
+            num_new = seq.num_prompt_tokens + seq.num_output_tokens - computed
+            if num_new > budget:
+                num_new = budget
             assert num_new > 0, seq
-            num_needed = (_cdiv(seq.num_computed_tokens + num_new, block_size)
+            num_needed = (-(-(computed + num_new) // block_size)
                           - seq.num_shared_blocks - seq.num_owned_blocks)
             while num_needed > pool.num_free:
                 # NOTE: FCFS preempts the last running request; it is never one
                 # already scheduled this step, as those all come before `seq`.
-                victim = self.running.pop()
+                victim = running.pop()
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is seq:
                     return budget
-            pool.allocate(num_needed)
-            seq.num_owned_blocks += num_needed
+            if num_needed:
+                pool.allocate(num_needed)
+                seq.num_owned_blocks += num_needed
             scheduled[seq.request_id] = num_new
             budget -= num_new
             index += 1

@@ -1,4 +1,4 @@
-"""The cluster simulation: ground-truth instances, the routed run, predictors, capacity."""
+"""The routed cluster run: determinism, latencies, stale states, aborts; predictors, capacity."""
 
 from __future__ import annotations
 
@@ -9,18 +9,16 @@ import pytest
 
 from workers.cluster_sim.simulation import (
     ClusterSetup,
-    GroundTruthInstance,
     LogNormalPredictor,
     MeanPredictor,
     OraclePredictor,
-    SimulatedRequest,
     capacity_bounds,
     predictor_from_spec,
     saturation_rate,
     simulate,
 )
 from workers.cluster_sim.workload import Workload, poisson_unit_arrivals
-from workers.sim import InstanceConfig, Scheduler, SeqState
+from workers.sim import InstanceConfig
 
 
 def _workload(lengths: list[tuple[int, int]], seed: int = 0) -> Workload:
@@ -31,81 +29,6 @@ def _workload(lengths: list[tuple[int, int]], seed: int = 0) -> Workload:
 def _random_workload(n: int, seed: int = 0) -> Workload:
     rng = random.Random(seed)
     return _workload([(rng.randint(8, 200), rng.randint(1, 120)) for _ in range(n)], seed)
-
-
-# -- the ground truth follows the scheduler model ---------------------------------------------
-
-def test_ground_truth_instance_schedules_exactly_like_the_scheduler_model(toy_model) -> None:  # type: ignore[no-untyped-def]
-    num_preemptions = 0
-    for case in range(40):
-        rng = random.Random(case)
-        block_size = rng.choice([1, 4, 16])
-        max_model_len = rng.choice([64, 128, 256])
-        min_blocks = -(-max_model_len // block_size) + 1
-        config = InstanceConfig(rng.randint(min_blocks, 3 * min_blocks), block_size,
-                                rng.randint(1, 8), rng.randint(8, 64), max_model_len,
-                                watermark=rng.choice([0.0, 0.05]),
-                                reserve_full_input=rng.random() < 0.8)
-        reference, instance = Scheduler(config), GroundTruthInstance("g", config, toy_model)
-        arrivals: dict[int, list[tuple[str, int, int]]] = {}
-        for i in range(rng.randint(1, 16)):
-            prompt = rng.randint(1, max_model_len - 1)
-            arrivals.setdefault(rng.randint(0, 30), []).append(
-                (f"r{i}", prompt, rng.randint(1, max_model_len - prompt)))
-        for step in range(5000):
-            for request_id, prompt, output in arrivals.pop(step, []):
-                reference.add_request(SeqState(request_id, prompt, output))
-                instance.add(SimulatedRequest(request_id, 0.0, prompt, output, output), 0.0)
-            if not reference.has_unfinished_requests:
-                if not arrivals:
-                    break
-                continue
-            expected = reference.schedule()
-            reference.update_from_output(expected)
-            got = instance.step()
-            assert [(r.request_id, n) for r, n in got] == list(
-                expected.num_scheduled_tokens.items()), (case, step)
-        assert not instance.has_work
-        assert instance.num_preemptions == reference.num_preemptions
-        num_preemptions += reference.num_preemptions
-    assert num_preemptions > 20  # the cases do exercise preemption
-
-
-def test_ground_truth_records_first_token_and_finish_times(toy_model, small_config) -> None:  # type: ignore[no-untyped-def]
-    instance = GroundTruthInstance("g", small_config, toy_model)
-    request = SimulatedRequest("r", 1.0, 100, 3, 3)
-    instance.add(request, 1.0)
-    instance.run_to_end()
-    assert instance.num_steps == 3  # one prefill (it fits the 128-token budget), two decodes
-    assert 1.0 < request.first_token_s < request.finish_s == instance.now_s
-    assert request.instance_id == "g"
-    assert instance.num_free_blocks == small_config.num_usable_blocks
-
-
-def test_snapshot_shows_predicted_lengths_not_true_ones(toy_model, small_config) -> None:  # type: ignore[no-untyped-def]
-    instance = GroundTruthInstance("g", small_config, toy_model)
-    instance.add(SimulatedRequest("r", 0.0, 40, 30, 12), 0.0)
-    instance.add(SimulatedRequest("s", 0.0, 500, 5, 7), 0.0)
-    instance.step()
-    snapshot = instance.snapshot()
-    running, waiting = snapshot.running, snapshot.waiting
-    assert [r.request_id for r in running] == ["r", "s"] and not waiting
-    assert running[0].predicted_output_tokens == 12
-    assert (running[0].num_output_tokens, running[0].num_computed_tokens) == (1, 40)
-    assert running[1].num_computed_tokens == 88  # 128-token budget minus r's 40
-    assert snapshot.num_free_blocks == small_config.num_usable_blocks - 3 - 6
-
-
-def test_step_noise_is_seeded_and_averages_to_one(toy_model, small_config) -> None:  # type: ignore[no-untyped-def]
-    def run(seed: int, sigma: float) -> float:
-        instance = GroundTruthInstance("g", small_config, toy_model, sigma, seed)
-        instance.add(SimulatedRequest("r", 0.0, 10, 400, 400), 0.0)
-        instance.run_to_end()
-        return instance.now_s
-
-    exact = run(0, 0.0)
-    assert run(1, 0.2) == run(1, 0.2) != run(2, 0.2)
-    assert run(1, 0.2) == pytest.approx(exact, rel=0.05)
 
 
 # -- routed runs -------------------------------------------------------------------------------

@@ -43,6 +43,10 @@ def test_chunk_contributions_classify_decodes_and_prefills() -> None:
     total = BatchStats.of_chunk(1, 99, 100) + BatchStats.of_chunk(32, 64, 200)
     assert total - BatchStats.of_chunk(1, 99, 100) == BatchStats.of_chunk(32, 64, 200)
     assert total.num_tokens == 33 and total.num_seqs == 2
+    chunks = [(1, 99, 100), (32, 64, 200), (1, 0, 1), (1, 5, 10)]
+    assert BatchStats.of_chunks(chunks) == sum(
+        (BatchStats.of_chunk(*chunk) for chunk in chunks), BatchStats())
+    assert BatchStats.of_chunks([]) == BatchStats()
 
 
 def test_save_load_round_trip(tmp_path, toy_model: ExecModel) -> None:
