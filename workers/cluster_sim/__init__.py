@@ -6,18 +6,15 @@ instances) and the route stage's pure policies (the router it simulates), which 
 """
 
 from .ground_truth import GroundTruthInstance, SimulatedRequest
-from .simulation import (
-    ClusterSetup,
+from .predictors import (
+    LENGTH_PREDICTORS,
     LengthPredictor,
     LogNormalPredictor,
     MeanPredictor,
     OraclePredictor,
-    RunResult,
-    capacity_bounds,
     predictor_from_spec,
-    saturation_rate,
-    simulate,
 )
+from .simulation import ClusterSetup, RunResult, capacity_bounds, saturation_rate, simulate
 from .workload import (
     AZURE_CODE,
     AZURE_CONV,
@@ -32,6 +29,7 @@ from .workload import (
 __all__ = [
     "AZURE_CODE",
     "AZURE_CONV",
+    "LENGTH_PREDICTORS",
     "SHAREGPT",
     "ClusterSetup",
     "GroundTruthInstance",

@@ -25,7 +25,6 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
@@ -40,17 +39,13 @@ from workers.route.policies import (
 from workers.sim import ExecModel, InstanceConfig, SimRequest
 
 from .ground_truth import GroundTruthInstance, SimulatedRequest
+from .predictors import LengthPredictor
 from .workload import Workload
 
 __all__ = [
     "ClusterSetup",
-    "LengthPredictor",
-    "LogNormalPredictor",
-    "MeanPredictor",
-    "OraclePredictor",
     "RunResult",
     "capacity_bounds",
-    "predictor_from_spec",
     "saturation_rate",
     "simulate",
 ]
@@ -82,69 +77,6 @@ class ClusterSetup:
             raise ValueError("publish_interval_s and exec_noise_sigma must not be negative")
         if self.config.enable_prefix_caching:
             raise ValueError("the cluster simulation does not model prefix caching")
-
-
-# -- length predictors: what the router plans with -----------------------------------------
-
-class LengthPredictor(Protocol):
-    #: Short label for tables, e.g. ``"lognormal:0.5"``.
-    name: str
-
-    def predict(self, workload: Workload, seed: int) -> list[int]:
-        """One predicted output length per request of `workload`, deterministic for `seed`."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class OraclePredictor:
-    """The true lengths (the Block* oracle; benchmarks only)."""
-
-    name: str = "oracle"
-
-    def predict(self, workload: Workload, seed: int) -> list[int]:
-        return list(workload.num_output_tokens)
-
-
-@dataclass(frozen=True, slots=True)
-class LogNormalPredictor:
-    """True length times a lognormal factor with median 1: the error of a learned model.
-
-    Sigma 0.15 makes the median absolute error about 10 % (the Block paper's claim for its
-    RoBERTa regressor); 0.5 about 30 %, 1.0 about 50 % (typical of prompt-only predictors).
-    """
-
-    sigma: float
-
-    @property
-    def name(self) -> str:
-        return f"lognormal:{self.sigma:g}"
-
-    def predict(self, workload: Workload, seed: int) -> list[int]:
-        factors = np.random.default_rng([seed, 7]).lognormal(0.0, self.sigma, len(workload))
-        lengths = workload.num_output_tokens
-        return [max(1, round(n * f)) for n, f in zip(lengths, factors, strict=True)]
-
-
-@dataclass(frozen=True, slots=True)
-class MeanPredictor:
-    """The workload's mean output length for every request: a predictor that knows nothing."""
-
-    name: str = "mean"
-
-    def predict(self, workload: Workload, seed: int) -> list[int]:
-        return [max(1, round(workload.mean_output_tokens))] * len(workload)
-
-
-def predictor_from_spec(spec: str) -> LengthPredictor:
-    """``oracle``, ``mean`` or ``lognormal:<sigma>``."""
-    if spec == "oracle":
-        return OraclePredictor()
-    if spec == "mean":
-        return MeanPredictor()
-    kind, _, sigma = spec.partition(":")
-    if kind == "lognormal" and sigma:
-        return LogNormalPredictor(float(sigma))
-    raise ValueError(f"unknown length predictor {spec!r}; known: oracle, mean, lognormal:<sigma>")
 
 
 # -- one run -----------------------------------------------------------------------------

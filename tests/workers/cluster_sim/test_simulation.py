@@ -1,4 +1,4 @@
-"""The routed cluster run: determinism, latencies, stale states, aborts; predictors, capacity."""
+"""The routed cluster run: determinism, latencies, stale states, aborts; capacity."""
 
 from __future__ import annotations
 
@@ -7,17 +7,17 @@ import random
 
 import pytest
 
-from workers.cluster_sim.simulation import (
+from workers.cluster_sim import (
     ClusterSetup,
     LogNormalPredictor,
     MeanPredictor,
     OraclePredictor,
+    Workload,
     capacity_bounds,
-    predictor_from_spec,
+    poisson_unit_arrivals,
     saturation_rate,
     simulate,
 )
-from workers.cluster_sim.workload import Workload, poisson_unit_arrivals
 from workers.sim import InstanceConfig
 
 
@@ -90,22 +90,7 @@ def test_an_overloaded_run_is_abandoned(toy_model, small_config) -> None:  # typ
     assert result.aborted and math.isinf(result.ttft_p99_s)
 
 
-# -- predictors and capacity ------------------------------------------------------------------
-
-def test_predictors() -> None:
-    workload = _workload([(10, 100), (10, 300), (10, 20)] * 100)
-    assert OraclePredictor().predict(workload, 0) == list(workload.num_output_tokens)
-    assert MeanPredictor().predict(workload, 0) == [140] * 300
-    noisy = LogNormalPredictor(0.15).predict(workload, 0)
-    assert noisy == LogNormalPredictor(0.15).predict(workload, 0) != LogNormalPredictor(
-        0.15).predict(workload, 1)
-    errors = sorted(abs(p - t) / t for p, t in zip(noisy, workload.num_output_tokens, strict=True))
-    assert 0.06 < errors[len(errors) // 2] < 0.14  # sigma 0.15: about 10 % median error
-    assert predictor_from_spec("lognormal:0.5") == LogNormalPredictor(0.5)
-    assert predictor_from_spec("oracle").name == "oracle"
-    with pytest.raises(ValueError, match="known: oracle"):
-        predictor_from_spec("psychic")
-
+# -- capacity -------------------------------------------------------------------------------
 
 def test_capacity_bounds() -> None:
     p99 = {20.0: 1.0, 22.0: 2.5, 24.0: 3.5, 26.0: 2.9, 28.0: 9.0}
