@@ -1,16 +1,30 @@
-"""Fixtures for the serve tests: the tiny model, built once, and one running vLLM engine."""
+"""Fixtures for the serve tests: the tiny model, built once, one running vLLM engine, listeners."""
 
 from __future__ import annotations
 
 import importlib.util
-import threading
 from pathlib import Path
 
 import pytest
 
-from workers.serve.engine import EngineListener, StepSample
+from tests.workers.serve.recording import RecordingListener
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "stops_vllm: stops a vLLM engine, so it runs after every other test")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that stop a vLLM engine run last.
+
+    NOTE: a vLLM engine's shutdown tears down vLLM's process-wide state (its parallel groups):
+    no vLLM engine can step in this process afterwards, the session's included.
+    """
+    last = [item for item in items if item.get_closest_marker("stops_vllm")]
+    items[:] = [item for item in items if not item.get_closest_marker("stops_vllm")] + last
 
 
 def _load_script(name: str):
@@ -19,34 +33,6 @@ def _load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-class RecordingListener(EngineListener):
-    """Keeps everything the engine reports, for assertions."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.steps: list[StepSample] = []
-        self.first_tokens: dict[str, float] = {}
-        self.deltas: dict[str, list[str]] = {}
-        self.first_token_event: dict[str, threading.Event] = {}
-
-    def event_for(self, request_id: str) -> threading.Event:
-        with self.lock:
-            return self.first_token_event.setdefault(request_id, threading.Event())
-
-    def on_first_token(self, request_id: str, at: float) -> None:
-        with self.lock:
-            self.first_tokens[request_id] = at
-        self.event_for(request_id).set()
-
-    def on_tokens(self, request_id: str, delta_text: str) -> None:
-        with self.lock:
-            self.deltas.setdefault(request_id, []).append(delta_text)
-
-    def on_step(self, sample: StepSample) -> None:
-        with self.lock:
-            self.steps.append(sample)
 
 
 @pytest.fixture(scope="session")
@@ -58,6 +44,13 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def engine_listener() -> RecordingListener:
+    """The listener of the session's vLLM engine."""
+    return RecordingListener()
+
+
+@pytest.fixture
+def recorder() -> RecordingListener:
+    """A fresh listener, for an engine of one test."""
     return RecordingListener()
 
 
