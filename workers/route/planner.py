@@ -1,7 +1,7 @@
 """The route stage's logic: published fleet states -> policy views (with what-ifs) -> decision.
 
-Pure apart from reading its arguments: the route task fetches the states from Redis and records
-the decision; everything in between is here, testable without a broker.
+Pure (part of the core): the route task fetches the states from Redis and records the decision;
+everything in between is here, testable on built states without a broker.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from app.fleet import InstanceStatus
 from workers.route.policies import (
     Decision,
     RequestView,
@@ -21,6 +20,7 @@ from workers.route.policies import (
     probed,
 )
 from workers.sim import ExecModel, SimRequest, predict_what_if_prepared
+from workers.sim.fleet_state import InstanceStatus
 
 __all__ = ["Plan", "plan_route"]
 
@@ -53,10 +53,7 @@ def plan_route(
     for status in probed(policy_name, sorted(candidates, key=lambda c: c.instance_id), ctx.rng):
         assert status.state is not None, f"{status.instance_id} has published no state"
         snapshot = status.state.to_instance_snapshot()
-        assigned = [
-            _waiting(a["request_id"], a["num_prompt_tokens"], a["predicted_output_tokens"])
-            for a in status.assigned
-        ]
+        assigned = [a.to_sim_request() for a in status.assigned]
         what_if = None
         if simulate:
             assert exec_model is not None

@@ -8,18 +8,18 @@ from collections.abc import Sequence
 
 import pytest
 
-from app.fleet import InstanceStatus
 from tests.engine_states import engine_state, waiting_request
 from workers.route.planner import Plan, plan_route
 from workers.route.policies import RequestView, RoutingContext
 from workers.sim import bundled_model
 from workers.sim.engine_state import EngineState
+from workers.sim.fleet_state import Assignment, InstanceStatus
 
 MODEL = bundled_model("qwen2-7b-a30")
 
 
 def _status(instance_id: str, state: EngineState,
-            assigned: Sequence[dict] = ()) -> InstanceStatus:  # type: ignore[type-arg]
+            assigned: Sequence[Assignment] = ()) -> InstanceStatus:
     """A routing candidate as the fleet reads it: alive, accepting, just published."""
     return InstanceStatus(instance_id, alive=True, heartbeat_age_s=0.0, state=state,
                           assigned=tuple(assigned))
@@ -38,14 +38,13 @@ def _plan(policy: str, candidates: Sequence[InstanceStatus], seed: int = 0) -> P
 @pytest.mark.parametrize("policy", ["least_requests", "least_tokens", "block", "block_ttft"])
 def test_assignments_are_visible_to_the_next_decision(policy: str) -> None:
     """A burst onto two idle instances alternates instead of piling onto one."""
-    assigned: dict[str, list[dict]] = {"gpu.0": [], "gpu.1": []}  # type: ignore[type-arg]
+    assigned: dict[str, list[Assignment]] = {"gpu.0": [], "gpu.1": []}
     chosen = []
     for i in range(4):
         candidates = [_status(k, engine_state(), v) for k, v in assigned.items()]
         plan = _plan(policy, candidates, seed=i)
         instance_id = plan.decision.instance_id
-        assigned[instance_id].append({"request_id": f"req_{i}", "num_prompt_tokens": 600,
-                                      "predicted_output_tokens": 300, "at": time.time()})
+        assigned[instance_id].append(Assignment(f"req_{i}", 600, 300, at=time.time()))
         chosen.append(instance_id)
         if policy.startswith("block"):
             assert set(plan.what_ifs) == {"gpu.0", "gpu.1"}

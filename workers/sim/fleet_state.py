@@ -1,0 +1,82 @@
+"""One instance as routers and the API see it: the engine's published state, its heartbeat, the
+requests routed to it that the state does not show yet, and the operator's hold.
+
+`app.fleet` reads these from Redis; the route planner decides on them. Pure: no I/O, nothing of
+ours outside workers.sim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .engine_state import EngineState
+from .snapshot import SimRequest
+
+__all__ = ["Assignment", "InstanceStatus"]
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """A request routed to an instance and not yet admitted by its engine."""
+
+    request_id: str
+    num_prompt_tokens: int
+    predicted_output_tokens: int | None
+    at: float  # time.time() of the routing decision
+
+    def to_json(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "num_prompt_tokens": self.num_prompt_tokens,
+                "predicted_output_tokens": self.predicted_output_tokens, "at": self.at}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Assignment:
+        predicted = data["predicted_output_tokens"]
+        return cls(request_id=str(data["request_id"]),
+                   num_prompt_tokens=int(data["num_prompt_tokens"]),
+                   predicted_output_tokens=None if predicted is None else int(predicted),
+                   at=float(data["at"]))
+
+    def to_sim_request(self) -> SimRequest:
+        """The request as the simulator takes it: waiting, nothing computed yet."""
+        return SimRequest(request_id=self.request_id, num_prompt_tokens=self.num_prompt_tokens,
+                          num_computed_tokens=0, num_output_tokens=0,
+                          predicted_output_tokens=self.predicted_output_tokens,
+                          is_running=False)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStatus:
+    """One instance as routers and the API see it."""
+
+    instance_id: str
+    alive: bool
+    # Seconds since the state was last published (None: never published).
+    heartbeat_age_s: float | None
+    # The published state: engine_kind, model, counts, KV blocks, config, requests
+    # (None: registered, but no state stored).
+    state: EngineState | None
+    # Requests routed here that the published state does not show yet, in routing order.
+    assigned: tuple[Assignment, ...]
+    # The operator's hold: "drained" (no new routing; its work finishes) or "paused" (no new
+    # routing and its queue is not consumed), or None.
+    control: str | None = None
+
+    @property
+    def num_assigned(self) -> int:
+        return len(self.assigned)
+
+    @property
+    def accepting(self) -> bool:
+        """False while the instance finishes its work before stopping, or while an operator
+        holds it (drained, paused): route nothing new."""
+        return (self.state is None or self.state.accepting) and self.control is None
+
+    @property
+    def num_running(self) -> int:
+        return self.state.num_running if self.state is not None else 0
+
+    @property
+    def num_waiting(self) -> int:
+        return self.state.num_waiting if self.state is not None else 0
