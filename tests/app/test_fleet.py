@@ -54,9 +54,11 @@ def test_the_state_is_stored_as_the_engines_json_and_read_back_typed(fleet: Flee
 def test_an_instance_without_a_fresh_heartbeat_is_no_candidate(fleet: Fleet) -> None:
     fleet.publish("gpu.0", engine_state())
     fleet.publish("gpu.1", engine_state())
-    time.sleep(0.25)
-    fleet.publish("gpu.1", engine_state())
-    time.sleep(0.25)
+    # NOTE: wait for the expiry itself, not for a fixed time: a loaded machine may sleep longer.
+    deadline = time.monotonic() + 5
+    while fleet.redis.exists("blockq:instance:gpu.0:alive") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    fleet.publish("gpu.1", engine_state())  # a fresh heartbeat, 0.4 s to live
     assert [s.instance_id for s in fleet.routable()] == ["gpu.1"]
     assert {s.instance_id: s.alive for s in fleet.statuses()} == {"gpu.0": False, "gpu.1": True}
 
