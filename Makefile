@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make demo` (the main job) and `make test`.
-.PHONY: setup demo serve test
+.PHONY: setup demo serve test test-fast
 
 setup:
 	./scripts/setup.sh
@@ -12,3 +12,7 @@ serve: setup
 
 test: setup
 	.venv/bin/python -m pytest -q
+
+# The inner loop while editing: everything but the vLLM and whole-stack tests (under 2 minutes).
+test-fast: setup
+	.venv/bin/python -m pytest -q -m "not vllm and not stack"
