@@ -13,6 +13,7 @@ serve: setup
 test: setup
 	.venv/bin/python -m pytest -q
 
-# The inner loop while editing: everything but the vLLM and whole-stack tests (under 2 minutes).
+# The inner loop while editing: everything but the vLLM, whole-stack and slow tests (under 2
+# minutes).
 test-fast: setup
-	.venv/bin/python -m pytest -q -m "not vllm and not stack"
+	.venv/bin/python -m pytest -q -m "not vllm and not stack and not slow"

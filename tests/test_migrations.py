@@ -9,10 +9,15 @@ import sqlalchemy as sa
 from alembic import command
 
 from app.migrate import alembic_config, downgrade, recreate_database, upgrade
+from tests.environment import TEST_DATABASE_URL
 
 pytestmark = pytest.mark.services
 
-MIGRATIONS_DB = "postgresql+psycopg://postgres@127.0.0.1:5432/blockq_migrations_test"
+#: A database of its own beside the test database (so concurrent runs with their own
+#: BLOCKQ_TEST_DATABASE_URL do not collide here either).
+_test_url = sa.engine.make_url(TEST_DATABASE_URL)
+MIGRATIONS_DB = _test_url.set(database=f"{_test_url.database}_migrations").render_as_string(
+    hide_password=False)
 
 
 def _tables(url: str) -> set[str]:

@@ -290,6 +290,7 @@ def test_a_missing_input_file_fails_the_batch(rt: Runtime) -> None:
         "message": f"The input file {batch_of(rt, batch_id).input_file_id} no longer exists."}]
 
 
+@pytest.mark.slow
 def test_50000_lines_are_expanded_in_bounded_memory(rt: Runtime) -> None:
     prompt = "Summarise the state of the queue and what each worker is doing now. " * 4
     line = {"custom_id": "", "method": "POST", "url": "/v1/completions",
