@@ -1,4 +1,6 @@
-"""Fixtures of the length-predictor and learning tests: a tiny random encoder, a token counter."""
+"""Fixtures of the worker tests: a small instance config and a toy step-time model (routing and
+the cluster benchmark; the simulator's tests have their own in tests/workers/sim), a tiny random
+encoder and a token counter (length predictor and learning)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,26 @@ from typing import TYPE_CHECKING
 import pytest
 
 from workers.predict.features import TokenCounter
+from workers.sim import ExecModel, InstanceConfig
 
 if TYPE_CHECKING:
     from workers.predict.encoder import Encoder
+
+#: 10 ms per step plus a little per token: simple enough to reason about, every feature used.
+TOY_COEFFICIENTS = {"const": 10.0, "num_tokens": 0.01, "num_decode_seqs": 0.05,
+                    "num_prefill_seqs": 0.2, "decode_context_tokens": 0.0001}
+
+
+@pytest.fixture
+def toy_model() -> ExecModel:
+    return ExecModel("toy", (), TOY_COEFFICIENTS)
+
+
+@pytest.fixture
+def small_config() -> InstanceConfig:
+    return InstanceConfig(num_total_blocks=65, block_size=16, max_num_seqs=8,
+                          max_num_batched_tokens=128, max_model_len=512)
+
 
 # NOTE: torch, transformers and the encoder module are imported inside the fixtures: importing
 # them takes seconds, and most tests under tests/workers (simulator, routing, serving) use neither.
