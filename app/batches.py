@@ -23,7 +23,6 @@ from sqlalchemy.orm import Session
 
 from app import dispatch
 from app.errors import Conflict, InvalidRequest, NotFound
-from app.services import Services
 from app.models import (
     Batch,
     BatchLine,
@@ -38,6 +37,7 @@ from app.models import (
 from app.openai_schemas import body_model_for
 from app.pagination import Page, PageQuery, cursor_page
 from app.schemas import parse_body
+from app.services import Services
 
 __all__ = ["CreateBatch", "LineCounts", "create_batch", "get_batch", "list_batches",
            "cancel_batch", "line_counts", "batch_to_dict", "new_batch_id", "STOPPABLE",

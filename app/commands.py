@@ -7,10 +7,10 @@ from typing import Any, Protocol
 
 from app import dispatch, logs, store
 from app.errors import Conflict, InvalidRequest, Unprocessable
-from app.services import Services
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
 from app.prompts import PromptCodec
 from app.schemas import CreateRequest, parse_body
+from app.services import Services
 from app.settings import Settings
 
 __all__ = ["submit_request", "cancel_request", "request_fields", "PromptContext"]

@@ -37,6 +37,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from app.celery_app import create_celery  # noqa: E402
 from app.cli.stack import Stack  # noqa: E402
 from app.db import Database  # noqa: E402
 from app.dispatch import QUEUE_LEARN, TASK_RETRAIN_LENGTH  # noqa: E402
@@ -44,7 +45,6 @@ from app.migrate import recreate_database, upgrade  # noqa: E402
 from app.models import InferenceRequest, ModelVersion, RequestOutcome  # noqa: E402
 from app.prompts import PromptCodec  # noqa: E402
 from app.settings import Settings  # noqa: E402
-from app.celery_app import create_celery  # noqa: E402
 from workers.predict.dataset import (  # noqa: E402
     DEFAULT_DATA_DIR,
     LengthRow,

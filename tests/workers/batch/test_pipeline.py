@@ -13,7 +13,6 @@ import pytest
 from sqlalchemy import func, select, update
 
 from app import batches
-from app.services import Services
 from app.files import new_file_id, register_file
 from app.models import (
     Batch,
@@ -26,6 +25,7 @@ from app.models import (
     Team,
     utcnow,
 )
+from app.services import Services
 from app.settings import Settings
 from app.storage import file_store
 from app.teams import create_team
