@@ -45,7 +45,13 @@ class StreamWriter:
     def __init__(self, client: redis.Redis, *, flush_interval_s: float = 0.02) -> None:
         self.redis = client
         self.flush_interval_s = flush_interval_s
+        # NOTE: two locks. `_lock` guards the buffers and is held only for moments (the engine
+        # thread takes it in `add`). `_write_lock` is held from taking text out of the buffers
+        # until it is in Redis, so that entries reach a stream in the order they were taken: a
+        # request's end entry can never overtake text that a concurrent flush has taken but not
+        # yet written (readers stop at the end entry, and would lose that text).
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._pending: dict[str, list[str]] = defaultdict(list)
         self._attempts: dict[str, int] = {}
         self._stop = threading.Event()
@@ -83,28 +89,31 @@ class StreamWriter:
         self._close(request_id, {"error": message, "a": attempt})
 
     def _close(self, request_id: str, entry: dict[str, str | int]) -> None:
-        with self._lock:
-            chunks = self._pending.pop(request_id, [])
-            followed_attempt = self._attempts.pop(request_id, None)
-        with self.redis.pipeline(transaction=False) as pipe:
-            if chunks and followed_attempt is not None:
-                pipe.xadd(stream_key(request_id), {"t": "".join(chunks), "a": followed_attempt})
-            pipe.xadd(stream_key(request_id), entry)
-            pipe.expire(stream_key(request_id), RETAIN_S)
-            pipe.execute()
+        with self._write_lock:
+            with self._lock:
+                chunks = self._pending.pop(request_id, [])
+                followed_attempt = self._attempts.pop(request_id, None)
+            with self.redis.pipeline(transaction=False) as pipe:
+                if chunks and followed_attempt is not None:
+                    pipe.xadd(stream_key(request_id),
+                              {"t": "".join(chunks), "a": followed_attempt})
+                pipe.xadd(stream_key(request_id), entry)
+                pipe.expire(stream_key(request_id), RETAIN_S)
+                pipe.execute()
 
     def flush(self) -> None:
-        with self._lock:
-            batch = {rid: "".join(chunks) for rid, chunks in self._pending.items() if chunks}
-            attempts = {rid: self._attempts.get(rid, 0) for rid in batch}
-            self._pending.clear()
-        if not batch:
-            return
-        with self.redis.pipeline(transaction=False) as pipe:
-            for request_id, text in batch.items():
-                pipe.xadd(stream_key(request_id), {"t": text, "a": attempts[request_id]})
-                pipe.expire(stream_key(request_id), RETAIN_S)
-            pipe.execute()
+        with self._write_lock:
+            with self._lock:
+                batch = {rid: "".join(chunks) for rid, chunks in self._pending.items() if chunks}
+                attempts = {rid: self._attempts.get(rid, 0) for rid in batch}
+                self._pending.clear()
+            if not batch:
+                return
+            with self.redis.pipeline(transaction=False) as pipe:
+                for request_id, text in batch.items():
+                    pipe.xadd(stream_key(request_id), {"t": text, "a": attempts[request_id]})
+                    pipe.expire(stream_key(request_id), RETAIN_S)
+                pipe.execute()
 
     def _run(self) -> None:
         while not self._stop.wait(self.flush_interval_s):
