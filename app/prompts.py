@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+import threading
 from pathlib import Path
 from typing import Any
 
 __all__ = ["PromptCodec"]
 
+_tokenizers: dict[str, Any] = {}
+# NOTE: one loader at a time. transformers resolves its names lazily on first import, and two
+# threads importing it at once make one of them fail ("cannot import name 'AutoTokenizer'").
+_load_lock = threading.Lock()
 
-@lru_cache(maxsize=4)
+
 def _load_tokenizer(model_path: str) -> Any:
-    from transformers import AutoTokenizer  # noqa: PLC0415 - heavy; only processes that count
+    tokenizer = _tokenizers.get(model_path)
+    if tokenizer is None:
+        with _load_lock:
+            tokenizer = _tokenizers.get(model_path)
+            if tokenizer is None:
+                # Heavy: imported only by processes that count tokens.
+                from transformers import AutoTokenizer  # noqa: PLC0415
 
-    return AutoTokenizer.from_pretrained(model_path)
+                tokenizer = _tokenizers[model_path] = AutoTokenizer.from_pretrained(model_path)
+    return tokenizer
 
 
 class PromptCodec:
