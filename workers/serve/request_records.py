@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -39,17 +40,13 @@ class RequestRecords:
     def admit(self, request_id: str, attempt: int) -> GenerationRequest | None:
         """Mark the request RUNNING here; None if it is no longer ours to run (finished,
         cancelled, or re-routed since this message was sent)."""
-        ours = [
-            InferenceRequest.instance_id == self.instance_id,
-            InferenceRequest.attempt == attempt,
-        ]
         with self.db.session() as session:
             store.transition(
                 session,
                 request_id,
                 RequestStatus.RUNNING,
                 allowed_from={RequestStatus.ROUTED},
-                extra_where=ours,
+                extra_where=self._ours(attempt),
                 detail=f"admitted by {self.instance_id}",
                 started_at=utcnow(),
             )
@@ -75,6 +72,13 @@ class RequestRecords:
                 predicted_output_tokens=request.predicted_output_tokens,
             )
 
+    def _ours(self, attempt: int) -> list[Any]:
+        """Where a write of this attempt applies: the request is still routed here, as this
+        attempt. A stale attempt (the request was re-routed since) must not finish or fail a
+        request that another instance runs now."""
+        return [InferenceRequest.instance_id == self.instance_id,
+                InferenceRequest.attempt == attempt]
+
     def complete(self, result: GenerationResult, attempt: int) -> None:
         """Store the result (SUCCEEDED) unless another attempt or a cancel came first."""
         with self.db.session() as session:
@@ -83,6 +87,7 @@ class RequestRecords:
                 result.request_id,
                 RequestStatus.SUCCEEDED,
                 allowed_from=store.ACTIVE_STATUSES,
+                extra_where=self._ours(attempt),
                 detail=f"finished on {self.instance_id}",
                 output_text=storable(result.output_text),
                 output_tokens=result.num_output_tokens,
@@ -111,7 +116,8 @@ class RequestRecords:
             dispatch.enqueue_webhook(current_celery(), result.request_id, "request.succeeded")
 
     def fail(self, request_id: str, attempt: int, exc: Exception) -> None:
-        """Mark the request FAILED with the engine's error (logged with its traceback)."""
+        """Mark the request FAILED with the engine's error (logged with its traceback), unless it
+        finished, was cancelled or was re-routed meanwhile."""
         logger.exception("generation failed for %s", request_id)
         with self.db.session() as session:
             done = store.transition(
@@ -119,6 +125,7 @@ class RequestRecords:
                 request_id,
                 RequestStatus.FAILED,
                 allowed_from=store.ACTIVE_STATUSES,
+                extra_where=self._ours(attempt),
                 detail=f"engine error on {self.instance_id}",
                 error={"type": "engine_error", "message": f"{type(exc).__name__}: {exc}"},
                 finished_at=utcnow(),
