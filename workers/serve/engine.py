@@ -130,6 +130,11 @@ class Engine(Protocol):
         """Stop the thread and release the engine; pending futures fail with `EngineStopped`."""
         ...
 
+    @property
+    def alive(self) -> bool:
+        """True while the engine loop runs and takes requests (False once it died or stopped)."""
+        ...
+
     def submit(self, request: GenerationRequest) -> Future[GenerationResult]:
         """Hand a request to the engine and return at once.
 

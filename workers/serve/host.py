@@ -27,7 +27,7 @@ from app import metrics
 from app.models import Instance, utcnow
 from app.streams import StreamWriter
 from workers.runtime import Runtime
-from workers.serve.engine import Engine, EngineListener, StepSample
+from workers.serve.engine import Engine, EngineListener, EngineStopped, StepSample
 from workers.serve.feedback import LengthFeedback
 from workers.serve.publisher import StatePublisher
 from workers.serve.request_records import RequestRecords, storable
@@ -110,6 +110,15 @@ class EngineHost(EngineListener):
             return
         try:
             result = self.engine.submit(generation).result()
+        except EngineStopped:
+            if self._stopping.is_set():
+                raise  # shutting down: leave the message unacknowledged for a retry
+            # NOTE: the engine died under this worker. The request is not failed: with the
+            # heartbeat dropped (StatePublisher) the orphan sweep routes it elsewhere.
+            logger.error("engine of %s stopped; %s left for re-routing", self.instance_id,
+                         request_id)
+            self.publisher.publish_once()
+            return
         except Exception as exc:
             if self._stopping.is_set():
                 raise  # shutting down: leave the message unacknowledged for a retry

@@ -1,13 +1,22 @@
 """The state publisher of an engine instance: its snapshot and heartbeat in Redis, every
-`state_publish_interval_s`, and the cancellations it finds there applied to the engine."""
+`state_publish_interval_s`, and the cancellations it finds there applied to the engine.
+
+The heartbeat says that the engine loop runs, not just that the worker process does: once the
+engine died, the publisher drops the heartbeat, so routers stop choosing the instance and the
+orphan sweep re-routes the requests it held (the engine contract: such requests run elsewhere).
+"""
 
 from __future__ import annotations
+
+import logging
 
 from app.fleet import Fleet
 from workers.serve.engine import Engine
 from workers.serve.periodic import Periodic
 
 __all__ = ["StatePublisher"]
+
+logger = logging.getLogger(__name__)
 
 #: How long stop() waits for a publish in progress.
 JOIN_TIMEOUT_S = 5.0
@@ -46,9 +55,19 @@ class StatePublisher:
         self._thread.join(JOIN_TIMEOUT_S)
 
     def publish_once(self) -> None:
+        if not self.engine.alive:
+            self._drop_heartbeat()
+            return
         state = self.engine.snapshot().published(self.instance_id, self.model_name,
                                                  accepting=self.accepting)
         self.fleet.publish(self.instance_id, state)
         in_flight = [r.request_id for r in state.requests]
         for request_id in self.fleet.cancelled(in_flight):
             self.engine.abort(request_id)
+
+    def _drop_heartbeat(self) -> None:
+        if self.accepting:
+            logger.error("the engine of %s is not running: heartbeat dropped, its requests go "
+                         "to other instances", self.instance_id)
+        self.accepting = False
+        self.fleet.mark_stopped(self.instance_id)

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import update
 
+from app import store
+from app.models import InferenceRequest, Priority, RequestStatus
+from app.settings import Settings
 from tests.workers.serve.recording import RecordingListener
+from workers.runtime import Runtime
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -72,3 +78,30 @@ def vllm_engine(tiny_model_dir: Path, engine_listener: RecordingListener):
     engine.start()
     yield engine
     engine.stop()
+
+
+@pytest.fixture
+def rt(fresh_services: Settings) -> Iterator[Runtime]:
+    """A worker process's runtime on the test PostgreSQL and Redis."""
+    runtime = Runtime(fresh_services)
+    yield runtime
+    runtime.db.engine.dispose()
+
+
+@pytest.fixture
+def routed_request(rt: Runtime) -> Callable[..., str]:
+    """Makes a request routed to an instance as its n-th routing attempt; returns its id."""
+
+    def make(instance_id: str, attempt: int, status: RequestStatus = RequestStatus.ROUTED) -> str:
+        fields = {"priority": Priority.INTERACTIVE, "prompt": "Hello", "messages": None,
+                  "max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "seed": None,
+                  "stop": None, "webhook_url": None, "stream": False, "request_metadata": None,
+                  "body_sha256": "0" * 64, "prompt_tokens": 3}
+        with rt.db.session() as session:
+            request, _ = store.create_request(session, fields, idempotency_key=None)
+            session.flush()
+            session.execute(update(InferenceRequest).where(InferenceRequest.id == request.id)
+                            .values(status=status, instance_id=instance_id, attempt=attempt))
+            return request.id
+
+    return make

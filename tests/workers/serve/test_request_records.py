@@ -4,41 +4,14 @@ attempt (the request was re-routed since) neither fails nor finishes it. Real Po
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 
-import pytest
-from sqlalchemy import update
-
-from app import store
-from app.models import InferenceRequest, Priority, RequestStatus
-from app.settings import Settings
+from app.models import InferenceRequest, RequestStatus
 from app.streams import StreamWriter
 from workers.runtime import Runtime
 from workers.serve.engine import GenerationResult
 from workers.serve.feedback import LengthFeedback
 from workers.serve.request_records import RequestRecords
-
-
-@pytest.fixture
-def rt(fresh_services: Settings) -> Iterator[Runtime]:
-    runtime = Runtime(fresh_services)
-    yield runtime
-    runtime.db.engine.dispose()
-
-
-def routed_request(rt: Runtime, instance_id: str, attempt: int) -> str:
-    """A request routed to `instance_id` as its `attempt`-th routing and running there."""
-    fields = {"priority": Priority.INTERACTIVE, "prompt": "Hello", "messages": None,
-              "max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "seed": None, "stop": None,
-              "webhook_url": None, "stream": False, "request_metadata": None,
-              "body_sha256": "0" * 64, "prompt_tokens": 3}
-    with rt.db.session() as session:
-        request, _ = store.create_request(session, fields, idempotency_key=None)
-        session.flush()
-        session.execute(update(InferenceRequest).where(InferenceRequest.id == request.id)
-                        .values(status=RequestStatus.RUNNING, instance_id=instance_id,
-                                attempt=attempt))
-        return request.id
 
 
 def records_of(rt: Runtime, instance_id: str) -> RequestRecords:
@@ -61,8 +34,11 @@ def status_of(rt: Runtime, request_id: str) -> str:
         return request.status
 
 
-def test_a_stale_attempt_neither_fails_nor_finishes_a_rerouted_request(rt: Runtime) -> None:
-    request_id = routed_request(rt, "gpu.1", attempt=2)  # re-routed from gpu.0's attempt 1
+def test_a_stale_attempt_neither_fails_nor_finishes_a_rerouted_request(
+    rt: Runtime, routed_request: Callable[..., str]
+) -> None:
+    # Running on gpu.1 as its second attempt: re-routed from gpu.0's first.
+    request_id = routed_request("gpu.1", 2, RequestStatus.RUNNING)
     stale = records_of(rt, "gpu.0")
 
     stale.fail(request_id, 1, RuntimeError("the engine loop died"))
@@ -74,7 +50,9 @@ def test_a_stale_attempt_neither_fails_nor_finishes_a_rerouted_request(rt: Runti
     assert status_of(rt, request_id) == RequestStatus.SUCCEEDED
 
 
-def test_the_attempt_of_record_fails_its_request(rt: Runtime) -> None:
-    request_id = routed_request(rt, "gpu.0", attempt=1)
+def test_the_attempt_of_record_fails_its_request(
+    rt: Runtime, routed_request: Callable[..., str]
+) -> None:
+    request_id = routed_request("gpu.0", 1, RequestStatus.RUNNING)
     records_of(rt, "gpu.0").fail(request_id, 1, RuntimeError("out of memory"))
     assert status_of(rt, request_id) == RequestStatus.FAILED
