@@ -41,7 +41,12 @@ def _authenticate() -> None:
 
 def init_app(app: Flask, settings: Settings) -> Limiter:
     """Authenticate first, then count the request against its team's limit (Redis-backed, so
-    every API process shares the count)."""
+    every API process shares the count).
+
+    While Redis is unreachable the limit is counted in each API process's memory instead (each
+    process allows the team's whole limit, so the fleet-wide limit is looser by the number of
+    API processes); calls go on, and the shared count resumes once Redis answers again.
+    """
     app.before_request(_authenticate)
 
     def team_limit() -> str:
@@ -58,4 +63,5 @@ def init_app(app: Flask, settings: Settings) -> Limiter:
         strategy="moving-window",
         headers_enabled=True,
         key_prefix="blockq:ratelimit",
+        in_memory_fallback_enabled=True,
     )

@@ -1,0 +1,49 @@
+"""The API while its Redis is down (nothing listens at its address): submissions are still
+accepted and persisted (the orphan sweep enqueues them once Redis is back), reads work, and the
+rate limit counts in this process instead of failing the call. Real PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from flask.testing import FlaskClient
+
+from app import create_app
+from app.models import InferenceRequest, RequestStatus
+from app.settings import Settings
+from tests.app.flask_client import error_body, services_of, team_key
+from tests.environment import free_port
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture
+def client(fresh_services: Settings) -> FlaskClient:
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    app = create_app(fresh_services.model_copy(update={"redis_url": down}))
+    app.testing = True
+    test_client = app.test_client()
+    key = team_key(test_client, "tests", rate_limit_rpm=3)
+    test_client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
+    return test_client
+
+
+def test_a_submission_is_accepted_and_persisted_while_redis_is_down(client: FlaskClient) -> None:
+    started = time.monotonic()
+    response = client.post("/v1/requests", json={"prompt": "Hello there", "max_tokens": 8})
+    assert response.status_code == 202, response.get_data(as_text=True)
+    request_id = response.get_json()["id"]
+    with services_of(client).db.session() as session:
+        request = session.get(InferenceRequest, request_id)
+        assert request is not None and request.status == RequestStatus.QUEUED
+    shown = client.get(f"/v1/requests/{request_id}")
+    assert shown.status_code == 200 and shown.get_json()["status"] == "queued"
+    assert time.monotonic() - started < 30
+
+
+def test_the_rate_limit_still_holds_per_process_while_redis_is_down(client: FlaskClient) -> None:
+    statuses = [client.get("/v1/requests/req_missing").status_code for _ in range(4)]
+    assert statuses[:3] == [404, 404, 404]
+    error = error_body(client.get("/v1/requests/req_missing"), 429)
+    assert error["code"] == "rate_limit_exceeded"
