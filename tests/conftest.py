@@ -22,6 +22,7 @@ from tests.environment import (
 #: Markers a test gets for using a fixture (see pyproject.toml for each marker's meaning).
 MARKERS_OF_FIXTURES = {
     "fresh_services": "services",  # the real PostgreSQL and Redis
+    "empty_redis": "services",  # the real Redis
     "vllm_engine": "vllm",  # tests/workers/serve: an in-process vLLM engine
 }
 
@@ -31,6 +32,16 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     for fixture, marker in MARKERS_OF_FIXTURES.items():
         if fixture in getattr(item, "fixturenames", ()):
             item.add_marker(marker)
+
+
+@pytest.fixture
+def empty_redis() -> Iterator[redis.Redis]:
+    """A client of the test Redis db, emptied before and after the test."""
+    client = redis.Redis.from_url(TEST_REDIS_URL)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
 
 
 @pytest.fixture(scope="session")

@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
 
 from app.fleet import Fleet
 from tests.engine_states import engine_state, waiting_request
-from tests.environment import TEST_REDIS_URL
 from workers.route.planner import plan_route
 from workers.route.policies import RequestView, RoutingContext
 from workers.sim import bundled_model
@@ -22,12 +20,8 @@ pytestmark = pytest.mark.services
 
 
 @pytest.fixture
-def fleet() -> Iterator[Fleet]:
-    client = redis.Redis.from_url(TEST_REDIS_URL)
-    client.flushdb()
-    yield Fleet(client, heartbeat_ttl_s=0.4)
-    client.flushdb()
-    client.close()
+def fleet(empty_redis: redis.Redis) -> Fleet:
+    return Fleet(empty_redis, heartbeat_ttl_s=0.4)
 
 
 def test_the_state_is_stored_as_the_engines_json_and_read_back_typed(fleet: Fleet) -> None:

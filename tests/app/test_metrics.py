@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from types import SimpleNamespace
 
 import httpx
@@ -37,12 +36,8 @@ STEPS = list(range(10))
 
 
 @pytest.fixture
-def client() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(TEST_REDIS_URL)
-    client.flushdb()
-    yield client
-    client.flushdb()
-    client.close()
+def client(empty_redis: redis.Redis) -> redis.Redis:
+    return empty_redis
 
 
 def samples(*collectors: object) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

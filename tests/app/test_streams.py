@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 
 from app.streams import StreamEvent, StreamWriter, read_stream
-from tests.environment import TEST_REDIS_URL
 
 pytestmark = pytest.mark.services
 
@@ -40,12 +38,8 @@ class SlowFlushRedis:
 
 
 @pytest.fixture
-def client() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(TEST_REDIS_URL)
-    client.flushdb()
-    yield client
-    client.flushdb()
-    client.close()
+def client(empty_redis: redis.Redis) -> redis.Redis:
+    return empty_redis
 
 
 def read_until_end(client: redis.Redis, request_id: str) -> list[StreamEvent]:

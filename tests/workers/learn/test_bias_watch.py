@@ -4,13 +4,11 @@ and the correction factor follows actual/predicted."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
 
 from app.bias import BiasRule, BiasWatch, fallback_state
-from tests.environment import TEST_REDIS_URL
 
 pytestmark = pytest.mark.services
 
@@ -18,12 +16,8 @@ MODEL = "tiny-llama"
 
 
 @pytest.fixture
-def client() -> Iterator[redis.Redis]:
-    connection = redis.Redis.from_url(TEST_REDIS_URL)
-    connection.flushdb()
-    yield connection
-    connection.flushdb()
-    connection.close()
+def client(empty_redis: redis.Redis) -> redis.Redis:
+    return empty_redis
 
 
 def test_five_consecutive_misses_enter_fallback_which_ends_by_itself(client: redis.Redis) -> None:

@@ -105,3 +105,16 @@ def routed_request(rt: Runtime) -> Callable[..., str]:
             return request.id
 
     return make
+
+
+@pytest.fixture
+def request_status(rt: Runtime) -> Callable[[str], str]:
+    """The status a request has in the database now."""
+
+    def status_of(request_id: str) -> str:
+        with rt.db.session() as session:
+            request = session.get(InferenceRequest, request_id)
+            assert request is not None, request_id
+            return request.status
+
+    return status_of

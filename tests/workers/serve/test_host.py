@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.models import InferenceRequest, RequestStatus
+from app.models import RequestStatus
 from workers.health import sweep
 from workers.runtime import Runtime
 from workers.serve.emulated_engine import EmulatedEngine, EmulatedEngineConfig
@@ -21,15 +21,8 @@ class FaultingGpu(ExecModel):
         raise RuntimeError("device fault")
 
 
-def status_of(rt: Runtime, request_id: str) -> str:
-    with rt.db.session() as session:
-        request = session.get(InferenceRequest, request_id)
-        assert request is not None
-        return request.status
-
-
 def test_an_engine_that_died_drops_its_heartbeat_and_its_request_is_rerouted(
-    rt: Runtime, routed_request: Callable[..., str]
+    rt: Runtime, routed_request: Callable[..., str], request_status: Callable[[str], str]
 ) -> None:
     gpu = FaultingGpu("faulting", (), {"const": 1.0})
 
@@ -46,11 +39,11 @@ def test_an_engine_that_died_drops_its_heartbeat_and_its_request_is_rerouted(
         host.run(request_id, 1)  # admitted, then the engine loop dies on its first step
 
         assert not host.engine.alive
-        assert status_of(rt, request_id) == RequestStatus.RUNNING  # not failed
+        assert request_status(request_id) == RequestStatus.RUNNING  # not failed
         assert rt.fleet.routable() == [] and not rt.fleet.statuses()[0].alive
         host.publisher.publish_once()  # the periodic publish does not bring it back
         assert not rt.fleet.statuses()[0].alive
         assert sweep.requeue_from(rt.db, sweep.dead_instances(rt.fleet)) == [(request_id, 0)]
-        assert status_of(rt, request_id) == RequestStatus.QUEUED
+        assert request_status(request_id) == RequestStatus.QUEUED
     finally:
         host.stop()

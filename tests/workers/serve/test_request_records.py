@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from app.models import InferenceRequest, RequestStatus
+from app.models import RequestStatus
 from app.streams import StreamWriter
 from workers.runtime import Runtime
 from workers.serve.engine import GenerationResult
@@ -27,32 +27,25 @@ def result_of(request_id: str) -> GenerationResult:
                             first_token_at=now - 0.5, finished_at=now)
 
 
-def status_of(rt: Runtime, request_id: str) -> str:
-    with rt.db.session() as session:
-        request = session.get(InferenceRequest, request_id)
-        assert request is not None
-        return request.status
-
-
 def test_a_stale_attempt_neither_fails_nor_finishes_a_rerouted_request(
-    rt: Runtime, routed_request: Callable[..., str]
+    rt: Runtime, routed_request: Callable[..., str], request_status: Callable[[str], str]
 ) -> None:
     # Running on gpu.1 as its second attempt: re-routed from gpu.0's first.
     request_id = routed_request("gpu.1", 2, RequestStatus.RUNNING)
     stale = records_of(rt, "gpu.0")
 
     stale.fail(request_id, 1, RuntimeError("the engine loop died"))
-    assert status_of(rt, request_id) == RequestStatus.RUNNING
+    assert request_status(request_id) == RequestStatus.RUNNING
     stale.complete(result_of(request_id), 1)
-    assert status_of(rt, request_id) == RequestStatus.RUNNING
+    assert request_status(request_id) == RequestStatus.RUNNING
 
     records_of(rt, "gpu.1").complete(result_of(request_id), 2)
-    assert status_of(rt, request_id) == RequestStatus.SUCCEEDED
+    assert request_status(request_id) == RequestStatus.SUCCEEDED
 
 
 def test_the_attempt_of_record_fails_its_request(
-    rt: Runtime, routed_request: Callable[..., str]
+    rt: Runtime, routed_request: Callable[..., str], request_status: Callable[[str], str]
 ) -> None:
     request_id = routed_request("gpu.0", 1, RequestStatus.RUNNING)
     records_of(rt, "gpu.0").fail(request_id, 1, RuntimeError("out of memory"))
-    assert status_of(rt, request_id) == RequestStatus.FAILED
+    assert request_status(request_id) == RequestStatus.FAILED
