@@ -15,6 +15,7 @@ from app.cli.client import batch, submit
 from app.cli.demo import JobSummary, load_sample_prompts, run_sample_job, summarize
 from app.cli.models import models
 from app.cli.stack import Stack, StackError
+from app.logs import configure as configure_logs
 from app.migrate import upgrade
 from app.settings import Settings
 
@@ -24,7 +25,11 @@ console = Console()
 
 
 def _prepare(settings: Settings) -> dict[str, str]:
-    """Check the model, apply migrations, and return the children's environment."""
+    """Check the model, apply migrations, and return the children's environment.
+
+    Also sends this process's log records (the supervisor's deaths and restarts) to the console.
+    """
+    configure_logs(settings, role="supervisor")
     model = settings.resolved_model_path
     if not (model / "config.json").exists():
         raise click.ClickException(
@@ -59,6 +64,7 @@ def demo(num_requests: int) -> None:
     )
     try:
         stack.start()
+        stack.supervise()
         stack.wait_ready(num_instances=settings.num_instances)
         key = stack.issue_api_key("demo")
         console.print(f"stack ready at {stack.api_url}; API key of team 'demo': {key}")
@@ -76,12 +82,13 @@ def demo(num_requests: int) -> None:
 
 @main.command()
 def serve() -> None:
-    """Serve the local stack until interrupted (Ctrl-C)."""
+    """Serve the local stack until interrupted (Ctrl-C); a process that dies is restarted."""
     settings = Settings.load()
     stack = Stack(settings, env=_prepare(settings))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         stack.start()
+        stack.supervise()
         stack.wait_ready(num_instances=settings.num_instances)
         console.print(f"blockq serving at {stack.api_url} (logs in {stack.log_dir}); Ctrl-C stops")
         console.print("API keys: `blockq teams create NAME` makes a team and prints its key")

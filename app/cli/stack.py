@@ -2,14 +2,20 @@
 
 The processes run the same commands an operator would run by hand (see README), with the
 settings passed through the environment, and their logs written to data_dir/logs.
+
+Supervised (`Stack.supervise()`, what `blockq serve` and `blockq demo` do), a process that exits is
+restarted after a backoff that doubles from RESTART_BACKOFF_MIN_S to RESTART_BACKOFF_MAX_S and
+resets once the process has stayed up STABLE_AFTER_S; the others keep running meanwhile.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +31,20 @@ from app.teams import ensure_team_key
 
 __all__ = ["Stack", "StackError", "process_commands"]
 
+logger = logging.getLogger(__name__)
+
 _BIN = Path(sys.executable).parent
+
+#: First wait before restarting a process that exited; doubles on each exit in a row.
+RESTART_BACKOFF_MIN_S = 0.5
+#: The longest wait before a restart.
+RESTART_BACKOFF_MAX_S = 10.0
+#: A process up this long is healthy again: its next exit waits RESTART_BACKOFF_MIN_S.
+STABLE_AFTER_S = 30.0
+#: How often the supervisor looks at the processes.
+SUPERVISE_POLL_S = 0.2
+# NOTE: `Stack.signal` shadows the module inside the class body, where defaults are evaluated.
+_SIGKILL = signal.SIGKILL
 
 
 class StackError(RuntimeError):
@@ -131,6 +150,27 @@ def process_commands(settings: Settings) -> dict[str, list[str]]:
     return commands
 
 
+def describe_exit(returncode: int) -> str:
+    """'exit code 3' or 'signal SIGKILL' (Popen's negative return code)."""
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+@dataclass
+class _Restarts:
+    """The supervisor's record of one process: when it started, how often it was restarted."""
+
+    started_at: float
+    backoff_s: float = RESTART_BACKOFF_MIN_S
+    count: int = 0
+    #: When the exited process is due to start again; None while it runs.
+    restart_at: float | None = None
+
+
 @dataclass
 class Stack:
     """Starts, watches and stops the processes of the local stack."""
@@ -140,6 +180,12 @@ class Stack:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     #: An admin key of the team "local", issued when the stack is ready.
     api_key: str | None = None
+    #: Command line of every process started, to start it again.
+    commands: dict[str, list[str]] = field(default_factory=dict)
+    _restarts: dict[str, _Restarts] = field(default_factory=dict, repr=False)
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    _supervisor: threading.Thread | None = field(default=None, repr=False)
+    _stopping: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
     def api_url(self) -> str:
@@ -159,13 +205,87 @@ class Stack:
                 self.start_process(name, command)
 
     def start_process(self, name: str, command: list[str]) -> None:
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - lives with the process
+        """Start (or start again) process `name`; its output is appended to its log."""
         env = self.env
         if name == "flower":
             env = {**env, "FLOWER_BASIC_AUTH": self.flower_basic_auth}
-        self.processes[name] = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        with open(self.log_dir / f"{name}.log", "ab") as log:  # the child keeps its own copy
+            process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        with self._lock:
+            self.processes[name] = process
+            self.commands[name] = command
+            record = self._restarts.setdefault(name, _Restarts(started_at=time.monotonic()))
+            record.started_at = time.monotonic()
+            record.restart_at = None
+
+    # --- supervision ----------------------------------------------------------------------------
+    @property
+    def supervising(self) -> bool:
+        return self._supervisor is not None and self._supervisor.is_alive()
+
+    def supervise(self) -> None:
+        """Restart, from now on, every process that exits, after a backoff (module docstring).
+
+        A background thread; `stop()` ends it before it stops the processes.
+        """
+        if self.supervising:
+            return
+        self._stopping.clear()
+        self._supervisor = threading.Thread(
+            target=self._supervise_loop, name="blockq-supervisor", daemon=True
         )
+        self._supervisor.start()
+
+    def restart_count(self, name: str) -> int:
+        """How often the supervisor has started process `name` again."""
+        with self._lock:
+            record = self._restarts.get(name)
+            return record.count if record else 0
+
+    def _supervise_loop(self) -> None:
+        while not self._stopping.wait(SUPERVISE_POLL_S):
+            for name in list(self.processes):
+                try:
+                    self._supervise_one(name, time.monotonic())
+                except Exception:  # one failed restart must not end supervision of the rest
+                    logger.exception("supervisor: restarting %s failed; trying again", name)
+
+    def _supervise_one(self, name: str, now: float) -> None:
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            process, record = self.processes[name], self._restarts[name]
+            if process.poll() is None:
+                if now - record.started_at >= STABLE_AFTER_S:
+                    record.backoff_s = RESTART_BACKOFF_MIN_S
+                return
+            if record.restart_at is None:
+                record.restart_at = now + record.backoff_s
+                logger.warning(
+                    "process %s (pid %d) died with %s after %.1f s; restarting in %.1f s",
+                    name, process.pid, describe_exit(process.returncode),
+                    now - record.started_at, record.backoff_s,
+                )
+                return
+            if now < record.restart_at:
+                return
+            record.count += 1
+            record.backoff_s = min(record.backoff_s * 2, RESTART_BACKOFF_MAX_S)
+            self.start_process(name, self.commands[name])
+            logger.warning("process %s restarted (pid %d, restart %d)",
+                           name, self.processes[name].pid, record.count)
+
+    def signal(self, name: str, sig: int) -> None:
+        """Send `sig` to process `name` and return at once (SIGKILL, SIGTERM, SIGSTOP, ...).
+
+        Supervised, a process the signal ends is restarted like any other that exits.
+        """
+        with self._lock:
+            process = self.processes[name]
+        if process.poll() is None:
+            process.send_signal(sig)
 
     @property
     def flower_url(self) -> str:
@@ -217,30 +337,51 @@ class Stack:
                             **{"timeout": 30.0, **options})
 
     def check_alive(self) -> None:
-        for name, process in self.processes.items():
+        """Raise StackError if a process has exited.
+
+        Supervised, an exited process is being restarted: only a dead supervisor raises.
+        """
+        if self._supervisor is not None:
+            if not self.supervising and not self._stopping.is_set():
+                raise StackError(f"the supervisor stopped; logs in {self.log_dir}")
+            return
+        with self._lock:
+            processes = dict(self.processes)
+        for name, process in processes.items():
             if process.poll() is not None:
                 raise StackError(
-                    f"process '{name}' exited with code {process.returncode}; "
+                    f"process '{name}' exited with {describe_exit(process.returncode)}; "
                     f"see {self.log_dir / (name + '.log')}"
                 )
 
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        self.processes[name].send_signal(sig)
-        self.processes[name].wait(timeout=30)
+    def kill(self, name: str, sig: int = _SIGKILL) -> None:
+        """Send `sig` to process `name` and wait until it exits."""
+        with self._lock:
+            process = self.processes[name]
+        process.send_signal(sig)
+        process.wait(timeout=30)
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """SIGTERM (Celery's warm shutdown) to all, then SIGKILL what is left after the timeout."""
-        for process in self.processes.values():
+        """Stop supervising, then SIGTERM (Celery's warm shutdown) to all, then SIGKILL what is
+        left after the timeout."""
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join()
+            self._supervisor = None
+        with self._lock:
+            processes = dict(self.processes)
+        for process in processes.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        for process in self.processes.values():
+        for process in processes.values():
             try:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
-        self.processes.clear()
+        with self._lock:
+            self.processes.clear()
 
 
 def _ready(client: httpx.Client) -> bool:

@@ -1,0 +1,93 @@
+"""Stack supervision on stand-in processes (no services): a process that dies is restarted and
+logged, the others keep running, and `stop()` restarts nothing."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from app.cli.stack import Stack, StackError, describe_exit
+from app.settings import Settings
+
+#: A process that prints a line and then waits to be stopped, like a worker.
+SLEEPER = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
+
+
+def eventually(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    """A stack of two stand-in processes, 'worker' and 'api', stopped after the test."""
+    stack = Stack(Settings(data_dir=tmp_path), env={})
+    stack.log_dir.mkdir(parents=True)
+    for name in ("worker", "api"):
+        stack.start_process(name, SLEEPER)
+    yield stack
+    stack.stop(timeout_s=5)
+
+
+def test_a_killed_process_is_restarted_and_the_others_keep_running(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="app.cli.stack")
+    stack.supervise()
+    first, api = stack.processes["worker"], stack.processes["api"]
+    log = stack.log_dir / "worker.log"
+    assert eventually(lambda: log.read_text().count("up") == 1)
+
+    stack.signal("worker", signal.SIGKILL)
+
+    assert eventually(lambda: stack.restart_count("worker") == 1)
+    restarted = stack.processes["worker"]
+    assert restarted.pid != first.pid and restarted.poll() is None
+    assert stack.processes["api"] is api and api.poll() is None
+    stack.check_alive()  # supervised: a restart is not a failure
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("worker" in m and "signal SIGKILL" in m for m in messages)
+    assert any("worker restarted" in m and "restart 1" in m for m in messages)
+    # The new process's output is appended to the same log.
+    assert eventually(lambda: log.read_text().count("up") == 2)
+
+
+def test_a_process_that_keeps_dying_is_restarted_each_time(stack: Stack) -> None:
+    stack.supervise()
+    for attempt in (1, 2, 3):
+        stack.signal("worker", signal.SIGTERM)
+        assert eventually(lambda n=attempt: stack.restart_count("worker") == n)
+        assert eventually(lambda: stack.processes["worker"].poll() is None)
+    assert stack.restart_count("api") == 0
+
+
+def test_stop_ends_supervision_first_nothing_is_restarted(stack: Stack) -> None:
+    stack.supervise()
+    processes = list(stack.processes.values())
+
+    stack.stop(timeout_s=5)
+
+    assert stack.processes == {}
+    assert all(process.poll() is not None for process in processes)
+    assert stack.restart_count("worker") == 0 and stack.restart_count("api") == 0
+
+
+def test_unsupervised_a_dead_process_fails_check_alive(stack: Stack) -> None:
+    stack.kill("worker")
+    with pytest.raises(StackError, match="'worker' exited with signal SIGKILL"):
+        stack.check_alive()
+
+
+def test_exits_are_described_by_code_or_signal() -> None:
+    assert describe_exit(3) == "exit code 3"
+    assert describe_exit(-signal.SIGKILL) == "signal SIGKILL"
