@@ -19,6 +19,7 @@ from app.dispatch import (
     TASK_BATCH_EXPIRE,
     TASK_BATCH_RELEASE,
     TASK_REFIT_EXEC,
+    TASK_RELAY_OUTBOX,
     TASK_REQUEUE_ORPHANS,
     TASK_RETRAIN_LENGTH,
 )
@@ -28,15 +29,20 @@ from app.settings import Settings
 __all__ = ["create_celery"]
 
 
-def create_celery(settings: Settings, *, include: Sequence[str] = ()) -> Celery:
+def create_celery(settings: Settings, *, include: Sequence[str] = (),
+                  set_as_current: bool = True) -> Celery:
     """Build the Celery app. Safe defaults for at-least-once work with idempotent tasks.
 
     `include`: the task modules a worker imports (none for a process that only sends tasks).
     """
-    celery = Celery("blockq", include=list(include), set_as_current=True)
+    celery = Celery("blockq", include=list(include), set_as_current=set_as_current)
     celery.conf.update(
         broker_url=settings.redis_url,
         broker_connection_retry_on_startup=True,
+        # A worker that lost Redis keeps trying to reconnect, however long the outage (Celery's
+        # default gives up after 100 tries and ends the worker). Sending tasks is not affected.
+        broker_connection_retry=True,
+        broker_connection_max_retries=None,
         broker_transport_options={
             "visibility_timeout": settings.broker_visibility_timeout_s,
             # Lower number first: 0 interactive, 1 batch.
@@ -69,11 +75,11 @@ def create_celery(settings: Settings, *, include: Sequence[str] = ()) -> Celery:
 
 def _beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     schedule = {
-        "requeue-orphans": {
-            "task": TASK_REQUEUE_ORPHANS,
-            "schedule": settings.orphan_check_interval_s,
-            "options": {"expires": settings.orphan_check_interval_s * 2},
-        }
+        name: {"task": task, "schedule": interval, "options": {"expires": interval * 2}}
+        for name, task, interval in (
+            ("requeue-orphans", TASK_REQUEUE_ORPHANS, settings.orphan_check_interval_s),
+            ("relay-outbox", TASK_RELAY_OUTBOX, settings.outbox_relay_interval_s),
+        )
     }
     for name, task, interval in (
         ("release-batch-lines", TASK_BATCH_RELEASE, settings.batch_release_interval_s),
