@@ -25,7 +25,12 @@ from app.dispatch import (
 from app.queues import PRIORITY_STEPS, SEPARATOR
 from app.settings import Settings
 
-__all__ = ["create_celery"]
+__all__ = ["SOFT_SHUTDOWN_TIMEOUT_S", "create_celery"]
+
+#: Celery's soft shutdown: after a cold shutdown request (SIGQUIT, which `Stack.stop` sends to a
+#: worker whose warm shutdown outlasted its grace), how long tasks still running may go on before
+#: they are cancelled and their messages requeued (rather than left for the visibility timeout).
+SOFT_SHUTDOWN_TIMEOUT_S = 10.0
 
 
 def create_celery(settings: Settings, *, include: Sequence[str] = ()) -> Celery:
@@ -56,6 +61,7 @@ def create_celery(settings: Settings, *, include: Sequence[str] = ()) -> Celery:
         task_reject_on_worker_lost=True,
         task_default_priority=0,
         worker_prefetch_multiplier=1,
+        worker_soft_shutdown_timeout=SOFT_SHUTDOWN_TIMEOUT_S,
         task_routes={
             "predict.*": {"queue": QUEUE_PREDICT},
             "route.*": {"queue": QUEUE_ROUTE},

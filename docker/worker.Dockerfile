@@ -1,5 +1,6 @@
-# blockq Celery workers without an engine: predictor (the default command), router, webhooks,
-# beat, the one-shot `blockq migrate`, and Flower. One image; compose gives each its command.
+# blockq Celery workers without an engine: predictor (the default command), router, health sweep,
+# batches, webhooks, beat, the one-shot `blockq migrate`, and Flower. One image; compose gives each
+# its command.
 #   docker build -f docker/worker.Dockerfile -t blockq/worker .     (from the repository root)
 # Settings come from the environment at run time (BLOCKQ_*, DATABASE_URL, REDIS_URL); nothing
 # secret is built in.

@@ -577,8 +577,11 @@ def test_flower_is_installed_where_it_runs() -> None:
 def test_worker_queues_and_names_match_the_local_stack() -> None:
     settings = Settings()
     stack = process_commands(settings)
-    for name in ("predict", "route", "webhooks"):
-        ours, theirs = services()[name]["command"], stack[name][1:]
+    for name in ("predict", "route", "health", "batches", "webhooks"):
+        # The local command may start with `nice -n 10`: compare from `celery` on.
+        local = stack[name]
+        ours, theirs = services()[name]["command"], local[next(
+            i for i, word in enumerate(local) if word.endswith("celery")) + 1:]
         for flag in ("-Q", "-n", "--pool"):
             assert option(ours, flag) == option(theirs, flag), f"{name} {flag}"
     instance = settings.instance_ids[0]

@@ -1,4 +1,5 @@
-"""The local stack: API, predictor, router, webhook and engine workers, and beat, as processes.
+"""The local stack as processes: the API, the Celery workers (predict, predict_bulk, route, health,
+batches, webhooks, one per engine instance), beat and Flower.
 
 The processes run the same commands an operator would run by hand (see README), with the
 settings passed through the environment, and their logs written to data_dir/logs.
@@ -23,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from app.celery_app import SOFT_SHUTDOWN_TIMEOUT_S
 from app.db import Database
 from app.local_secrets import configured_or_generated, new_flower_basic_auth
 from app.metrics import prepare_multiproc_dir
@@ -45,6 +47,14 @@ STABLE_AFTER_S = 30.0
 SUPERVISE_POLL_S = 0.2
 # NOTE: `Stack.signal` shadows the module inside the class body, where defaults are evaluated.
 _SIGKILL = signal.SIGKILL
+
+#: How long a process may take over its warm shutdown (SIGTERM) before it is pressed harder.
+STOP_GRACE_S = 60.0
+#: An engine worker's warm shutdown finishes every request it has admitted: the longest of them
+#: may have just started (up to max_model_len tokens to decode), behind a full engine.
+ENGINE_STOP_GRACE_S = 180.0
+#: After SIGQUIT (Celery's cold shutdown), how long before SIGKILL.
+COLD_STOP_GRACE_S = SOFT_SHUTDOWN_TIMEOUT_S + 10.0
 
 
 class StackError(RuntimeError):
@@ -105,7 +115,7 @@ def process_commands(settings: Settings) -> dict[str, list[str]]:
         "route": _celery(
             "worker",
             "-Q",
-            "route,health,batches",
+            "route",
             "-n",
             "route@%h",
             "--pool",
@@ -115,6 +125,36 @@ def process_commands(settings: Settings) -> dict[str, list[str]]:
             "-l",
             "INFO",
         ),
+        # NOTE: the health sweep has a worker of its own: behind a busy route queue (kombu reads
+        # a worker's queues in a fixed order) it would wait, and stranded work with it.
+        "health": _celery(
+            "worker",
+            "-Q",
+            "health",
+            "-n",
+            "health@%h",
+            "--pool",
+            "threads",
+            "--concurrency",
+            "2",
+            "-l",
+            "INFO",
+        ),
+        # Batch expansion and finalization (reading, counting and writing whole files), apart
+        # from routing so that large uploads never hold the router's threads; lower CPU priority.
+        "batches": ["nice", "-n", "10", *_celery(
+            "worker",
+            "-Q",
+            "batches",
+            "-n",
+            "batches@%h",
+            "--pool",
+            "threads",
+            "--concurrency",
+            "2",
+            "-l",
+            "INFO",
+        )],
         "webhooks": _celery(
             "worker",
             "-Q",
@@ -361,9 +401,12 @@ class Stack:
         process.send_signal(sig)
         process.wait(timeout=30)
 
-    def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop supervising, then SIGTERM (Celery's warm shutdown) to all, then SIGKILL what is
-        left after the timeout."""
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop supervising, then shut every process down softly (README, "Processes and
+        supervision"): SIGTERM, Celery's warm shutdown, and up to the grace of its kind
+        (`timeout_s` for all, if given) to finish its work; a Celery worker still running then
+        gets SIGQUIT, the cold shutdown that requeues its unfinished tasks after
+        SOFT_SHUTDOWN_TIMEOUT_S; whatever is left after COLD_STOP_GRACE_S is SIGKILLed."""
         self._stopping.set()
         if self._supervisor is not None:
             self._supervisor.join()
@@ -373,15 +416,36 @@ class Stack:
         for process in processes.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for process in processes.values():
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        started = time.monotonic()
+        for name, process in processes.items():
+            grace_s = timeout_s if timeout_s is not None else self.stop_grace_s(name)
+            if _exited(process, started + grace_s):
+                continue
+            logger.warning("process %s still running %.0f s after SIGTERM", name, grace_s)
+            if _is_celery_worker(self.commands.get(name, [])):
+                process.send_signal(signal.SIGQUIT)
+                if _exited(process, time.monotonic() + COLD_STOP_GRACE_S):
+                    continue
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
         with self._lock:
             self.processes.clear()
+
+    def stop_grace_s(self, name: str) -> float:
+        """How long process `name` may take over its warm shutdown."""
+        return ENGINE_STOP_GRACE_S if name in self.settings.instance_ids else STOP_GRACE_S
+
+
+def _exited(process: subprocess.Popen[bytes], deadline: float) -> bool:
+    try:
+        process.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def _is_celery_worker(command: list[str]) -> bool:
+    return "worker" in command and any(word.endswith("celery") for word in command)
 
 
 def _ready(client: httpx.Client) -> bool:

@@ -91,3 +91,22 @@ def test_unsupervised_a_dead_process_fails_check_alive(stack: Stack) -> None:
 def test_exits_are_described_by_code_or_signal() -> None:
     assert describe_exit(3) == "exit code 3"
     assert describe_exit(-signal.SIGKILL) == "signal SIGKILL"
+
+
+def test_a_process_that_ignores_sigterm_is_killed_after_its_grace(tmp_path: Path) -> None:
+    stack = Stack(Settings(data_dir=tmp_path), env={})
+    stack.log_dir.mkdir(parents=True)
+    stubborn = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                "signal.SIG_IGN); print('up', flush=True); time.sleep(600)"]
+    stack.start_process("stubborn", stubborn)
+    process = stack.processes["stubborn"]
+    assert eventually(lambda: "up" in (stack.log_dir / "stubborn.log").read_text())
+
+    stack.stop(timeout_s=0.5)
+
+    assert process.returncode == -signal.SIGKILL
+
+
+def test_engine_workers_get_the_longer_grace(tmp_path: Path) -> None:
+    stack = Stack(Settings(data_dir=tmp_path, num_instances=2), env={})
+    assert stack.stop_grace_s("gpu.1") > stack.stop_grace_s("route")
