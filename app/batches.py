@@ -92,7 +92,8 @@ def create_batch(services: Services, body: Any, *, team_id: str) -> Batch:
                              f"{', '.join(COMPLETION_WINDOWS)} is supported.",
                              param="completion_window", code="invalid_value")
     now = utcnow()
-    with services.db.session() as session:
+    with services.outbox.transaction() as tx:
+        session = tx.session
         _check_input_file(session, parsed.input_file_id, team_id=team_id)
         batch = Batch(id=new_batch_id(), team_id=team_id, status=BatchStatus.VALIDATING,
                       endpoint=parsed.endpoint, input_file_id=parsed.input_file_id,
@@ -101,10 +102,7 @@ def create_batch(services: Services, body: Any, *, team_id: str) -> Batch:
                       expires_at=now + timedelta(
                           seconds=services.settings.batch_completion_window_s))
         session.add(batch)
-    try:
-        dispatch.enqueue_batch_task(services.celery, dispatch.TASK_BATCH_EXPAND, batch.id)
-    except Exception:  # noqa: BLE001 - committed; the releaser re-sends stale validations
-        logger.exception("enqueue failed for %s; left for the batch releaser", batch.id)
+        tx.post(dispatch.batch_task(dispatch.TASK_BATCH_EXPAND, batch.id))
     return batch
 
 
@@ -133,7 +131,8 @@ def cancel_batch(services: Services, batch_id: str, *, team_id: str) -> None:
     """Start cancelling: the batch workers withdraw its unreleased lines, cancel its requests in
     flight and write what finished. Cancelling again is a no-op; a finished batch is a 409."""
     now = utcnow()
-    with services.db.session() as session:
+    with services.outbox.transaction() as tx:
+        session = tx.session
         batch = get_batch(session, batch_id, team_id=team_id)
         changed = session.execute(
             update(Batch)
@@ -146,12 +145,8 @@ def cancel_batch(services: Services, batch_id: str, *, team_id: str) -> None:
         if batch.status not in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
             raise Conflict(f"Batch '{batch_id}' is already {batch.status}; it cannot be "
                            "cancelled.", param="id", code="batch_not_cancellable")
-    if not changed:
-        return
-    try:
-        dispatch.enqueue_batch_task(services.celery, dispatch.TASK_BATCH_FINALIZE, batch_id)
-    except Exception:  # noqa: BLE001 - committed; the releaser re-sends stale cancellations
-        logger.exception("enqueue failed for %s; left for the batch releaser", batch_id)
+        if changed:
+            tx.post(dispatch.batch_task(dispatch.TASK_BATCH_FINALIZE, batch_id))
 
 
 @dataclass(frozen=True, slots=True)

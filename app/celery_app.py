@@ -19,6 +19,7 @@ from app.dispatch import (
     TASK_BATCH_EXPIRE,
     TASK_BATCH_RELEASE,
     TASK_REFIT_EXEC,
+    TASK_RELAY_OUTBOX,
     TASK_REQUEUE_ORPHANS,
     TASK_RETRAIN_LENGTH,
 )
@@ -33,12 +34,13 @@ __all__ = ["SOFT_SHUTDOWN_TIMEOUT_S", "create_celery"]
 SOFT_SHUTDOWN_TIMEOUT_S = 10.0
 
 
-def create_celery(settings: Settings, *, include: Sequence[str] = ()) -> Celery:
+def create_celery(settings: Settings, *, include: Sequence[str] = (),
+                  set_as_current: bool = True) -> Celery:
     """Build the Celery app. Safe defaults for at-least-once work with idempotent tasks.
 
     `include`: the task modules a worker imports (none for a process that only sends tasks).
     """
-    celery = Celery("blockq", include=list(include), set_as_current=True)
+    celery = Celery("blockq", include=list(include), set_as_current=set_as_current)
     celery.conf.update(
         broker_url=settings.redis_url,
         broker_connection_retry_on_startup=True,
@@ -79,11 +81,11 @@ def create_celery(settings: Settings, *, include: Sequence[str] = ()) -> Celery:
 
 def _beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     schedule = {
-        "requeue-orphans": {
-            "task": TASK_REQUEUE_ORPHANS,
-            "schedule": settings.orphan_check_interval_s,
-            "options": {"expires": settings.orphan_check_interval_s * 2},
-        }
+        name: {"task": task, "schedule": interval, "options": {"expires": interval * 2}}
+        for name, task, interval in (
+            ("requeue-orphans", TASK_REQUEUE_ORPHANS, settings.orphan_check_interval_s),
+            ("relay-outbox", TASK_RELAY_OUTBOX, settings.outbox_relay_interval_s),
+        )
     }
     for name, task, interval in (
         ("release-batch-lines", TASK_BATCH_RELEASE, settings.batch_release_interval_s),

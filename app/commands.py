@@ -38,14 +38,15 @@ def submit_request(
     fields = request_fields(services, parsed)
     fields.update(body_sha256=store.body_digest(body), team_id=team_id, stream=stream)
     scoped_key = None if idempotency_key is None else f"{team_id}:{idempotency_key}"
-    with services.db.session() as session:
-        request, created = store.create_request(session, fields, idempotency_key=scoped_key)
+    with services.outbox.transaction() as tx:
+        request, created = store.create_request(tx.session, fields, idempotency_key=scoped_key)
+        if created:
+            tx.post(dispatch.predict(request.id, priority=Priority(request.priority).rank))
     logs.bind_request_id(request.id)
     if created:
         logger.info("request created", extra={"priority": request.priority,
                                               "prompt_tokens": request.prompt_tokens,
                                               "max_tokens": request.max_tokens})
-        _enqueue_or_leave_for_recovery(services, request)
     return request, created
 
 
@@ -99,18 +100,10 @@ def request_fields(services: PromptContext, parsed: CreateRequest) -> dict[str, 
     }
 
 
-def _enqueue_or_leave_for_recovery(services: Services, request: InferenceRequest) -> None:
-    try:
-        dispatch.enqueue_predict(
-            services.celery, request.id, priority=Priority(request.priority).rank
-        )
-    except Exception:  # noqa: BLE001 - the row is committed; the orphan sweep re-enqueues it
-        logger.exception("enqueue failed for %s; left for the orphan sweep", request.id)
-
-
 def cancel_request(services: Services, request_id: str, *, team_id: str | None) -> None:
     """Cancel an unfinished request. Cancelling a cancelled request again is a no-op."""
-    with services.db.session() as session:
+    with services.outbox.transaction() as tx:
+        session = tx.session
         request = store.get_request(session, request_id, team_id=team_id)
         changed = store.transition(
             session,
@@ -127,7 +120,17 @@ def cancel_request(services: Services, request_id: str, *, team_id: str | None) 
                 param="id",
                 code="request_already_finished",
             )
+        if changed and request.webhook_url:
+            tx.post(dispatch.webhook(request_id, "request.cancelled"))
     if changed:
+        _abort_on_engine(services, request_id)
+
+
+def _abort_on_engine(services: Services, request_id: str) -> None:
+    """Tell the engine to stop generating it. Best effort: the cancel is committed, so an engine
+    that misses the flag finds it in the database at its ownership check, and its write of the
+    result is refused."""
+    try:
         services.fleet.request_cancel(request_id)
-        if request.webhook_url:
-            dispatch.enqueue_webhook(services.celery, request_id, "request.cancelled")
+    except Exception:  # noqa: BLE001 - Redis down: the engine's ownership check aborts it
+        logger.warning("could not flag %s as cancelled for its engine", request_id)

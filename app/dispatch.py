@@ -1,12 +1,14 @@
 """Names of queues and tasks, and the sends the API and workers make by task name.
 
 The API never imports worker code: it reaches the workers only through the Celery app object,
-naming tasks here. Sends happen after the database transaction that they depend on committed.
+naming tasks here. A message that must follow a commit is staged in that transaction through the
+outbox (app/outbox.py), which sends it once the transaction committed.
 """
 
 from __future__ import annotations
 
-import logging
+from dataclasses import dataclass, field
+from typing import Any
 
 from celery import Celery
 
@@ -24,20 +26,20 @@ __all__ = [
     "TASK_REQUEUE_ORPHANS",
     "TASK_RETRAIN_LENGTH",
     "TASK_REFIT_EXEC",
-    "enqueue_predict",
-    "enqueue_route",
-    "enqueue_generate",
-    "enqueue_webhook",
-    "enqueue_retrain",
+    "TASK_RELAY_OUTBOX",
+    "Message",
+    "predict",
+    "route",
+    "generate",
+    "webhook",
+    "retrain",
     "QUEUE_BATCHES",
     "TASK_BATCH_EXPAND",
     "TASK_BATCH_RELEASE",
     "TASK_BATCH_EXPIRE",
     "TASK_BATCH_FINALIZE",
-    "enqueue_batch_task",
+    "batch_task",
 ]
-
-logger = logging.getLogger(__name__)
 
 QUEUE_PREDICT = "predict"
 #: Length predictions of batch lines: their own predictor worker, so that bulk work never
@@ -54,6 +56,7 @@ TASK_ROUTE = "route.dispatch"
 TASK_GENERATE = "serve.generate"
 TASK_WEBHOOK = "webhooks.deliver"
 TASK_REQUEUE_ORPHANS = "health.requeue_orphans"
+TASK_RELAY_OUTBOX = "health.relay_outbox"
 TASK_RETRAIN_LENGTH = "learn.retrain_length"
 TASK_REFIT_EXEC = "learn.refit_exec"
 TASK_BATCH_EXPAND = "batches.expand"
@@ -62,50 +65,50 @@ TASK_BATCH_EXPIRE = "batches.expire"
 TASK_BATCH_FINALIZE = "batches.finalize"
 
 
-def enqueue_predict(celery: Celery, request_id: str, *, priority: int) -> None:
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One task to send: by name, to a queue. Built here, sent at once (`send`) or, when it
+    must follow a commit, staged in the same transaction through the outbox (app/outbox.py)."""
+
+    task: str
+    queue: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
+
+    def send(self, celery: Celery, *, countdown: float = 0, retry: bool = True) -> None:
+        """`retry`: Celery's publish retries while the broker is unreachable (about a second)."""
+        celery.send_task(self.task, args=list(self.args), kwargs=self.kwargs, queue=self.queue,
+                         priority=self.priority, countdown=countdown or None, retry=retry)
+
+
+def predict(request_id: str, *, priority: int) -> Message:
     """Interactive requests to `predict`, batch lines (priority above 0) to `predict_bulk`."""
     queue = QUEUE_PREDICT if priority == 0 else QUEUE_PREDICT_BULK
-    celery.send_task(TASK_PREDICT, args=[request_id], queue=queue, priority=priority)
+    return Message(TASK_PREDICT, queue, (request_id,), priority=priority)
 
 
-def enqueue_route(
-    celery: Celery,
-    request_id: str,
-    *,
-    priority: int,
-    countdown: float = 0,
-    timing: dict[str, float] | None = None,
-) -> None:
+def route(request_id: str, *, priority: int, timing: dict[str, float] | None = None) -> Message:
     """`timing`: Unix times the predict stage took and finished the request, for the route
     task's overhead record."""
-    celery.send_task(
-        TASK_ROUTE,
-        args=[request_id],
-        kwargs={"timing": timing or {}},
-        queue=QUEUE_ROUTE,
-        priority=priority,
-        countdown=countdown,
-    )
+    return Message(TASK_ROUTE, QUEUE_ROUTE, (request_id,), {"timing": timing or {}},
+                   priority=priority)
 
 
-def enqueue_generate(
-    celery: Celery, request_id: str, *, instance_id: str, attempt: int, priority: int
-) -> None:
-    """Send to the instance's own queue: the instance id is the queue name (gpu.<k>)."""
-    celery.send_task(
-        TASK_GENERATE, args=[request_id, attempt], queue=instance_id, priority=priority
-    )
+def generate(request_id: str, *, instance_id: str, attempt: int, priority: int) -> Message:
+    """To the instance's own queue: the instance id is the queue name (gpu.<k>)."""
+    return Message(TASK_GENERATE, instance_id, (request_id, attempt), priority=priority)
 
 
-def enqueue_webhook(celery: Celery, subject_id: str, event_type: str) -> None:
+def webhook(subject_id: str, event_type: str) -> Message:
     """`subject_id`: the request (`request.*` events) or the batch (`batch.*` events)."""
-    celery.send_task(TASK_WEBHOOK, args=[subject_id, event_type], queue=QUEUE_WEBHOOKS)
+    return Message(TASK_WEBHOOK, QUEUE_WEBHOOKS, (subject_id, event_type))
 
 
-def enqueue_batch_task(celery: Celery, task_name: str, batch_id: str) -> None:
+def batch_task(task_name: str, batch_id: str) -> Message:
     """One of the batch tasks (expand, finalize) for one batch."""
-    celery.send_task(task_name, args=[batch_id], queue=QUEUE_BATCHES)
+    return Message(task_name, QUEUE_BATCHES, (batch_id,))
 
 
-def enqueue_retrain(celery: Celery, *, reason: str) -> None:
-    celery.send_task(TASK_RETRAIN_LENGTH, kwargs={"reason": reason}, queue=QUEUE_LEARN)
+def retrain(*, reason: str) -> Message:
+    return Message(TASK_RETRAIN_LENGTH, QUEUE_LEARN, kwargs={"reason": reason})

@@ -12,6 +12,7 @@ from sqlalchemy import (
     DateTime,
     ForeignKey,
     Index,
+    Integer,
     LargeBinary,
     MetaData,
     String,
@@ -42,6 +43,7 @@ __all__ = [
     "BatchStatus",
     "BatchLine",
     "LineStatus",
+    "OutboxEntry",
     "utcnow",
 ]
 
@@ -465,3 +467,23 @@ class BatchLine(Base):
 
     # Pending lines in file order for the releaser; counts by status.
     __table_args__ = (Index("ix_batch_lines_batch_id_status", "batch_id", "status", "line"),)
+
+
+class OutboxEntry(Base):
+    """A task message staged in the transaction whose commit it must follow (the transactional
+    outbox): sent once that transaction committed, deleted once sent. A crash or a broker
+    outage in between leaves the entry here for the relay (app/outbox.py) to send."""
+
+    __tablename__ = "outbox"
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    task: Mapped[str] = mapped_column(String(64))
+    queue: Mapped[str] = mapped_column(String(64))
+    args: Mapped[list[Any]]
+    kwargs: Mapped[dict[str, Any]]
+    priority: Mapped[int]
+    created_at: Mapped[Timestamp] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_outbox_created_at", "created_at"),)

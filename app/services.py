@@ -11,6 +11,7 @@ from celery import Celery
 from app.celery_app import create_celery
 from app.db import Database
 from app.fleet import Fleet
+from app.outbox import Outbox
 from app.prompts import PromptCodec
 from app.settings import Settings
 
@@ -25,16 +26,20 @@ class Services:
     prompts: PromptCodec
     # Used only to send tasks by name (see app.dispatch); worker code is never imported.
     celery: Celery
+    outbox: Outbox
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
+        db = Database(settings.resolved_database_url)
+        celery = create_celery(settings)
         return cls(
             settings=settings,
-            db=Database(settings.resolved_database_url),
+            db=db,
             fleet=Fleet(
                 redis.Redis.from_url(settings.redis_url), heartbeat_ttl_s=settings.heartbeat_ttl_s
             ),
             prompts=PromptCodec(settings.resolved_model_path),
-            celery=create_celery(settings),
+            celery=celery,
+            outbox=Outbox(db, celery),
         )
 

@@ -19,8 +19,10 @@ import redis
 from celery import Celery, current_app
 
 from app.bias import BiasRule, BiasWatch
+from app.celery_app import create_celery
 from app.db import Database
 from app.fleet import Fleet
+from app.outbox import Outbox
 from app.prompts import PromptCodec
 from app.settings import Settings
 
@@ -53,6 +55,18 @@ class Runtime:
         return BiasWatch(self.redis, BiasRule(window=s.bias_window, threshold=s.bias_threshold,
                                               fallback_s=s.bias_fallback_s,
                                               correction_rate=s.bias_correction_rate))
+
+    @cached_property
+    def celery(self) -> Celery:
+        """The worker's Celery app when it runs on these settings, else one of its own."""
+        app = current_celery()
+        if getattr(app.conf, "blockq_settings", None) is self.settings:
+            return app
+        return create_celery(self.settings, set_as_current=False)
+
+    @cached_property
+    def outbox(self) -> Outbox:
+        return Outbox(self.db, self.celery)
 
     @cached_property
     def prompts(self) -> PromptCodec:

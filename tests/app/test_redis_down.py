@@ -1,6 +1,7 @@
 """The API while its Redis is down (nothing listens at its address): submissions are still
-accepted and persisted (the orphan sweep enqueues them once Redis is back), reads work, and the
-rate limit counts in this process instead of failing the call. Real PostgreSQL."""
+accepted and persisted with their message in the outbox (the relay sends it once Redis is back),
+reads work, and the rate limit counts in this process instead of failing the call. Real
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import time
 
 import pytest
 from flask.testing import FlaskClient
+from sqlalchemy import select
 
 from app import create_app
-from app.models import InferenceRequest, RequestStatus
+from app.models import InferenceRequest, OutboxEntry, RequestStatus
 from app.settings import Settings
 from tests.app.flask_client import error_body, services_of, team_key
 from tests.environment import free_port
@@ -37,6 +39,8 @@ def test_a_submission_is_accepted_and_persisted_while_redis_is_down(client: Flas
     with services_of(client).db.session() as session:
         request = session.get(InferenceRequest, request_id)
         assert request is not None and request.status == RequestStatus.QUEUED
+        staged = session.scalars(select(OutboxEntry)).all()
+        assert [(e.task, e.args) for e in staged] == [("predict.annotate", [request_id])]
     shown = client.get(f"/v1/requests/{request_id}")
     assert shown.status_code == 200 and shown.get_json()["status"] == "queued"
     assert time.monotonic() - started < 30

@@ -15,6 +15,8 @@ from typing import IO, Any
 
 from sqlalchemy import delete, insert, update
 
+from app import dispatch
+from app.batches import EVENT_TYPES
 from app.models import Batch, BatchLine, BatchStatus, LineStatus, utcnow
 from app.settings import Settings
 from app.storage import file_store
@@ -163,14 +165,16 @@ def _discard_lines(rt: Runtime, batch_id: str) -> None:
 
 def _fail(rt: Runtime, batch_id: str, errors: list[dict[str, Any]]) -> Expansion:
     now = utcnow()
-    with rt.db.session() as session:
-        failed = session.execute(
+    with rt.outbox.transaction() as tx:
+        failed = tx.session.execute(
             update(Batch)
             .where(Batch.id == batch_id, Batch.status == BatchStatus.VALIDATING)
             .values(status=BatchStatus.FAILED, final_status=BatchStatus.FAILED, errors=errors,
                     failed_at=now, updated_at=now)
             .execution_options(synchronize_session=False)
         ).rowcount  # type: ignore[attr-defined]
+        if failed:
+            tx.post(dispatch.webhook(batch_id, EVENT_TYPES[BatchStatus.FAILED]))
     return Expansion.FAILED if failed else Expansion.STOPPED
 
 

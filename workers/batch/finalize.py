@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import delete, select, update
 
-from app import store
+from app import dispatch, store
+from app.batches import EVENT_TYPES
 from app.files import new_file_id, register_file
 from app.models import (
     Batch,
@@ -130,7 +131,8 @@ def _close(rt: Runtime, batch: Batch, final: BatchStatus, written: list[_Written
     kept = {w.kind: w for w in written if w.num_lines}
     now = utcnow()
     try:
-        with rt.db.session() as session:
+        with rt.outbox.transaction() as tx:
+            session = tx.session
             for w in kept.values():
                 register_file(session, file_id=w.file_id, team_id=batch.team_id,
                               purpose=FilePurpose.BATCH_OUTPUT,
@@ -146,6 +148,7 @@ def _close(rt: Runtime, batch: Batch, final: BatchStatus, written: list[_Written
             ).rowcount  # type: ignore[attr-defined]
             if not closed:
                 raise _Superseded(batch.id)
+            tx.post(dispatch.webhook(batch.id, EVENT_TYPES[final]))
     except _Superseded:
         _delete(files, written)
         return False

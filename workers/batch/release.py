@@ -25,6 +25,7 @@ from app.models import (
     BatchStatus,
     InferenceRequest,
     LineStatus,
+    Priority,
     RequestEvent,
     RequestStatus,
     Team,
@@ -43,8 +44,8 @@ _ACTIVE = [str(s) for s in ACTIVE_STATUSES]
 
 @dataclass
 class ReleaseReport:
-    released: list[str] = field(default_factory=list)  # request ids, to send to predict
-    finished: list[str] = field(default_factory=list)  # batch ids, to finalize
+    released: list[str] = field(default_factory=list)  # request ids, sent to predict
+    finished: list[str] = field(default_factory=list)  # batch ids, sent to finalize
     stale: list[tuple[str, str]] = field(default_factory=list)  # (task name, batch id) to resend
 
 
@@ -59,8 +60,11 @@ def release(rt: Runtime) -> ReleaseReport:
         grants = allocate(flows, rt.settings.max_batch_in_flight - num_in_flight)
         teams = {f.batch_id: f.team_id for f in flows}
         for batch_id, count in grants.items():
-            with rt.db.session() as session:
-                report.released += _claim(session, batch_id, teams[batch_id], count)
+            with rt.outbox.transaction() as tx:
+                claimed = _claim(tx.session, batch_id, teams[batch_id], count)
+                for request_id in claimed:
+                    tx.post(dispatch.predict(request_id, priority=Priority.BATCH.rank))
+            report.released += claimed
         report.finished = finish_done(rt)
         report.stale = recover_stale(rt)
     return report
@@ -136,14 +140,14 @@ def _request_row(row: Any, batch_id: str, team_id: str, now: Any) -> dict[str, A
 
 def finish_done(rt: Runtime) -> list[str]:
     """Move `in_progress` batches with no pending line and no unfinished request to
-    `finalizing`; returns their ids."""
+    `finalizing`, and send them to finalization; returns their ids."""
     now = utcnow()
     no_pending = ~exists().where(BatchLine.batch_id == Batch.id,
                                  BatchLine.status == LineStatus.PENDING)
     none_in_flight = ~exists().where(InferenceRequest.batch_id == Batch.id,
                                      InferenceRequest.status.in_(_ACTIVE))
-    with rt.db.session() as session:
-        return list(session.scalars(
+    with rt.outbox.transaction() as tx:
+        finished = list(tx.session.scalars(
             update(Batch)
             .where(Batch.status == BatchStatus.IN_PROGRESS, no_pending, none_in_flight)
             .values(status=BatchStatus.FINALIZING, final_status=BatchStatus.COMPLETED,
@@ -151,6 +155,9 @@ def finish_done(rt: Runtime) -> list[str]:
             .returning(Batch.id)
             .execution_options(synchronize_session=False)
         ).all())
+        for batch_id in finished:
+            tx.post(dispatch.batch_task(dispatch.TASK_BATCH_FINALIZE, batch_id))
+    return finished
 
 
 #: The task that moves a batch on from each status where only a task can.

@@ -15,6 +15,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Protocol
 
 from sqlalchemy import update
+from sqlalchemy.orm import Session
 
 from app import model_registry, store
 from app.db import Database
@@ -155,18 +156,17 @@ def start(db: Database, request_id: str) -> LengthQuery | None:
                            Priority(request.priority).rank)
 
 
-def record(db: Database, request_id: str, answer: LengthAnswer) -> bool:
+def record(session: Session, request_id: str, answer: LengthAnswer) -> bool:
     """Store the answer; False when the request left `predicting` meanwhile (cancelled)."""
-    with db.session() as session:
-        recorded = session.execute(
-            update(InferenceRequest)
-            .where(InferenceRequest.id == request_id,
-                   InferenceRequest.status == str(RequestStatus.PREDICTING))
-            .values(predicted_output_tokens=answer.tokens,
-                    predicted_output_tokens_p90=answer.p90_tokens, predictor=answer.predictor,
-                    predicted_at=utcnow())
-            .execution_options(synchronize_session=False)
-        ).rowcount  # type: ignore[attr-defined]
+    recorded = session.execute(
+        update(InferenceRequest)
+        .where(InferenceRequest.id == request_id,
+               InferenceRequest.status == str(RequestStatus.PREDICTING))
+        .values(predicted_output_tokens=answer.tokens,
+                predicted_output_tokens_p90=answer.p90_tokens, predictor=answer.predictor,
+                predicted_at=utcnow())
+        .execution_options(synchronize_session=False)
+    ).rowcount  # type: ignore[attr-defined]
     return recorded == 1
 
 

@@ -9,9 +9,10 @@ from celery import shared_task
 from app import dispatch
 from workers import runtime
 from workers.predict import stage
+from workers.retries import ON_OUTAGE
 
 
-@shared_task(name=dispatch.TASK_PREDICT)
+@shared_task(name=dispatch.TASK_PREDICT, **ON_OUTAGE)
 def annotate(request_id: str) -> None:
     """Predict the output length, then hand the request to the router. Safe to run twice."""
     started_at = time.time()
@@ -20,9 +21,10 @@ def annotate(request_id: str) -> None:
     if query is None:
         return
     answer = stage.length_predictor(rt).predict(query)
-    if not stage.record(rt.db, request_id, answer):
-        return  # cancelled while predicting
-    dispatch.enqueue_route(
-        runtime.current_celery(), request_id, priority=query.priority,
-        timing={"predict_started_at": started_at, "predicted_at": time.time()},
-    )
+    with rt.outbox.transaction() as tx:
+        if not stage.record(tx.session, request_id, answer):
+            return  # cancelled while predicting
+        tx.post(dispatch.route(
+            request_id, priority=query.priority,
+            timing={"predict_started_at": started_at, "predicted_at": time.time()},
+        ))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from app import model_registry, store
 from app.db import Database
@@ -126,32 +127,31 @@ def routing_record(plan: Plan, decision_ms: float, fallback: dict[str, Any] | No
     return routing
 
 
-def record(db: Database, request_id: str, plan: Plan, routing: dict[str, Any], *,
+def record(session: Session, request_id: str, plan: Plan, routing: dict[str, Any], *,
            fallback: bool) -> int | None:
-    """Commit the decision (status routed, attempt + 1); the new attempt, or None when the
+    """Write the decision (status routed, attempt + 1); the new attempt, or None when the
     request left queued/predicting meanwhile."""
     decision = plan.decision
     ttft_s, e2e_s = plan.what_ifs.get(decision.instance_id, (None, None))
-    with db.session() as session:
-        routed = store.transition(
-            session,
-            request_id,
-            RequestStatus.ROUTED,
-            allowed_from={RequestStatus.QUEUED, RequestStatus.PREDICTING},
-            detail=f"{decision.policy}{' (fallback)' if fallback else ''} -> "
-            f"{decision.instance_id}",
-            instance_id=decision.instance_id,
-            policy=decision.policy,
-            routing=routing,
-            predicted_ttft_s=ttft_s,
-            predicted_e2e_s=e2e_s,
-            routed_at=utcnow(),
-            attempt=InferenceRequest.attempt + 1,
-        )
-        attempt = session.scalar(
-            select(InferenceRequest.attempt).where(InferenceRequest.id == request_id)
-        )
-    return attempt if routed else None
+    routed = store.transition(
+        session,
+        request_id,
+        RequestStatus.ROUTED,
+        allowed_from={RequestStatus.QUEUED, RequestStatus.PREDICTING},
+        detail=f"{decision.policy}{' (fallback)' if fallback else ''} -> "
+        f"{decision.instance_id}",
+        instance_id=decision.instance_id,
+        policy=decision.policy,
+        routing=routing,
+        predicted_ttft_s=ttft_s,
+        predicted_e2e_s=e2e_s,
+        routed_at=utcnow(),
+        attempt=InferenceRequest.attempt + 1,
+    )
+    if not routed:
+        return None
+    return session.scalar(
+        select(InferenceRequest.attempt).where(InferenceRequest.id == request_id))
 
 
 def overhead(timing: dict[str, float], route_started_at: float) -> dict[str, object]:

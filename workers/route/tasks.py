@@ -12,6 +12,7 @@ from app import dispatch, metrics
 from app.bias import FALLBACK_POLICY
 from app.models import RequestStatus
 from workers import runtime
+from workers.retries import ON_OUTAGE
 from workers.route import stage
 from workers.route.planner import plan_route
 from workers.route.policies import RoutingContext, needs_what_if
@@ -20,7 +21,7 @@ logger = logging.getLogger(__name__)
 _rng = random.Random()
 
 
-@shared_task(name=dispatch.TASK_ROUTE)
+@shared_task(name=dispatch.TASK_ROUTE, **ON_OUTAGE)
 def route(request_id: str, timing: dict[str, float] | None = None) -> None:
     """Pick an alive instance, record the decision, then publish to its queue. Safe to rerun.
 
@@ -36,17 +37,17 @@ def route(request_id: str, timing: dict[str, float] | None = None) -> None:
     if request.status == RequestStatus.ROUTED:
         # A redelivery after the decision committed: make sure the engine got it.
         assert request.instance_id is not None
-        dispatch.enqueue_generate(celery, request_id, instance_id=request.instance_id,
-                                  attempt=request.attempt, priority=request.priority)
+        dispatch.generate(request_id, instance_id=request.instance_id, attempt=request.attempt,
+                          priority=request.priority).send(celery)
         return
     if request.status not in (RequestStatus.QUEUED, RequestStatus.PREDICTING):
         return
     started = time.perf_counter()
     candidates = rt.fleet.routable()
     if not candidates:
-        dispatch.enqueue_route(
-            celery, request_id, priority=request.priority, countdown=rt.settings.route_retry_s
-        )
+        # NOTE: a plain send: if it is lost, the stranded-request sweep finds the request.
+        dispatch.route(request_id, priority=request.priority).send(
+            celery, countdown=rt.settings.route_retry_s)
         return
     fallback = rt.bias_watch.fallback()
     policy = FALLBACK_POLICY if fallback else stage.policy_in_force(rt.fleet, rt.settings)
@@ -63,7 +64,11 @@ def route(request_id: str, timing: dict[str, float] | None = None) -> None:
         predicted_output_tokens=request.view.predicted_output_tokens,
     )
     routing = stage.routing_record(plan, decision_ms, fallback, timing or {}, route_started_at)
-    attempt = stage.record(rt.db, request_id, plan, routing, fallback=bool(fallback))
+    with rt.outbox.transaction() as tx:
+        attempt = stage.record(tx.session, request_id, plan, routing, fallback=bool(fallback))
+        if attempt is not None:
+            tx.post(dispatch.generate(request_id, instance_id=decision.instance_id,
+                                      attempt=attempt, priority=request.priority))
     if attempt is None:
         rt.fleet.unassign(decision.instance_id, request_id)
         return
@@ -71,7 +76,3 @@ def route(request_id: str, timing: dict[str, float] | None = None) -> None:
     logger.info("routed to %s by %s", decision.instance_id, decision.policy,
                 extra={"instance_id": decision.instance_id, "policy": decision.policy,
                        "fallback": bool(fallback), "decision_ms": routing["decision_ms"]})
-    dispatch.enqueue_generate(
-        celery, request_id, instance_id=decision.instance_id, attempt=attempt,
-        priority=request.priority,
-    )

@@ -32,4 +32,4 @@ class LengthFeedback:
         if predicted is None or not self.bias_watch.observe(self.model_name, predicted, actual):
             return
         logger.warning("length predictions keep missing: routing falls back to round_robin")
-        dispatch.enqueue_retrain(current_celery(), reason="bias watch")
+        dispatch.retrain(reason="bias watch").send(current_celery())

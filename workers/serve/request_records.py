@@ -12,11 +12,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import dispatch, metrics, store
-from app.db import Database
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
+from app.outbox import Outbox
 from app.streams import StreamWriter
 from workers.learn import history
-from workers.runtime import current_celery
 from workers.serve.engine import GenerationRequest, GenerationResult
 from workers.serve.feedback import LengthFeedback
 
@@ -29,11 +28,12 @@ class RequestRecords:
     """Guarded status writes of the requests one instance runs: a write that finds the request
     finished, cancelled or re-routed meanwhile changes nothing, so a rerun is a no-op."""
 
-    def __init__(self, instance_id: str, model_name: str, db: Database, streams: StreamWriter,
+    def __init__(self, instance_id: str, model_name: str, outbox: Outbox, streams: StreamWriter,
                  feedback: LengthFeedback) -> None:
         self.instance_id = instance_id
         self.model_name = model_name
-        self.db = db
+        self.outbox = outbox
+        self.db = outbox.db
         self.streams = streams
         self.feedback = feedback
 
@@ -81,7 +81,8 @@ class RequestRecords:
 
     def complete(self, result: GenerationResult, attempt: int) -> None:
         """Store the result (SUCCEEDED) unless another attempt or a cancel came first."""
-        with self.db.session() as session:
+        with self.outbox.transaction() as tx:
+            session = tx.session
             done = store.transition(
                 session,
                 result.request_id,
@@ -100,7 +101,8 @@ class RequestRecords:
                 predicted = session.scalar(select(InferenceRequest.predicted_output_tokens)
                                            .where(InferenceRequest.id == result.request_id))
                 finished = session.get(InferenceRequest, result.request_id)
-            webhook_url = done and _webhook_url(session, result.request_id)
+                if finished is not None and finished.webhook_url:
+                    tx.post(dispatch.webhook(result.request_id, "request.succeeded"))
         if not done:
             self.streams.discard(result.request_id)
             return  # completed by another attempt, or cancelled meanwhile
@@ -112,16 +114,14 @@ class RequestRecords:
         metrics.observe_completion(finished)
         self.streams.end(result.request_id, attempt, result.finish_reason)
         self.feedback.observe(predicted, result.num_output_tokens)
-        if webhook_url:
-            dispatch.enqueue_webhook(current_celery(), result.request_id, "request.succeeded")
 
     def fail(self, request_id: str, attempt: int, exc: Exception) -> None:
         """Mark the request FAILED with the engine's error (logged with its traceback), unless it
         finished, was cancelled or was re-routed meanwhile."""
         logger.exception("generation failed for %s", request_id)
-        with self.db.session() as session:
+        with self.outbox.transaction() as tx:
             done = store.transition(
-                session,
+                tx.session,
                 request_id,
                 RequestStatus.FAILED,
                 allowed_from=store.ACTIVE_STATUSES,
@@ -130,11 +130,10 @@ class RequestRecords:
                 error={"type": "engine_error", "message": f"{type(exc).__name__}: {exc}"},
                 finished_at=utcnow(),
             )
-            webhook_url = done and _webhook_url(session, request_id)
+            if done and _webhook_url(tx.session, request_id):
+                tx.post(dispatch.webhook(request_id, "request.failed"))
         if done:
             self.streams.fail(request_id, attempt, "the engine failed to generate this request")
-        if webhook_url:
-            dispatch.enqueue_webhook(current_celery(), request_id, "request.failed")
 
 
 def storable(text: str) -> str:

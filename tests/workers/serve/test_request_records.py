@@ -16,7 +16,7 @@ from workers.serve.request_records import RequestRecords
 
 def records_of(rt: Runtime, instance_id: str) -> RequestRecords:
     model = rt.settings.model_name
-    return RequestRecords(instance_id, model, rt.db, StreamWriter(rt.redis),
+    return RequestRecords(instance_id, model, rt.outbox, StreamWriter(rt.redis),
                           LengthFeedback(rt.redis, rt.bias_watch, model))
 
 

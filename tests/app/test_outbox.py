@@ -1,0 +1,122 @@
+"""The transactional outbox on the real PostgreSQL and Redis: a committed message is sent and
+forgotten; one the broker refused, or whose sender died right after the commit, waits in the
+outbox until the relay sends it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+from sqlalchemy import func, select
+
+from app import dispatch, faults
+from app.celery_app import create_celery
+from app.db import Database
+from app.models import OutboxEntry
+from app.outbox import Outbox
+from app.queues import request_ids_in_broker
+from app.settings import Settings
+from tests.environment import free_port
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture
+def db(fresh_services: Settings) -> Iterator[Database]:
+    database = Database(fresh_services.resolved_database_url)
+    yield database
+    database.dispose()
+
+
+def outbox_of(settings: Settings, db: Database) -> Outbox:
+    return Outbox(db, create_celery(settings, set_as_current=False))
+
+
+def in_predict_queue(settings: Settings) -> set[str]:
+    return request_ids_in_broker(redis.Redis.from_url(settings.redis_url), ["predict"],
+                                 fresh_s=60)
+
+
+def staged(db: Database) -> int:
+    with db.session() as session:
+        return session.scalar(select(func.count()).select_from(OutboxEntry)) or 0
+
+
+def new_id() -> str:
+    return f"req_{uuid.uuid4().hex}"
+
+
+def test_a_committed_message_is_sent_then_forgotten(fresh_services: Settings,
+                                                    db: Database) -> None:
+    request_id = new_id()
+    with outbox_of(fresh_services, db).transaction() as tx:
+        tx.post(dispatch.predict(request_id, priority=0))
+    assert staged(db) == 0
+    assert in_predict_queue(fresh_services) == {request_id}
+
+
+def test_a_rolled_back_transaction_sends_nothing(fresh_services: Settings, db: Database) -> None:
+    with pytest.raises(RuntimeError), outbox_of(fresh_services, db).transaction() as tx:
+        tx.post(dispatch.predict(new_id(), priority=0))
+        raise RuntimeError("the state change failed")
+    assert staged(db) == 0
+    assert in_predict_queue(fresh_services) == set()
+
+
+def test_a_message_the_broker_refused_waits_for_the_relay(fresh_services: Settings,
+                                                          db: Database) -> None:
+    down = fresh_services.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
+    request_id = new_id()
+    with outbox_of(down, db).transaction() as tx:  # commits although the broker is down
+        tx.post(dispatch.predict(request_id, priority=0))
+    assert staged(db) == 1
+
+    assert outbox_of(down, db).relay(older_than_s=0) == 0  # still down: kept
+    assert staged(db) == 1
+    assert outbox_of(fresh_services, db).relay(older_than_s=0) == 1  # back
+    assert staged(db) == 0
+    assert in_predict_queue(fresh_services) == {request_id}
+
+
+def test_the_relay_leaves_entries_their_sender_is_still_sending(fresh_services: Settings,
+                                                                db: Database) -> None:
+    with db.session() as session:
+        session.add(OutboxEntry(task=dispatch.TASK_PREDICT, queue="predict", args=[new_id()],
+                                kwargs={}, priority=0))
+    assert outbox_of(fresh_services, db).relay(older_than_s=60) == 0
+    assert staged(db) == 1
+
+
+_SENDER = """
+import sys
+from app import dispatch
+from app.celery_app import create_celery
+from app.db import Database
+from app.outbox import Outbox
+from app.settings import Settings
+
+settings = Settings.load()
+outbox = Outbox(Database(settings.resolved_database_url), create_celery(settings))
+with outbox.transaction() as tx:
+    tx.post(dispatch.predict(sys.argv[1], priority=0))
+print("sent")
+"""
+
+
+def test_a_sender_that_dies_right_after_its_commit_loses_nothing(fresh_services: Settings,
+                                                                 db: Database) -> None:
+    request_id = new_id()
+    env = {**os.environ, **fresh_services.as_env(), faults.CRASH_AFTER_COMMIT_ENV: "1"}
+    died = subprocess.run([sys.executable, "-c", _SENDER, request_id], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert died.returncode == faults.CRASH_EXIT_CODE, died.stderr
+    assert "sent" not in died.stdout
+    assert staged(db) == 1 and in_predict_queue(fresh_services) == set()
+
+    assert outbox_of(fresh_services, db).relay(older_than_s=0) == 1
+    assert in_predict_queue(fresh_services) == {request_id}
