@@ -6,9 +6,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import InterfaceError, OperationalError, TimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
-__all__ = ["Database"]
+__all__ = ["Database", "TRANSIENT_ERRORS"]
+
+#: Database errors a retry may outlive: the server restarting or unreachable, a connection
+#: terminated, the pool exhausted.
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceError, TimeoutError)
 
 
 class Database:

@@ -7,16 +7,26 @@ and `q:1` ... `q:9`.
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Iterable, Sequence
 
 import redis
 
 from app import dispatch
 
-__all__ = ["PRIORITY_STEPS", "SEPARATOR", "SERVICE_QUEUES", "queue_depths", "queue_keys"]
+__all__ = ["PRIORITY_STEPS", "SEPARATOR", "SERVICE_QUEUES", "queue_depths", "queue_keys",
+           "request_ids_in_broker"]
 
 PRIORITY_STEPS = tuple(range(10))
 SEPARATOR = ":"
+#: kombu's Redis transport: messages taken by a worker and not yet acknowledged (a hash by
+#: delivery tag), and when each was taken (a sorted set).
+UNACKED_KEY = "unacked"
+UNACKED_INDEX_KEY = "unacked_index"
+#: Request ids as `store.new_request_id` makes them; a task's first argument is in the clear in
+#: its message's `argsrepr` header.
+_REQUEST_ID = re.compile(rb"req_[0-9a-f]{32}")
 #: Queues every deployment has; engine queues (gpu.<k>) are the registered instances.
 SERVICE_QUEUES = (dispatch.QUEUE_PREDICT, dispatch.QUEUE_PREDICT_BULK, dispatch.QUEUE_ROUTE,
                   dispatch.QUEUE_WEBHOOKS, dispatch.QUEUE_HEALTH, dispatch.QUEUE_LEARN,
@@ -47,3 +57,21 @@ def queue_depths(client: redis.Redis, queues: Iterable[str], *,
         counted = {step: next(lengths) for step in steps}
         depths[queue] = {step: n for step, n in counted.items() if n}
     return depths
+
+
+def request_ids_in_broker(client: redis.Redis, queues: Iterable[str], *, fresh_s: float,
+                          priority_steps: Sequence[int] = PRIORITY_STEPS, sep: str = SEPARATOR
+                          ) -> set[str]:
+    """Requests that some message in the broker concerns: waiting in one of `queues`, or taken
+    by a worker less than `fresh_s` ago and not yet acknowledged (an older one is presumed to
+    have died with its worker; kombu redelivers it only after the visibility timeout)."""
+    with client.pipeline(transaction=False) as pipe:
+        for queue in queues:
+            for key in queue_keys(queue, priority_steps=priority_steps, sep=sep):
+                pipe.lrange(key, 0, -1)
+        pipe.zrangebyscore(UNACKED_INDEX_KEY, time.time() - fresh_s, "+inf")
+        *waiting, fresh_tags = pipe.execute()
+    raw = [message for messages in waiting for message in messages]
+    if fresh_tags:
+        raw += [m for m in client.hmget(UNACKED_KEY, fresh_tags) if m is not None]
+    return {match.decode() for message in raw for match in _REQUEST_ID.findall(message)}

@@ -234,7 +234,36 @@ class Settings(BaseSettings):
     stale_queued_after_s: float = Field(
         120.0,
         gt=0,
-        description="A request still queued or predicting this long is re-enqueued to predict.",
+        description="A batch still validating, finalizing or cancelling this long is sent to "
+        "its batch task again.",
+    )
+    stranded_after_s: float = Field(
+        10.0,
+        gt=0,
+        description="A request in flight unchanged this long is checked by the sweep: found "
+        "twice with no message in the broker or the outbox and no engine holding it, it is "
+        "sent on again (or re-routed, if an engine had admitted it).",
+    )
+    unacked_fresh_s: float = Field(
+        30.0,
+        gt=0,
+        description="A message a worker took from the broker this recently counts as worked "
+        "on; an older unacknowledged one is presumed to have died with its worker.",
+    )
+    outbox_relay_interval_s: float = Field(
+        1.0, gt=0, description="How often the health worker sends what the outbox still holds."
+    )
+    outbox_relay_after_s: float = Field(
+        2.0,
+        ge=0,
+        description="The relay sends outbox entries older than this (younger ones are being "
+        "sent by the process that committed them).",
+    )
+    ownership_check_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="How often an engine worker checks in the database that the requests it "
+        "runs are still its own (not cancelled, not re-routed), and aborts those that are not.",
     )
     broker_visibility_timeout_s: int = Field(
         3600,

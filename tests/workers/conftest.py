@@ -1,15 +1,22 @@
 """Fixtures of the worker tests: a small instance config and a toy step-time model (routing and
 the cluster benchmark; the simulator's tests have their own in tests/workers/sim), a tiny random
-encoder and a token counter (length predictor and learning)."""
+encoder and a token counter (length predictor and learning), a worker runtime on the test
+services and requests placed on instances."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from sqlalchemy import update
 
+from app import store
+from app.models import InferenceRequest, Priority, RequestStatus
+from app.settings import Settings
 from workers.predict.features import TokenCounter
+from workers.runtime import Runtime
 from workers.sim import ExecModel, InstanceConfig
 
 if TYPE_CHECKING:
@@ -65,3 +72,43 @@ def tiny_encoder(tiny_encoder_dir: Path) -> Encoder:
 @pytest.fixture(scope="session")
 def counter() -> TokenCounter:
     return TokenCounter()
+
+
+@pytest.fixture
+def rt(fresh_services: Settings) -> Iterator[Runtime]:
+    """A worker process's runtime on the test PostgreSQL and Redis."""
+    runtime = Runtime(fresh_services)
+    yield runtime
+    runtime.db.engine.dispose()
+
+
+@pytest.fixture
+def routed_request(rt: Runtime) -> Callable[..., str]:
+    """Makes a request routed to an instance as its n-th routing attempt; returns its id."""
+
+    def make(instance_id: str, attempt: int, status: RequestStatus = RequestStatus.ROUTED) -> str:
+        fields = {"priority": Priority.INTERACTIVE, "prompt": "Hello", "messages": None,
+                  "max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "seed": None,
+                  "stop": None, "webhook_url": None, "stream": False, "request_metadata": None,
+                  "body_sha256": "0" * 64, "prompt_tokens": 3}
+        with rt.db.session() as session:
+            request, _ = store.create_request(session, fields, idempotency_key=None)
+            session.flush()
+            session.execute(update(InferenceRequest).where(InferenceRequest.id == request.id)
+                            .values(status=status, instance_id=instance_id, attempt=attempt))
+            return request.id
+
+    return make
+
+
+@pytest.fixture
+def request_status(rt: Runtime) -> Callable[[str], str]:
+    """The status a request has in the database now."""
+
+    def status_of(request_id: str) -> str:
+        with rt.db.session() as session:
+            request = session.get(InferenceRequest, request_id)
+            assert request is not None, request_id
+            return request.status
+
+    return status_of

@@ -1,64 +1,205 @@
-"""The sweep for stranded requests: work of instances that lost their heartbeat goes back to
-routing, requests stuck before routing go back to prediction. Each function commits the status
-changes it makes and returns the requests to enqueue (id, priority rank)."""
+"""The sweep for stranded requests: a reconciliation of PostgreSQL against what holds work.
+
+A request in flight always waits on one holder: a message (in the outbox, in the broker, or in a
+worker's hands) or an engine. The sweep looks at every request in flight that has not changed
+for `stranded_after_s` and finds its holder:
+
+- routed to or running on an instance without a heartbeat: back to routing at once. If that
+  instance comes back, its engine finds the request re-routed at its ownership check and aborts
+  it, and the attempt check refuses whatever it writes;
+- running on a live instance whose engine does not hold it (the worker restarted within the
+  heartbeat TTL, or the admission never reached the engine): back to routing;
+- queued, predicting or routed with no message anywhere (Redis restarted empty, a worker died
+  holding it, a task gave up): the message of its stage is sent again.
+
+The last two are acted on only when two sweeps in a row found them so: a message moves between
+the broker's lists and a worker's hands, an admission reaches the engine's published state a
+moment later. A message sent twice is harmless: every stage is idempotent.
+"""
 
 from __future__ import annotations
 
+import enum
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 
+import redis
 from sqlalchemy import select, update
 
-from app import store
-from app.db import Database
+from app import dispatch, store
 from app.fleet import Fleet
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
+from app.outbox import Outbox
+from app.queues import SERVICE_QUEUES, request_ids_in_broker
+from workers.sim.engine_state import EngineState
 
-__all__ = ["dead_instances", "requeue_from", "touch_stale"]
+__all__ = ["Findings", "InFlight", "Remedy", "Report", "Sweep", "diagnose"]
 
 _ON_INSTANCE = (RequestStatus.ROUTED, RequestStatus.RUNNING)
-_BEFORE_ROUTING = (RequestStatus.QUEUED, RequestStatus.PREDICTING)
+_IN_FLIGHT = (RequestStatus.QUEUED, RequestStatus.PREDICTING, *_ON_INSTANCE)
+#: Most requests one sweep looks at (oldest change first); the next sweep takes the rest.
+_BATCH = 2000
+_SUSPECTS_KEY = "blockq:sweep:suspects"
 
 
-def dead_instances(fleet: Fleet) -> list[str]:
-    return [s.instance_id for s in fleet.statuses() if not s.alive]
+class Remedy(enum.StrEnum):
+    REROUTE = "reroute"  # off its instance, back to routing (a new attempt)
+    RESEND = "resend"  # its stage's message again (same attempt)
 
 
-def requeue_from(db: Database, dead_instance_ids: list[str]) -> list[tuple[str, int]]:
-    """Requests routed to or running on the dead instances, set back to queued."""
-    requeued: list[tuple[str, int]] = []
-    with db.session() as session:
-        rows = session.execute(
-            select(InferenceRequest.id, InferenceRequest.instance_id, InferenceRequest.priority)
-            .where(InferenceRequest.status.in_([str(s) for s in _ON_INSTANCE]))
-            .where(InferenceRequest.instance_id.in_(dead_instance_ids))
-        ).all()
-        for request_id, instance_id, priority in rows:
-            if store.transition(
-                session,
-                request_id,
-                RequestStatus.QUEUED,
-                allowed_from=_ON_INSTANCE,
-                extra_where=[InferenceRequest.instance_id == instance_id],
-                detail=f"requeued: instance {instance_id} lost its heartbeat",
-            ):
-                requeued.append((request_id, Priority(priority).rank))
-    return requeued
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """What the sweep needs of a request in flight."""
+
+    id: str
+    status: RequestStatus
+    instance_id: str | None
+    attempt: int
+    priority_rank: int
+    predicted: bool
+
+    def next_message(self) -> dispatch.Message:
+        """The message its current stage waits for."""
+        if self.status == RequestStatus.ROUTED:
+            assert self.instance_id is not None
+            return dispatch.generate(self.id, instance_id=self.instance_id,
+                                     attempt=self.attempt, priority=self.priority_rank)
+        if self.predicted:
+            return dispatch.route(self.id, priority=self.priority_rank)
+        return dispatch.predict(self.id, priority=self.priority_rank)
 
 
-def touch_stale(db: Database, after_s: float) -> list[tuple[str, int]]:
-    """Requests queued or predicting for longer than `after_s` (up to 1,000), touched so that
-    the next sweep waits another `after_s` before picking them again."""
-    cutoff = utcnow() - timedelta(seconds=after_s)
-    with db.session() as session:
-        rows = session.execute(
-            select(InferenceRequest.id, InferenceRequest.priority)
-            .where(InferenceRequest.status.in_([str(s) for s in _BEFORE_ROUTING]))
-            .where(InferenceRequest.updated_at < cutoff)
-            .limit(1000)
-        ).all()
-        session.execute(
-            update(InferenceRequest)
-            .where(InferenceRequest.id.in_([request_id for request_id, _ in rows]))
-            .values(updated_at=utcnow())
-        )
-    return [(request_id, Priority(priority).rank) for request_id, priority in rows]
+@dataclass(frozen=True, slots=True)
+class Findings:
+    """`now`: act on these at once; `suspects`: act if the next sweep finds them again."""
+
+    now: dict[str, Remedy]
+    suspects: dict[str, Remedy]
+
+
+def diagnose(requests: Iterable[InFlight], holdings: dict[str, set[str]],
+             messages: Callable[[], set[str]]) -> Findings:
+    """Pure: each request against the engines' holdings (alive instance -> request ids its
+    engine holds) and, only if needed, the requests some message concerns (`messages()`)."""
+    now: dict[str, Remedy] = {}
+    suspects: dict[str, Remedy] = {}
+    unheld: list[InFlight] = []
+    for request in requests:
+        if request.status in _ON_INSTANCE and request.instance_id not in holdings:
+            now[request.id] = Remedy.REROUTE
+        elif request.status == RequestStatus.RUNNING:
+            if request.id not in holdings[request.instance_id or ""]:
+                suspects[request.id] = Remedy.REROUTE
+        else:
+            unheld.append(request)
+    if unheld:
+        with_message = messages()
+        suspects.update({r.id: Remedy.RESEND for r in unheld if r.id not in with_message})
+    return Findings(now, suspects)
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    rerouted: int
+    resent: int
+    suspected: int
+
+
+class Sweep:
+    """One sweep over the database, the fleet's published states, the broker and the outbox."""
+
+    def __init__(self, outbox: Outbox, fleet: Fleet, broker: redis.Redis, *,
+                 stranded_after_s: float, unacked_fresh_s: float, memory_s: float) -> None:
+        self.outbox = outbox
+        self.fleet = fleet
+        self.broker = broker
+        self.stranded_after_s = stranded_after_s
+        self.unacked_fresh_s = unacked_fresh_s
+        self.memory_s = memory_s
+
+    def run(self) -> Report:
+        statuses = self.fleet.statuses()
+        holdings = {s.instance_id: _held(s.state) for s in statuses if s.alive}
+        requests = {r.id: r for r in self._unchanged_in_flight()}
+        engine_queues = [s.instance_id for s in statuses]
+        findings = diagnose(requests.values(), holdings,
+                            lambda: self._with_message(engine_queues))
+        confirmed = self._remember(findings.suspects, requests)
+        remedies = {**confirmed, **findings.now}
+        rerouted = resent = 0
+        for request_id, remedy in remedies.items():
+            request = requests[request_id]
+            if remedy is Remedy.REROUTE:
+                rerouted += self._reroute(request)
+            else:
+                resent += self._resend(request)
+        return Report(rerouted, resent, len(findings.suspects) - len(confirmed))
+
+    def _unchanged_in_flight(self) -> list[InFlight]:
+        cutoff = utcnow() - timedelta(seconds=self.stranded_after_s)
+        r = InferenceRequest
+        with self.outbox.db.session() as session:
+            rows = session.execute(
+                select(r.id, r.status, r.instance_id, r.attempt, r.priority,
+                       r.predicted_at.is_not(None))
+                .where(r.status.in_([str(s) for s in _IN_FLIGHT]), r.updated_at < cutoff)
+                .order_by(r.updated_at).limit(_BATCH)
+            ).all()
+        return [InFlight(id_, RequestStatus(status), instance_id, attempt,
+                         Priority(priority).rank, bool(predicted))
+                for id_, status, instance_id, attempt, priority, predicted in rows]
+
+    def _with_message(self, engine_queues: list[str]) -> set[str]:
+        in_broker = request_ids_in_broker(self.broker, [*SERVICE_QUEUES, *engine_queues],
+                                          fresh_s=self.unacked_fresh_s)
+        return in_broker | self.outbox.pending_request_ids()
+
+    def _remember(self, suspects: dict[str, Remedy], requests: dict[str, InFlight]
+                  ) -> dict[str, Remedy]:
+        """Store this sweep's suspects; return those the previous sweep suspected too, in the
+        same state (a request that moved on meanwhile is a new suspect)."""
+        seen = {_sighting(requests[rid], remedy): rid for rid, remedy in suspects.items()}
+        raw = self.broker.get(_SUSPECTS_KEY)
+        self.broker.set(_SUSPECTS_KEY, json.dumps(sorted(seen)), ex=max(1, round(self.memory_s)))
+        previous = set(json.loads(raw)) if raw else set()
+        return {rid: suspects[rid] for sighting, rid in seen.items() if sighting in previous}
+
+    def _reroute(self, request: InFlight) -> int:
+        with self.outbox.transaction() as tx:
+            moved = store.transition(
+                tx.session, request.id, RequestStatus.QUEUED, allowed_from=_ON_INSTANCE,
+                extra_where=[InferenceRequest.instance_id == request.instance_id,
+                             InferenceRequest.attempt == request.attempt],
+                detail=f"requeued: not held by instance {request.instance_id}",
+            )
+            if moved:
+                tx.post(dispatch.route(request.id, priority=request.priority_rank))
+        if moved and request.instance_id is not None:
+            self.fleet.unassign(request.instance_id, request.id)
+        return int(moved)
+
+    def _resend(self, request: InFlight) -> int:
+        """Touch the request (so the next sweeps wait `stranded_after_s` again) and send its
+        stage's message, if it is still where the sweep found it."""
+        with self.outbox.transaction() as tx:
+            touched = tx.session.execute(
+                update(InferenceRequest)
+                .where(InferenceRequest.id == request.id,
+                       InferenceRequest.status == str(request.status),
+                       InferenceRequest.attempt == request.attempt)
+                .values(updated_at=utcnow())
+                .execution_options(synchronize_session=False)
+            ).rowcount  # type: ignore[attr-defined]
+            if touched:
+                tx.post(request.next_message())
+        return int(touched)
+
+
+def _sighting(request: InFlight, remedy: Remedy) -> str:
+    return f"{request.id}:{request.status}:{request.instance_id}:{request.attempt}:{remedy}"
+
+
+def _held(state: EngineState | None) -> set[str]:
+    return {r.request_id for r in state.requests} if state is not None else set()

@@ -1,4 +1,5 @@
-"""The periodic sweep for stranded requests (run by celery beat; logic in `sweep.py`)."""
+"""Periodic tasks of the health worker (run by celery beat): the stranded-request sweep
+(`sweep.py`) and the outbox relay (`app/outbox.py`)."""
 
 from __future__ import annotations
 
@@ -8,28 +9,36 @@ from celery import shared_task
 
 from app import dispatch
 from workers import runtime
-from workers.health import sweep
+from workers.health.sweep import Sweep
 
 logger = logging.getLogger(__name__)
 
 
 @shared_task(name=dispatch.TASK_REQUEUE_ORPHANS)
 def requeue_orphans() -> dict[str, int]:
-    """Re-route work of dead instances; re-enqueue requests stuck before routing.
+    """Re-route work that no engine holds; send again the messages of requests that no message
+    concerns any more.
 
     Batch lines the releaser holds back are not requests yet (they wait in `batch_lines`), so
     this sweep never starts them; it only recovers batch requests already released.
     """
     rt = runtime.get()
-    celery = runtime.current_celery()
-    dead = sweep.dead_instances(rt.fleet)
-    rerouted = sweep.requeue_from(rt.db, dead) if dead else []
-    for request_id, rank in rerouted:
-        dispatch.enqueue_route(celery, request_id, priority=rank)
-    repredicted = sweep.touch_stale(rt.db, rt.settings.stale_queued_after_s)
-    for request_id, rank in repredicted:
-        dispatch.enqueue_predict(celery, request_id, priority=rank)
-    if rerouted or repredicted:
-        logger.warning("orphan sweep: rerouted %d, re-enqueued %d", len(rerouted),
-                       len(repredicted))
-    return {"rerouted": len(rerouted), "repredicted": len(repredicted)}
+    settings = rt.settings
+    report = Sweep(rt.outbox, rt.fleet, rt.redis, stranded_after_s=settings.stranded_after_s,
+                   unacked_fresh_s=settings.unacked_fresh_s,
+                   memory_s=settings.orphan_check_interval_s * 5).run()
+    if report.rerouted or report.resent:
+        logger.warning("stranded-request sweep: rerouted %d, sent on again %d",
+                       report.rerouted, report.resent)
+    return {"rerouted": report.rerouted, "resent": report.resent,
+            "suspected": report.suspected}
+
+
+@shared_task(name=dispatch.TASK_RELAY_OUTBOX)
+def relay_outbox() -> int:
+    """Send what the outbox still holds (its sender crashed or met a broker outage)."""
+    rt = runtime.get()
+    sent = rt.outbox.relay(older_than_s=rt.settings.outbox_relay_after_s)
+    if sent:
+        logger.warning("outbox relay sent %d message(s) their sender had not", sent)
+    return sent

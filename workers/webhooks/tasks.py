@@ -9,12 +9,13 @@ from celery import Task, shared_task
 
 from app import dispatch
 from workers import runtime
+from workers.retries import ON_OUTAGE
 from workers.webhooks.delivery import attempt_delivery
 
 logger = logging.getLogger(__name__)
 
 
-@shared_task(name=dispatch.TASK_WEBHOOK, bind=True, max_retries=None)
+@shared_task(name=dispatch.TASK_WEBHOOK, bind=True, **ON_OUTAGE)
 def deliver(self: Task, subject_id: str, event_type: str) -> None:
     """Deliver one event about a request (`request.*`) or a batch (`batch.*`), signed; every
     attempt is recorded, failed ones are retried with exponential backoff."""

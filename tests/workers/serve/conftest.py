@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import update
 
-from app import store
-from app.models import InferenceRequest, Priority, RequestStatus
-from app.settings import Settings
 from tests.workers.serve.recording import RecordingListener
-from workers.runtime import Runtime
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -78,43 +72,3 @@ def vllm_engine(tiny_model_dir: Path, engine_listener: RecordingListener):
     engine.start()
     yield engine
     engine.stop()
-
-
-@pytest.fixture
-def rt(fresh_services: Settings) -> Iterator[Runtime]:
-    """A worker process's runtime on the test PostgreSQL and Redis."""
-    runtime = Runtime(fresh_services)
-    yield runtime
-    runtime.db.engine.dispose()
-
-
-@pytest.fixture
-def routed_request(rt: Runtime) -> Callable[..., str]:
-    """Makes a request routed to an instance as its n-th routing attempt; returns its id."""
-
-    def make(instance_id: str, attempt: int, status: RequestStatus = RequestStatus.ROUTED) -> str:
-        fields = {"priority": Priority.INTERACTIVE, "prompt": "Hello", "messages": None,
-                  "max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "seed": None,
-                  "stop": None, "webhook_url": None, "stream": False, "request_metadata": None,
-                  "body_sha256": "0" * 64, "prompt_tokens": 3}
-        with rt.db.session() as session:
-            request, _ = store.create_request(session, fields, idempotency_key=None)
-            session.flush()
-            session.execute(update(InferenceRequest).where(InferenceRequest.id == request.id)
-                            .values(status=status, instance_id=instance_id, attempt=attempt))
-            return request.id
-
-    return make
-
-
-@pytest.fixture
-def request_status(rt: Runtime) -> Callable[[str], str]:
-    """The status a request has in the database now."""
-
-    def status_of(request_id: str) -> str:
-        with rt.db.session() as session:
-            request = session.get(InferenceRequest, request_id)
-            assert request is not None, request_id
-            return request.status
-
-    return status_of

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from app.models import RequestStatus
-from workers.health import sweep
+from workers.health.sweep import Sweep
 from workers.runtime import Runtime
 from workers.serve.emulated_engine import EmulatedEngine, EmulatedEngineConfig
 from workers.serve.engine import EngineListener
@@ -43,7 +43,9 @@ def test_an_engine_that_died_drops_its_heartbeat_and_its_request_is_rerouted(
         assert rt.fleet.routable() == [] and not rt.fleet.statuses()[0].alive
         host.publisher.publish_once()  # the periodic publish does not bring it back
         assert not rt.fleet.statuses()[0].alive
-        assert sweep.requeue_from(rt.db, sweep.dead_instances(rt.fleet)) == [(request_id, 0)]
+        report = Sweep(rt.outbox, rt.fleet, rt.redis, stranded_after_s=0, unacked_fresh_s=30,
+                       memory_s=10).run()
+        assert report.rerouted == 1
         assert request_status(request_id) == RequestStatus.QUEUED
     finally:
         host.stop()
