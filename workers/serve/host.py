@@ -9,6 +9,8 @@ parts that surround the engine, each with one job:
 - `StatePublisher` (publisher.py): a thread publishing the instance state and heartbeat to Redis
   and applying cancellations;
 - `StepSampleSink` (step_samples.py): a thread writing buffered step samples to the database;
+- `OwnershipCheck` (ownership.py): a thread aborting what the database no longer gives to this
+  instance (cancelled, or re-routed while the instance could not be reached);
 - `LengthFeedback` (feedback.py): what finished requests teach the length predictors.
 
 The host itself is the engine's listener: it hands step samples and streamed text on.
@@ -19,16 +21,25 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import redis
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as SqlTimeoutError
 
 from app import metrics
 from app.models import Instance, utcnow
 from app.streams import StreamWriter
 from workers.runtime import Runtime
-from workers.serve.engine import Engine, EngineListener, EngineStopped, StepSample
+from workers.serve.engine import (
+    Engine,
+    EngineListener,
+    EngineStopped,
+    GenerationResult,
+    StepSample,
+)
 from workers.serve.feedback import LengthFeedback
+from workers.serve.ownership import Attempts, OwnershipCheck
 from workers.serve.publisher import StatePublisher
 from workers.serve.request_records import RequestRecords, storable
 from workers.serve.step_samples import StepSampleSink
@@ -36,6 +47,11 @@ from workers.serve.step_samples import StepSampleSink
 __all__ = ["EngineHost"]
 
 logger = logging.getLogger(__name__)
+
+#: How long a new attempt waits for the abort of an earlier one of the same request.
+ABORT_WAIT_S = 30.0
+#: How long stop() waits for a periodic thread's run in progress.
+JOIN_TIMEOUT_S = 5.0
 
 
 class EngineHost(EngineListener):
@@ -51,11 +67,14 @@ class EngineHost(EngineListener):
         self._step_metrics = metrics.EngineStepMetrics(instance_id, settings.engine_kind)
         self.streams = StreamWriter(runtime.redis)
         feedback = LengthFeedback(runtime.redis, runtime.bias_watch, self.model_name)
-        self.records = RequestRecords(instance_id, self.model_name, runtime.db, self.streams,
-                                      feedback)
+        self.records = RequestRecords(instance_id, self.model_name, runtime.outbox,
+                                      self.streams, feedback)
         self.publisher = StatePublisher(instance_id, self.model_name, self.engine,
                                         runtime.fleet, settings.state_publish_interval_s)
         self.samples = StepSampleSink(instance_id, runtime.db, settings.step_sample_flush_s)
+        self.attempts = Attempts()
+        self.ownership = OwnershipCheck(instance_id, runtime.db, self.engine, self.attempts,
+                                        settings.ownership_check_interval_s)
         self._stopping = threading.Event()
 
     @property
@@ -69,6 +88,7 @@ class EngineHost(EngineListener):
         self._register()
         self.publisher.start()
         self.samples.start()
+        self.ownership.start()
         logger.info("engine host %s ready", self.instance_id)
 
     def withdraw(self) -> None:
@@ -81,8 +101,10 @@ class EngineHost(EngineListener):
         self._stopping.set()
         self.publisher.signal_stop()
         self.samples.signal_stop()
+        self.ownership.signal_stop()
         self.publisher.join()
         self.samples.join()
+        self.ownership.join(JOIN_TIMEOUT_S)
         self.engine.stop()
         self.streams.stop()
 
@@ -108,8 +130,32 @@ class EngineHost(EngineListener):
         generation = self.records.admit(request_id, attempt)
         if generation is None:
             return
+        self._abort_other_attempt(request_id, attempt)
+        future = self.attempts.launch(request_id, attempt,
+                                      lambda: self.engine.submit(generation))
         try:
-            result = self.engine.submit(generation).result()
+            result = self._result(request_id, attempt, future)
+        finally:
+            self.attempts.end(request_id, attempt)
+        if result is None:
+            return
+        if result.finish_reason == "abort":
+            # Cancelled (the cancel wrote the terminal status) or no longer ours (the new
+            # attempt streams and writes): nothing to write here.
+            self.streams.discard(request_id)
+            return
+        try:
+            self.records.complete(result, attempt)
+        except (OperationalError, SqlTimeoutError, redis.ConnectionError):
+            raise  # transient: the task retries, and the engine returns the same result
+        except Exception as exc:  # noqa: BLE001 - anything else must not strand the request
+            self.records.fail(request_id, attempt, exc)
+
+    def _result(self, request_id: str, attempt: int, future: Future[GenerationResult]
+                ) -> GenerationResult | None:
+        """The engine's result; None when there is nothing to write (the engine died)."""
+        try:
+            return future.result()
         except EngineStopped:
             if self._stopping.is_set():
                 raise  # shutting down: leave the message unacknowledged for a retry
@@ -118,21 +164,24 @@ class EngineHost(EngineListener):
             logger.error("engine of %s stopped; %s left for re-routing", self.instance_id,
                          request_id)
             self.publisher.publish_once()
-            return
+            return None
         except Exception as exc:
             if self._stopping.is_set():
                 raise  # shutting down: leave the message unacknowledged for a retry
             self.records.fail(request_id, attempt, exc)
+            return None
+
+    def _abort_other_attempt(self, request_id: str, attempt: int) -> None:
+        """A request re-routed back here while its earlier attempt still runs: the engine knows
+        requests by id, so the earlier one is aborted, and waited for, first."""
+        earlier = self.attempts.other_attempt(request_id, attempt)
+        if earlier is None:
             return
-        if result.finish_reason == "abort":
-            self.streams.discard(request_id)
-            return  # cancelled: the cancel already wrote the terminal status
+        self.engine.abort(request_id)  # NOTE: no attempt of ours is in the engine yet
         try:
-            self.records.complete(result, attempt)
-        except (OperationalError, redis.ConnectionError):
-            raise  # transient: the task retries, and the engine returns the same result
-        except Exception as exc:  # noqa: BLE001 - anything else must not strand the request
-            self.records.fail(request_id, attempt, exc)
+            earlier.result(timeout=ABORT_WAIT_S)
+        except Exception:  # noqa: BLE001 - it ended one way or another; only the wait matters
+            pass
 
     def _register(self) -> None:
         """Record the instance and its engine's config in the database."""
