@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+
 from flask import Flask, jsonify
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 
+from app.db import TRANSIENT_ERRORS
 from app.errors import BlockqError
 
-__all__ = ["init_app"]
+__all__ = ["init_app", "RETRY_AFTER_S"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a client is told to wait before retrying during a database outage.
+RETRY_AFTER_S = 2
 
 
 def _handle_blockq_error(error: BlockqError) -> ResponseReturnValue:
@@ -26,6 +34,17 @@ def _handle_http_exception(error: HTTPException) -> ResponseReturnValue:
     return jsonify(body), status
 
 
+def _handle_database_outage(error: Exception) -> ResponseReturnValue:
+    """The database restarting or unreachable: a 503 the client may retry (with the same
+    Idempotency-Key for a submission), never a 500. Nothing was accepted."""
+    logger.warning("database unavailable: %s", type(error).__name__)
+    body = {"error": {"message": "The database is unavailable; retry shortly.",
+                      "type": "server_error", "param": None, "code": "service_unavailable"}}
+    return jsonify(body), 503, {"Retry-After": str(RETRY_AFTER_S)}
+
+
 def init_app(app: Flask) -> None:
     app.register_error_handler(BlockqError, _handle_blockq_error)
     app.register_error_handler(HTTPException, _handle_http_exception)
+    for error in TRANSIENT_ERRORS:
+        app.register_error_handler(error, _handle_database_outage)

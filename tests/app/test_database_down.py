@@ -1,0 +1,47 @@
+"""The API while its database is down (nothing listens at its address): every call that needs
+it answers 503 with Retry-After in the OpenAI error shape, never 500; liveness still answers."""
+
+from __future__ import annotations
+
+import pytest
+from flask.testing import FlaskClient
+
+from app import create_app
+from app.settings import Settings
+from tests.app.flask_client import error_body
+from tests.environment import free_port
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture
+def client(fresh_services: Settings) -> FlaskClient:
+    down = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/blockq"
+    app = create_app(fresh_services.model_copy(update={"database_url": down}))
+    app.testing = True
+    test_client = app.test_client()
+    test_client.environ_base["HTTP_AUTHORIZATION"] = "Bearer sk-any-key"
+    return test_client
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("post", "/v1/requests", {"prompt": "Hello", "max_tokens": 8}),
+    ("get", "/v1/requests/req_0", None),
+    ("post", "/v1/chat/completions",
+     {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+    ("get", "/v1/batches", None),
+])
+def test_calls_needing_the_database_answer_503_with_retry_after(
+    client: FlaskClient, method: str, path: str, body: dict[str, object] | None
+) -> None:
+    response = getattr(client, method)(path, json=body)
+    error = error_body(response, 503)
+    assert error["code"] == "service_unavailable"
+    assert response.headers["Retry-After"].isdigit()
+
+
+def test_liveness_answers_and_readiness_says_why_not(client: FlaskClient) -> None:
+    assert client.get("/healthz").status_code == 200
+    ready = client.get("/readyz")
+    assert ready.status_code == 503
+    assert ready.get_json()["checks"]["database"].startswith("error")
