@@ -1,0 +1,57 @@
+"""A short run of the chaos benchmark (scripts/chaos.py): the real stack on its own PostgreSQL and
+Redis, a mixed job of 300 requests, one fault of each of several kinds, then the delivery
+guarantees checked (docs/chaos.md).
+
+The harness is imported from scripts/ by path, as the serve tests import build_tiny_model: the
+benchmark is a script first, and scripts do not import the tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.environment import ROOT
+
+pytestmark = pytest.mark.slow
+
+#: One of each kind of fault, a process of each role, and the servers; every kind of
+#: scripts/chaos.py --list-kinds is in the full run.
+KINDS = [
+    "sigkill:gpu", "sigkill:route", "sigkill:api", "sigterm:webhooks", "sigterm:predict",
+    "sigstop:gpu", "redis:restart-empty", "postgres:restart-immediate",
+    "postgres:terminate-connections",
+]
+
+
+def _chaos() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("chaos", ROOT / "scripts" / "chaos.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["chaos"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_short_chaos_run_loses_nothing_and_does_nothing_twice(model_path: Path) -> None:
+    chaos = _chaos()
+    config = chaos.RunConfig(
+        requests=300, faults_per_kind=1, kinds=KINDS, seed=12, duration_s=45.0,
+        crash_after_commit=0.002, settle_timeout_s=90.0, recover_timeout_s=30.0,
+        model_path=model_path,
+    )
+
+    result = chaos.run(config, log=lambda message: None)
+
+    injected = {row["kind"]: row["injected"] for row in result.fault_summary}
+    assert all(injected.get(kind) == 1 for kind in KINDS), injected
+    accepted = sum(c.get("accepted", 0) for c in result.workload["by_kind"].values())
+    assert accepted > 0, result.workload
+    assert result.violations() == {}, json.dumps(
+        {"violations": result.violations(), "settle": result.settle,
+         "workload": result.workload}, indent=1, default=str)
