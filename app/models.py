@@ -44,6 +44,7 @@ __all__ = [
     "BatchLine",
     "LineStatus",
     "OutboxEntry",
+    "OperatorControl",
     "utcnow",
 ]
 
@@ -487,3 +488,16 @@ class OutboxEntry(Base):
     created_at: Mapped[Timestamp] = mapped_column(default=utcnow)
 
     __table_args__ = (Index("ix_outbox_created_at", "created_at"),)
+
+
+class OperatorControl(Base):
+    """An operator's standing decision: a hold on an instance (`instance:<id>` -> "drained" or
+    "paused") or the routing-policy override (`routing:policy` -> a policy name). Kept here so
+    that it survives a Redis restart; routers read the copy in Redis, which the health sweep
+    restores from this table."""
+
+    __tablename__ = "operator_controls"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    value: Mapped[str] = mapped_column(String(64))
+    updated_at: Mapped[Timestamp] = mapped_column(default=utcnow, onupdate=utcnow)

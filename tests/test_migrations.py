@@ -40,6 +40,8 @@ def test_upgrade_downgrade_upgrade_on_postgresql() -> None:
         "files",
         "batches",
         "batch_lines",
+        "outbox",
+        "operator_controls",
         "alembic_version",
     }
     assert expected <= _tables(MIGRATIONS_DB)

@@ -11,6 +11,7 @@ from flask.typing import ResponseReturnValue
 from app.api.auth import current_principal
 from app.api.instances import routing_state
 from app.api.services import services
+from app.controls import OperatorControls
 from app.errors import InvalidRequest, NotFound, PermissionDenied, ServiceUnavailable
 from app.fleet import InstanceStatus
 from app.queues import SERVICE_QUEUES, queue_depths
@@ -49,7 +50,7 @@ def drain(instance_id: str) -> ResponseReturnValue:
     """No new routing to the instance; what it holds or has queued finishes."""
     svc = services()
     _instance(svc, instance_id)
-    svc.fleet.hold(instance_id, "drained")
+    _controls(svc).hold(instance_id, "drained")
     return jsonify(_instance(svc, instance_id))
 
 
@@ -59,7 +60,7 @@ def pause(instance_id: str) -> ResponseReturnValue:
     svc = services()
     _instance(svc, instance_id)
     workers = _engine_workers(svc, instance_id)
-    svc.fleet.hold(instance_id, "paused")
+    _controls(svc).hold(instance_id, "paused")
     svc.celery.control.cancel_consumer(instance_id, destination=workers, reply=True,
                                        timeout=CONTROL_TIMEOUT_S)
     return jsonify(_instance(svc, instance_id))
@@ -73,7 +74,7 @@ def resume(instance_id: str) -> ResponseReturnValue:
     workers = _engine_workers(svc, instance_id)
     svc.celery.control.add_consumer(instance_id, destination=workers, reply=True,
                                     timeout=CONTROL_TIMEOUT_S)
-    svc.fleet.hold(instance_id, None)
+    _controls(svc).hold(instance_id, None)
     return jsonify(_instance(svc, instance_id))
 
 
@@ -95,8 +96,12 @@ def switch_routing() -> ResponseReturnValue:
                              f"{', '.join(POLICIES.names())}.", param="policy",
                              code="unknown_policy")
     svc = services()
-    svc.fleet.set_policy_override(policy)
+    _controls(svc).set_policy_override(policy)
     return jsonify(routing_state(svc))
+
+
+def _controls(svc: Services) -> OperatorControls:
+    return OperatorControls(svc.db, svc.fleet)
 
 
 def _instance(svc: Services, instance_id: str) -> dict[str, Any]:

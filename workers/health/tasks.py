@@ -8,6 +8,7 @@ import logging
 from celery import shared_task
 
 from app import dispatch
+from app.controls import OperatorControls
 from workers import runtime
 from workers.health.sweep import Sweep
 
@@ -16,14 +17,15 @@ logger = logging.getLogger(__name__)
 
 @shared_task(name=dispatch.TASK_REQUEUE_ORPHANS)
 def requeue_orphans() -> dict[str, int]:
-    """Re-route work that no engine holds; send again the messages of requests that no message
-    concerns any more.
+    """Restore the operator's holds and policy override in Redis from the database; re-route
+    work that no engine holds; send again the messages of requests no message concerns.
 
     Batch lines the releaser holds back are not requests yet (they wait in `batch_lines`), so
     this sweep never starts them; it only recovers batch requests already released.
     """
     rt = runtime.get()
     settings = rt.settings
+    OperatorControls(rt.db, rt.fleet).restore()
     report = Sweep(rt.outbox, rt.fleet, rt.redis, stranded_after_s=settings.stranded_after_s,
                    unacked_fresh_s=settings.unacked_fresh_s,
                    memory_s=settings.orphan_check_interval_s * 5).run()
