@@ -238,7 +238,7 @@ class Settings(BaseSettings):
         "its batch task again.",
     )
     stranded_after_s: float = Field(
-        10.0,
+        5.0,
         gt=0,
         description="A request in flight unchanged this long is checked by the sweep: found "
         "twice with no message in the broker or the outbox and no engine holding it, it is "

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 import httpx
+from sqlalchemy import case, func, select
 
 from app.db import Database
 from app.models import WebhookDelivery
@@ -22,16 +23,26 @@ __all__ = ["Attempt", "attempt_delivery"]
 class Attempt:
     event_id: str
     succeeded: bool
+    number: int  # 1 for the first POST of this event
 
 
-def attempt_delivery(db: Database, settings: Settings, subject_id: str, event_type: str,
-                     attempt: int) -> Attempt | None:
+def attempt_delivery(db: Database, settings: Settings, subject_id: str, event_type: str
+                     ) -> Attempt | None:
     """POST the event once and record the attempt; None when there is nothing to deliver (no
-    URL, or the subject is gone)."""
+    URL, or the subject is gone). An event already delivered (its message was sent twice) is
+    not posted again."""
     with db.session() as session:
         event = load_event(session, subject_id, event_type)
-    if event is None:
-        return None
+        if event is None:
+            return None
+        made, delivered = session.execute(
+            select(func.count(), func.coalesce(func.max(case((WebhookDelivery.succeeded, 1),
+                                                             else_=0)), 0))
+            .where(WebhookDelivery.event_id == event.id)
+        ).one()
+    attempt = made + 1
+    if delivered:
+        return Attempt(event.id, True, made)
     body = json.dumps(event.payload).encode()
     headers = signed_headers(webhook_secret(settings), event.id, int(time.time()), body)
     status_code, error, elapsed_ms = _post(event.url, body, headers,
@@ -51,7 +62,7 @@ def attempt_delivery(db: Database, settings: Settings, subject_id: str, event_ty
                 duration_ms=elapsed_ms,
             )
         )
-    return Attempt(event.id, succeeded)
+    return Attempt(event.id, succeeded, attempt)
 
 
 def _post(

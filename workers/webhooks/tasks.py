@@ -21,12 +21,11 @@ def deliver(self: Task, subject_id: str, event_type: str) -> None:
     attempt is recorded, failed ones are retried with exponential backoff."""
     rt = runtime.get()
     settings = rt.settings
-    attempt = self.request.retries + 1
-    outcome = attempt_delivery(rt.db, settings, subject_id, event_type, attempt)
+    outcome = attempt_delivery(rt.db, settings, subject_id, event_type)
     if outcome is None or outcome.succeeded:
         return
-    if attempt >= settings.webhook_max_attempts:
+    if outcome.number >= settings.webhook_max_attempts:
         logger.warning("webhook %s for %s gave up after %d attempts", outcome.event_id,
-                       subject_id, attempt)
+                       subject_id, outcome.number)
         return
-    raise self.retry(countdown=settings.webhook_backoff_s * 2 ** (attempt - 1))
+    raise self.retry(countdown=settings.webhook_backoff_s * 2 ** (outcome.number - 1))
