@@ -13,7 +13,8 @@ system settles, it checks the delivery guarantees from PostgreSQL, the webhook r
 clients' records and Redis, and prints what it found (docs/chaos.md says what each line means).
 
     .venv/bin/python scripts/chaos.py --requests 5000 --faults-per-kind 20 --json chaos.json
-    .venv/bin/python scripts/chaos.py --requests 300 --faults-per-kind 1 --kinds sigkill:route,redis:restart-empty
+    .venv/bin/python scripts/chaos.py --requests 300 --faults-per-kind 1 \\
+        --kinds sigkill:route,redis:restart-empty
 
 Exit status 0 when every invariant holds, 1 otherwise. tests/stack/test_chaos.py runs a short
 run through `run()` (it imports this file by path, as the serve tests import build_tiny_model).
@@ -946,27 +947,34 @@ def _file_lines(client: httpx.Client, file_id: str | None) -> list[dict[str, Any
 def stranded_recovery(db: Database, faults: list[Fault]
                       ) -> list[tuple[int, float | None, str | None]]:
     """Per fault: (requests in flight when it began, seconds from its end until the last of
-    them was terminal, that last request's id). 0 s when all were terminal before the fault
-    ended; None when one never was. Batch lines count from their release (their row's birth)."""
+    them that ever finished was terminal, that request's id); 0 s when all were terminal before
+    the fault ended. A request that never finished (reported as lost) is left out of every
+    fault's time and counted once, by the first fault after its creation: the time is None for
+    that fault. Batch lines count from their release (their row's birth)."""
     with db.session() as session:
         spans = [(rid, created.timestamp(), None if finished is None else finished.timestamp(),
                   status)
                  for rid, created, finished, status in session.execute(
                      select(InferenceRequest.id, InferenceRequest.created_at,
                             InferenceRequest.finished_at, InferenceRequest.status))]
+    starts = sorted(f.start for f in faults)
+    blamed = {rid: next((t for t in starts if t > created), None)
+              for rid, created, finished, status in spans
+              if finished is None or status not in TERMINAL}
     result: list[tuple[int, float | None, str | None]] = []
     for fault in faults:
-        stranded = [(rid, finished, status) for rid, created, finished, status in spans
+        stranded = [(rid, finished) for rid, created, finished, status in spans
                     if created < fault.start and (finished is None or finished > fault.start)]
-        never = [rid for rid, finished, status in stranded
-                 if finished is None or status not in TERMINAL]
-        if not stranded:
-            result.append((0, 0.0, None))
-        elif never:
+        never = [rid for rid, t in blamed.items() if t == fault.start]
+        done = [(rid, finished) for rid, finished in stranded
+                if rid not in blamed and finished is not None]
+        if never:
             result.append((len(stranded), None, never[0]))
+        elif not done:
+            result.append((len(stranded), 0.0, None))
         else:
-            rid, last, _ = max(stranded, key=lambda s: s[1] or 0.0)
-            result.append((len(stranded), max(0.0, (last or 0.0) - fault.end), rid))
+            rid, last = max(done, key=lambda item: item[1])
+            result.append((len(stranded), max(0.0, last - fault.end), rid))
     return result
 
 
@@ -1105,7 +1113,7 @@ def summarize_faults(faults: list[Fault],
     for kind in sorted(by_kind):
         items = by_kind[kind]
         stranded = [r for _, r in items]
-        times = [t for n, t in stranded if n and t is not None]
+        times = [t for _, t in stranded if t is not None]
         back = [f.fleet_back_s for f, _ in items if f.fleet_back_s is not None]
         p50, worst = _percentile_summary(times)
         back_p50, back_max = _percentile_summary(back)
@@ -1257,8 +1265,9 @@ def _run_on(config: RunConfig, services: OwnServices, work_dir: Path,
         finding = findings.setdefault("unexpected process exits",
                                       Finding("unexpected process exits"))
         for e in unexpected:
-            finding.add(f"{e.name} pid {e.pid} exit {e.code} at {time.strftime('%H:%M:%S', time.localtime(e.at))}: "
-                        f"{_log_tail(stack.log_dir / (e.name + '.log'), e.pid)}")
+            at = time.strftime("%H:%M:%S", time.localtime(e.at))
+            finding.add(f"{e.name} pid {e.pid} exit {e.code} at {at}: "
+                        f"{_log_tail(stack.log_dir / (e.name + '.log'), e.at)}")
         return RunResult(
             config={k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
             faults=[{**f.to_json(), "in_flight": n, "recovery_s": t, "last_request": rid}
@@ -1275,15 +1284,22 @@ def _run_on(config: RunConfig, services: OwnServices, work_dir: Path,
         receiver.close()
 
 
-def _log_tail(path: Path, pid: int) -> str:
-    """The last error-looking line of a process log (the reason a process died, mostly)."""
+def _log_tail(path: Path, before: float) -> str:
+    """The last error-looking line a process log got up to `before` (wall time): mostly why
+    the process died. Lines that are not JSON (gunicorn's own, tracebacks) have no time."""
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return ""
-    for line in reversed(lines[-400:]):
-        if any(word in line for word in ("Error", "error", "Unrecoverable", "Traceback")):
-            return line.strip()[:240]
+    for line in reversed(lines[-2000:]):
+        if not any(w in line for w in ("Error", "error", "Unrecoverable", "in use", "Exit")):
+            continue
+        try:
+            if datetime.fromisoformat(json.loads(line)["time"]).timestamp() > before:
+                continue
+        except (ValueError, KeyError, TypeError):
+            pass
+        return line.strip()[:300]
     return ""
 
 
