@@ -16,7 +16,7 @@ import redis
 from app import dispatch
 
 __all__ = ["PRIORITY_STEPS", "SEPARATOR", "SERVICE_QUEUES", "queue_depths", "queue_keys",
-           "request_ids_in_broker"]
+           "request_ids_in_broker", "stale_unacked", "drop_unacked"]
 
 PRIORITY_STEPS = tuple(range(10))
 SEPARATOR = ":"
@@ -24,9 +24,9 @@ SEPARATOR = ":"
 #: delivery tag), and when each was taken (a sorted set).
 UNACKED_KEY = "unacked"
 UNACKED_INDEX_KEY = "unacked_index"
-#: Request ids as `store.new_request_id` makes them; a task's first argument is in the clear in
-#: its message's `argsrepr` header.
-_REQUEST_ID = re.compile(rb"req_[0-9a-f]{32}")
+#: Request and batch ids as `store.new_request_id` and `batches.new_batch_id` make them; a
+#: task's first argument is in the clear in its message's `argsrepr` header.
+_SUBJECT_ID = re.compile(rb"(?:req|batch)_[0-9a-f]{32}")
 #: Queues every deployment has; engine queues (gpu.<k>) are the registered instances.
 SERVICE_QUEUES = (dispatch.QUEUE_PREDICT, dispatch.QUEUE_PREDICT_BULK, dispatch.QUEUE_ROUTE,
                   dispatch.QUEUE_WEBHOOKS, dispatch.QUEUE_HEALTH, dispatch.QUEUE_LEARN,
@@ -62,9 +62,10 @@ def queue_depths(client: redis.Redis, queues: Iterable[str], *,
 def request_ids_in_broker(client: redis.Redis, queues: Iterable[str], *, fresh_s: float,
                           priority_steps: Sequence[int] = PRIORITY_STEPS, sep: str = SEPARATOR
                           ) -> set[str]:
-    """Requests that some message in the broker concerns: waiting in one of `queues`, or taken
-    by a worker less than `fresh_s` ago and not yet acknowledged (an older one is presumed to
-    have died with its worker; kombu redelivers it only after the visibility timeout)."""
+    """Requests (and batches) that some message in the broker concerns: waiting in one of
+    `queues`, or taken by a worker less than `fresh_s` ago and not yet acknowledged (an older one
+    is presumed to have died with its worker; kombu redelivers it only after the visibility
+    timeout)."""
     with client.pipeline(transaction=False) as pipe:
         for queue in queues:
             for key in queue_keys(queue, priority_steps=priority_steps, sep=sep):
@@ -74,4 +75,26 @@ def request_ids_in_broker(client: redis.Redis, queues: Iterable[str], *, fresh_s
     raw = [message for messages in waiting for message in messages]
     if fresh_tags:
         raw += [m for m in client.hmget(UNACKED_KEY, fresh_tags) if m is not None]
-    return {match.decode() for message in raw for match in _REQUEST_ID.findall(message)}
+    return {match.decode() for message in raw for match in _SUBJECT_ID.findall(message)}
+
+
+def stale_unacked(client: redis.Redis, *, older_than_s: float) -> dict[bytes, set[str]]:
+    """Delivery tag -> the ids its message concerns, of messages taken by a worker more than
+    `older_than_s` ago and not acknowledged."""
+    tags = client.zrangebyscore(UNACKED_INDEX_KEY, "-inf", time.time() - older_than_s)
+    if not tags:
+        return {}
+    messages = client.hmget(UNACKED_KEY, tags)
+    return {tag: {m.decode() for m in _SUBJECT_ID.findall(message or b"")}
+            for tag, message in zip(tags, messages, strict=True)}
+
+
+def drop_unacked(client: redis.Redis, tags: Iterable[bytes]) -> None:
+    """Forget unacknowledged messages (what kombu's acknowledgement does): their work is done,
+    so a redelivery after the visibility timeout could do nothing but waste a worker's time."""
+    tags = list(tags)
+    if tags:
+        with client.pipeline(transaction=True) as pipe:
+            pipe.zrem(UNACKED_INDEX_KEY, *tags)
+            pipe.hdel(UNACKED_KEY, *tags)
+            pipe.execute()

@@ -12,15 +12,22 @@ for `stranded_after_s` and finds its holder:
 - queued, predicting or routed with no message anywhere (Redis restarted empty, a worker died
   holding it, a task gave up): the message of its stage is sent again.
 
-The last two are acted on only when two sweeps in a row found them so: a message moves between
-the broker's lists and a worker's hands, an admission reaches the engine's published state a
-moment later. A message sent twice is harmless: every stage is idempotent.
+The same holds for webhook events (`undelivered.py`): one overdue with no message is sent again.
+These are acted on only when two sweeps in a row found them so: a message moves between the
+broker's lists and a worker's hands, an admission reaches the engine's published state a moment
+later. A message sent twice is harmless: every stage is idempotent.
+
+The sweep also cleans what dead processes leave: assignments a router noted before a decision
+it never committed, and messages a killed worker held about work finished since (kombu would
+redeliver them after the visibility timeout, for nothing).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import json
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,10 +36,13 @@ import redis
 from sqlalchemy import select, update
 
 from app import dispatch, store
-from app.fleet import Fleet
-from app.models import InferenceRequest, Priority, RequestStatus, utcnow
+from app.batches import TERMINAL_BATCH_STATUSES
+from app.db import Database
+from app.fleet import Fleet, InstanceStatus
+from app.models import TERMINAL_STATUSES, Batch, InferenceRequest, Priority, RequestStatus, utcnow
 from app.outbox import Outbox
-from app.queues import SERVICE_QUEUES, request_ids_in_broker
+from app.queues import SERVICE_QUEUES, drop_unacked, request_ids_in_broker, stale_unacked
+from workers.health.undelivered import WebhookPolicy, overdue_events
 from workers.sim.engine_state import EngineState
 
 __all__ = ["Findings", "InFlight", "Remedy", "Report", "Sweep", "diagnose"]
@@ -104,17 +114,20 @@ def diagnose(requests: Iterable[InFlight], holdings: dict[str, set[str]],
 class Report:
     rerouted: int
     resent: int
-    suspected: int
+    webhooks_resent: int
+    suspected: int  # found stranded once: acted on if the next sweep finds them again
+    cleaned: int  # leftover assignments and acknowledged-never messages of finished work
 
 
 class Sweep:
     """One sweep over the database, the fleet's published states, the broker and the outbox."""
 
-    def __init__(self, outbox: Outbox, fleet: Fleet, broker: redis.Redis, *,
-                 stranded_after_s: float, unacked_fresh_s: float, memory_s: float) -> None:
+    def __init__(self, outbox: Outbox, fleet: Fleet, broker: redis.Redis, webhooks: WebhookPolicy,
+                 *, stranded_after_s: float, unacked_fresh_s: float, memory_s: float) -> None:
         self.outbox = outbox
         self.fleet = fleet
         self.broker = broker
+        self.webhooks = webhooks
         self.stranded_after_s = stranded_after_s
         self.unacked_fresh_s = unacked_fresh_s
         self.memory_s = memory_s
@@ -124,18 +137,26 @@ class Sweep:
         holdings = {s.instance_id: _held(s.state) for s in statuses if s.alive}
         requests = {r.id: r for r in self._unchanged_in_flight()}
         engine_queues = [s.instance_id for s in statuses]
-        findings = diagnose(requests.values(), holdings,
-                            lambda: self._with_message(engine_queues))
-        confirmed = self._remember(findings.suspects, requests)
-        remedies = {**confirmed, **findings.now}
-        rerouted = resent = 0
-        for request_id, remedy in remedies.items():
-            request = requests[request_id]
-            if remedy is Remedy.REROUTE:
-                rerouted += self._reroute(request)
+        messages = functools.cache(lambda: self._with_message(engine_queues))
+        findings = diagnose(requests.values(), holdings, messages)
+        events = self._overdue_events(messages)
+        sightings = {_sighting(requests[rid], remedy): rid
+                     for rid, remedy in findings.suspects.items()}
+        sightings.update({f"webhook:{subject}:{kind}": (subject, kind) for subject, kind in events})
+        confirmed = [sightings[key] for key in self._remember(set(sightings))]
+        rerouted = sum(self._reroute(requests[rid])
+                       for rid, remedy in findings.now.items() if remedy is Remedy.REROUTE)
+        resent = webhooks_resent = 0
+        for found in confirmed:
+            if isinstance(found, tuple):
+                webhooks_resent += self._resend_webhook(*found)
+            elif findings.suspects[found] is Remedy.REROUTE:
+                rerouted += self._reroute(requests[found])
             else:
-                resent += self._resend(request)
-        return Report(rerouted, resent, len(findings.suspects) - len(confirmed))
+                resent += self._resend(requests[found])
+        cleaned = self._forget_stale_assignments(statuses) + self._drop_finished_unacked()
+        return Report(rerouted, resent, webhooks_resent, len(sightings) - len(confirmed),
+                      cleaned)
 
     def _unchanged_in_flight(self) -> list[InFlight]:
         cutoff = utcnow() - timedelta(seconds=self.stranded_after_s)
@@ -156,15 +177,55 @@ class Sweep:
                                           fresh_s=self.unacked_fresh_s)
         return in_broker | self.outbox.pending_request_ids()
 
-    def _remember(self, suspects: dict[str, Remedy], requests: dict[str, InFlight]
-                  ) -> dict[str, Remedy]:
-        """Store this sweep's suspects; return those the previous sweep suspected too, in the
-        same state (a request that moved on meanwhile is a new suspect)."""
-        seen = {_sighting(requests[rid], remedy): rid for rid, remedy in suspects.items()}
+    def _remember(self, sightings: set[str]) -> set[str]:
+        """Store this sweep's sightings; return those the previous sweep made too (a request
+        that moved on meanwhile is a new sighting)."""
         raw = self.broker.get(_SUSPECTS_KEY)
-        self.broker.set(_SUSPECTS_KEY, json.dumps(sorted(seen)), ex=max(1, round(self.memory_s)))
-        previous = set(json.loads(raw)) if raw else set()
-        return {rid: suspects[rid] for sighting, rid in seen.items() if sighting in previous}
+        self.broker.set(_SUSPECTS_KEY, json.dumps(sorted(sightings)),
+                        ex=max(1, round(self.memory_s)))
+        return sightings & set(json.loads(raw) if raw else ())
+
+    def _overdue_events(self, messages: Callable[[], set[str]]) -> list[tuple[str, str]]:
+        with self.outbox.db.session() as session:
+            overdue = overdue_events(session, self.webhooks, utcnow())
+        if not overdue:
+            return []
+        with_message = messages()
+        return [(subject, kind) for subject, kind in overdue if subject not in with_message]
+
+    def _resend_webhook(self, subject_id: str, event_type: str) -> int:
+        with self.outbox.transaction() as tx:
+            tx.post(dispatch.webhook(subject_id, event_type))
+        return 1
+
+    def _forget_stale_assignments(self, statuses: list[InstanceStatus]) -> int:
+        """Assignments (noted by routers before their decision commits) whose request is not
+        routed to that instance: the router died before its commit, or the request moved on."""
+        cutoff = time.time() - self.stranded_after_s
+        noted = {(s.instance_id, a.request_id) for s in statuses for a in s.assigned
+                 if a.at < cutoff}
+        if not noted:
+            return 0
+        r = InferenceRequest
+        with self.outbox.db.session() as session:
+            routed = set(session.execute(
+                select(r.instance_id, r.id).where(r.id.in_([rid for _, rid in noted]),
+                                                  r.status == str(RequestStatus.ROUTED))
+            ).tuples().all())
+        for instance_id, request_id in noted - routed:
+            self.fleet.unassign(instance_id, request_id)
+        return len(noted - routed)
+
+    def _drop_finished_unacked(self) -> int:
+        """Messages taken by a worker that died, about requests and batches already finished."""
+        stale = stale_unacked(self.broker, older_than_s=self.unacked_fresh_s)
+        ids = set().union(*stale.values()) if stale else set()
+        if not ids:
+            return 0
+        finished = _finished(self.outbox.db, ids)
+        done = [tag for tag, concerned in stale.items() if concerned and concerned <= finished]
+        drop_unacked(self.broker, done)
+        return len(done)
 
     def _reroute(self, request: InFlight) -> int:
         with self.outbox.transaction() as tx:
@@ -199,6 +260,18 @@ class Sweep:
 
 def _sighting(request: InFlight, remedy: Remedy) -> str:
     return f"{request.id}:{request.status}:{request.instance_id}:{request.attempt}:{remedy}"
+
+
+def _finished(db: Database, ids: set[str]) -> set[str]:
+    """Those of `ids` that name a terminal request or batch."""
+    with db.session() as session:
+        requests = session.scalars(select(InferenceRequest.id).where(
+            InferenceRequest.id.in_(ids),
+            InferenceRequest.status.in_([str(s) for s in TERMINAL_STATUSES]))).all()
+        batches = session.scalars(select(Batch.id).where(
+            Batch.id.in_(ids),
+            Batch.status.in_([str(s) for s in TERMINAL_BATCH_STATUSES]))).all()
+    return {*requests, *batches}
 
 
 def _held(state: EngineState | None) -> set[str]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from celery import shared_task
@@ -11,6 +12,7 @@ from app import dispatch
 from app.controls import OperatorControls
 from workers import runtime
 from workers.health.sweep import Sweep
+from workers.health.undelivered import WebhookPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -26,14 +28,17 @@ def requeue_orphans() -> dict[str, int]:
     rt = runtime.get()
     settings = rt.settings
     OperatorControls(rt.db, rt.fleet).restore()
-    report = Sweep(rt.outbox, rt.fleet, rt.redis, stranded_after_s=settings.stranded_after_s,
+    webhooks = WebhookPolicy(backoff_s=settings.webhook_backoff_s,
+                             max_attempts=settings.webhook_max_attempts,
+                             grace_s=settings.stranded_after_s + settings.webhook_timeout_s)
+    report = Sweep(rt.outbox, rt.fleet, rt.redis, webhooks,
+                   stranded_after_s=settings.stranded_after_s,
                    unacked_fresh_s=settings.unacked_fresh_s,
                    memory_s=settings.orphan_check_interval_s * 5).run()
-    if report.rerouted or report.resent:
-        logger.warning("stranded-request sweep: rerouted %d, sent on again %d",
-                       report.rerouted, report.resent)
-    return {"rerouted": report.rerouted, "resent": report.resent,
-            "suspected": report.suspected}
+    if report.rerouted or report.resent or report.webhooks_resent:
+        logger.warning("stranded-request sweep: rerouted %d, sent on again %d, webhooks sent "
+                       "again %d", report.rerouted, report.resent, report.webhooks_resent)
+    return dataclasses.asdict(report)
 
 
 @shared_task(name=dispatch.TASK_RELAY_OUTBOX)

@@ -3,18 +3,24 @@ does on the real PostgreSQL and Redis when a message was lost or an engine dropp
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import select, update
 
 from app import dispatch
-from app.models import InferenceRequest, RequestStatus
-from app.queues import request_ids_in_broker
+from app.models import InferenceRequest, RequestStatus, WebhookDelivery
+from app.queues import UNACKED_INDEX_KEY, UNACKED_KEY, request_ids_in_broker
 from tests.engine_states import engine_state, waiting_request
 from workers.health.sweep import Findings, InFlight, Remedy, Sweep, diagnose
+from workers.health.undelivered import WebhookPolicy
 from workers.runtime import Runtime
 
+#: A webhook attempt is due 1 s after the previous one (doubling), at most 3 attempts.
+WEBHOOKS = WebhookPolicy(backoff_s=1.0, max_attempts=3, grace_s=0.0)
 QUEUED, PREDICTING = RequestStatus.QUEUED, RequestStatus.PREDICTING
 ROUTED, RUNNING = RequestStatus.ROUTED, RequestStatus.RUNNING
 
@@ -59,11 +65,19 @@ def test_a_resend_is_the_message_its_stage_waits_for(stranded: InFlight, task: s
     assert (message.task, message.queue, message.args[0]) == (task, queue, stranded.id)
 
 
+def test_a_webhook_attempt_is_overdue_after_its_backoff_until_attempts_run_out() -> None:
+    now = datetime.now(UTC)
+    assert WEBHOOKS.overdue(0, now - timedelta(seconds=0.1), now)  # never tried
+    assert not WEBHOOKS.overdue(2, now - timedelta(seconds=1.5), now)  # next one due at 2 s
+    assert WEBHOOKS.overdue(2, now - timedelta(seconds=2.5), now)
+    assert not WEBHOOKS.overdue(3, now - timedelta(hours=1), now)  # gave up
+
+
 # --- on PostgreSQL and Redis --------------------------------------------------------------------
 
 def sweep_of(rt: Runtime) -> Sweep:
-    return Sweep(rt.outbox, rt.fleet, rt.redis, stranded_after_s=0, unacked_fresh_s=30,
-                 memory_s=60)
+    return Sweep(rt.outbox, rt.fleet, rt.redis, WEBHOOKS, stranded_after_s=0,
+                 unacked_fresh_s=30, memory_s=60)
 
 
 def in_broker(rt: Runtime, *queues: str) -> set[str]:
@@ -115,3 +129,57 @@ def test_a_sweep_does_not_undo_a_change_made_since_it_looked(
         row = session.execute(select(InferenceRequest.status, InferenceRequest.attempt)
                               .where(InferenceRequest.id == lost)).one()
     assert tuple(row) == (RUNNING, 2)
+
+
+def finish(rt: Runtime, request_id: str, **values: object) -> None:
+    with rt.db.session() as session:
+        session.execute(update(InferenceRequest).where(InferenceRequest.id == request_id)
+                        .values(status=RequestStatus.SUCCEEDED,
+                                finished_at=datetime.now(UTC) - timedelta(minutes=1), **values))
+
+
+def test_an_undelivered_webhook_whose_message_was_lost_is_sent_again(
+    rt: Runtime, routed_request: Callable[..., str]
+) -> None:
+    lost = routed_request("gpu.0", 1)
+    finish(rt, lost, webhook_url="http://127.0.0.1:9/hook")
+    delivered = routed_request("gpu.0", 1)
+    finish(rt, delivered, webhook_url="http://127.0.0.1:9/hook")
+    with rt.db.session() as session:
+        session.add(WebhookDelivery(request_id=delivered, event_id="msg_x", attempt=1,
+                                    event_type="request.succeeded", url="http://127.0.0.1:9/",
+                                    status_code=200, succeeded=True, duration_ms=1.0))
+
+    assert sweep_of(rt).run().webhooks_resent == 0  # a first sighting
+    assert sweep_of(rt).run().webhooks_resent == 1
+    assert in_broker(rt, "webhooks") == {lost}
+
+
+def test_assignments_of_decisions_never_committed_are_forgotten(
+    rt: Runtime, routed_request: Callable[..., str]
+) -> None:
+    routed = routed_request("gpu.0", 1)
+    abandoned = routed_request("gpu.0", 0, QUEUED)  # its router died before the commit
+    rt.fleet.publish("gpu.0", engine_state())
+    for request_id in (routed, abandoned):
+        rt.fleet.assign("gpu.0", request_id, num_prompt_tokens=3, predicted_output_tokens=8)
+    time.sleep(0.01)
+
+    assert sweep_of(rt).run().cleaned == 1
+    assert [a.request_id for a in rt.fleet.statuses()[0].assigned] == [routed]
+
+
+def test_messages_a_dead_worker_held_about_finished_work_are_dropped(
+    rt: Runtime, routed_request: Callable[..., str]
+) -> None:
+    done, running = routed_request("gpu.0", 1), routed_request("gpu.0", 1, RUNNING)
+    finish(rt, done)
+    rt.fleet.publish("gpu.0", engine_state(waiting_request(running, 3, None)))
+    taken_at = time.time() - 120  # by a worker killed two minutes ago
+    for tag, request_id in ((b"t1", done), (b"t2", running)):
+        rt.redis.zadd(UNACKED_INDEX_KEY, {tag: taken_at})
+        rt.redis.hset(UNACKED_KEY, tag, json.dumps([{"headers": {"argsrepr": f"('{request_id}',)"}},
+                                                     "", "gpu.0"]))
+
+    assert sweep_of(rt).run().cleaned == 1
+    assert rt.redis.hkeys(UNACKED_KEY) == [b"t2"]

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from app.models import RequestStatus
 from workers.health.sweep import Sweep
+from workers.health.undelivered import WebhookPolicy
 from workers.runtime import Runtime
 from workers.serve.emulated_engine import EmulatedEngine, EmulatedEngineConfig
 from workers.serve.engine import EngineListener
@@ -43,8 +44,9 @@ def test_an_engine_that_died_drops_its_heartbeat_and_its_request_is_rerouted(
         assert rt.fleet.routable() == [] and not rt.fleet.statuses()[0].alive
         host.publisher.publish_once()  # the periodic publish does not bring it back
         assert not rt.fleet.statuses()[0].alive
-        report = Sweep(rt.outbox, rt.fleet, rt.redis, stranded_after_s=0, unacked_fresh_s=30,
-                       memory_s=10).run()
+        report = Sweep(rt.outbox, rt.fleet, rt.redis, WebhookPolicy(
+            backoff_s=1, max_attempts=1, grace_s=1), stranded_after_s=0, unacked_fresh_s=30,
+            memory_s=10).run()
         assert report.rerouted == 1
         assert request_status(request_id) == RequestStatus.QUEUED
     finally:
