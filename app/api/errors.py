@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import redis
 from flask import Flask, jsonify
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
@@ -34,11 +35,12 @@ def _handle_http_exception(error: HTTPException) -> ResponseReturnValue:
     return jsonify(body), status
 
 
-def _handle_database_outage(error: Exception) -> ResponseReturnValue:
-    """The database restarting or unreachable: a 503 the client may retry (with the same
-    Idempotency-Key for a submission), never a 500. Nothing was accepted."""
-    logger.warning("database unavailable: %s", type(error).__name__)
-    body = {"error": {"message": "The database is unavailable; retry shortly.",
+def _handle_outage(error: Exception) -> ResponseReturnValue:
+    """The database (or, where a call cannot do without it, Redis) restarting or unreachable: a
+    503 the client may retry (with the same Idempotency-Key for a submission), never a 500."""
+    service = "broker" if isinstance(error, redis.RedisError) else "database"
+    logger.warning("%s unavailable: %s", service, type(error).__name__)
+    body = {"error": {"message": f"The {service} is unavailable; retry shortly.",
                       "type": "server_error", "param": None, "code": "service_unavailable"}}
     return jsonify(body), 503, {"Retry-After": str(RETRY_AFTER_S)}
 
@@ -46,5 +48,5 @@ def _handle_database_outage(error: Exception) -> ResponseReturnValue:
 def init_app(app: Flask) -> None:
     app.register_error_handler(BlockqError, _handle_blockq_error)
     app.register_error_handler(HTTPException, _handle_http_exception)
-    for error in TRANSIENT_ERRORS:
-        app.register_error_handler(error, _handle_database_outage)
+    for error in (*TRANSIENT_ERRORS, redis.ConnectionError, redis.TimeoutError):
+        app.register_error_handler(error, _handle_outage)

@@ -8,10 +8,12 @@ publishes as server-sent events while it is generated.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import redis
 from flask import Blueprint, Response, jsonify, request, stream_with_context
 from flask.typing import ResponseReturnValue
 
@@ -32,6 +34,11 @@ from app.openai_schemas import (
 from app.schemas import parse_body
 from app.services import Services
 from app.streams import StreamEvent, read_stream
+
+logger = logging.getLogger(__name__)
+
+#: How often a sync completion polls its row while Redis is unreachable.
+ROW_POLL_S = 0.5
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 
@@ -97,17 +104,30 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
 
 def _wait_until_finished(svc: Services, request_id: str) -> InferenceRequest:
     """Block until the request is terminal (its stream's last entry, or its row), then return
-    the row; an unfinished request after `sync_timeout_s` answers 504 and keeps running."""
+    the row; an unfinished request after `sync_timeout_s` answers 504 and keeps running. While
+    Redis is unreachable the row is polled instead: the request was accepted, so the client must
+    get its answer, not an error that would make it submit again."""
     deadline = time.monotonic() + svc.settings.sync_timeout_s
-    for event in read_stream(svc.fleet.redis, request_id):
-        row = _terminal_row(svc, request_id) if event is None or event.kind != "text" else None
-        if row is not None:
-            return _succeeded_or_raise(row)
-        if time.monotonic() > deadline:
-            raise GatewayTimeout(
-                f"Request {request_id} did not finish within {svc.settings.sync_timeout_s:g} s; "
-                f"it goes on: GET /v1/requests/{request_id}.", code="timeout")
-    raise AssertionError("unreachable: read_stream never ends")
+    try:
+        for event in read_stream(svc.fleet.redis, request_id):
+            row = _terminal_row(svc, request_id) if event is None or event.kind != "text" else None
+            if row is not None:
+                return _succeeded_or_raise(row)
+            _check_deadline(svc, request_id, deadline)
+    except redis.RedisError as exc:
+        logger.warning("stream of %s unreadable (%s): polling its row", request_id,
+                       type(exc).__name__)
+    while (row := _terminal_row(svc, request_id)) is None:
+        _check_deadline(svc, request_id, deadline)
+        time.sleep(ROW_POLL_S)
+    return _succeeded_or_raise(row)
+
+
+def _check_deadline(svc: Services, request_id: str, deadline: float) -> None:
+    if time.monotonic() > deadline:
+        raise GatewayTimeout(
+            f"Request {request_id} did not finish within {svc.settings.sync_timeout_s:g} s; "
+            f"it goes on: GET /v1/requests/{request_id}.", code="timeout")
 
 
 def _terminal_row(svc: Services, request_id: str) -> InferenceRequest | None:

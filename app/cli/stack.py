@@ -303,6 +303,7 @@ class Stack:
                 return
             if record.restart_at is None:
                 record.restart_at = now + record.backoff_s
+                _kill_leftovers(process.pid)
                 logger.warning(
                     "process %s (pid %d) died with %s after %.1f s; restarting in %.1f s",
                     name, process.pid, describe_exit(process.returncode),
@@ -461,3 +462,13 @@ def _alive_instances(client: httpx.Client) -> int:
     except (httpx.HTTPError, KeyError, ValueError):
         return 0
     return sum(1 for instance in data if instance["alive"])
+
+
+def _kill_leftovers(pgid: int) -> None:
+    """SIGKILL what is left of a dead process's group (each process leads its own session):
+    gunicorn's workers outlive a killed master and keep its port, so its successor could not
+    bind it."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # nothing left

@@ -110,3 +110,31 @@ def test_a_process_that_ignores_sigterm_is_killed_after_its_grace(tmp_path: Path
 def test_engine_workers_get_the_longer_grace(tmp_path: Path) -> None:
     stack = Stack(Settings(data_dir=tmp_path, num_instances=2), env={})
     assert stack.stop_grace_s("gpu.1") > stack.stop_grace_s("route")
+
+
+def test_what_a_killed_process_left_in_its_group_is_killed_before_the_restart(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Like gunicorn: a master whose worker (a child in its process group) would keep the port.
+    pid_file = tmp_path / "child.pid"
+    master = [sys.executable, "-c",
+              "import subprocess, sys, time; "
+              f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+              f"open({str(pid_file)!r}, 'w').write(str(child.pid)); time.sleep(600)"]
+    stack.start_process("master", master)
+    assert eventually(lambda: pid_file.exists() and pid_file.read_text() != "")
+    child_pid = int(pid_file.read_text())
+    stack.supervise()
+
+    stack.signal("master", signal.SIGKILL)
+
+    assert eventually(lambda: stack.restart_count("master") == 1)
+    assert eventually(lambda: not _running(child_pid))
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"  # a zombie is dead, waiting to be reaped
+    except FileNotFoundError:
+        return False
