@@ -144,14 +144,14 @@ class Sweep:
                      for rid, remedy in findings.suspects.items()}
         sightings.update({f"webhook:{subject}:{kind}": (subject, kind) for subject, kind in events})
         confirmed = [sightings[key] for key in self._remember(set(sightings))]
-        rerouted = sum(self._reroute(requests[rid])
+        rerouted = sum(self._reroute(requests[rid], "lost its heartbeat")
                        for rid, remedy in findings.now.items() if remedy is Remedy.REROUTE)
         resent = webhooks_resent = 0
         for found in confirmed:
             if isinstance(found, tuple):
                 webhooks_resent += self._resend_webhook(*found)
             elif findings.suspects[found] is Remedy.REROUTE:
-                rerouted += self._reroute(requests[found])
+                rerouted += self._reroute(requests[found], "does not hold it")
             else:
                 resent += self._resend(requests[found])
         cleaned = self._forget_stale_assignments(statuses) + self._drop_finished_unacked()
@@ -227,13 +227,13 @@ class Sweep:
         drop_unacked(self.broker, done)
         return len(done)
 
-    def _reroute(self, request: InFlight) -> int:
+    def _reroute(self, request: InFlight, why: str) -> int:
         with self.outbox.transaction() as tx:
             moved = store.transition(
                 tx.session, request.id, RequestStatus.QUEUED, allowed_from=_ON_INSTANCE,
                 extra_where=[InferenceRequest.instance_id == request.instance_id,
                              InferenceRequest.attempt == request.attempt],
-                detail=f"requeued: not held by instance {request.instance_id}",
+                detail=f"requeued: instance {request.instance_id} {why}",
             )
             if moved:
                 tx.post(dispatch.route(request.id, priority=request.priority_rank))
