@@ -2,13 +2,14 @@
 Redis, a mixed job of 300 requests, one fault of each of several kinds, then the delivery
 guarantees checked (docs/chaos.md).
 
-The harness is imported from scripts/ by path, as the serve tests import build_tiny_model: the
-benchmark is a script first, and scripts do not import the tests.
+The harness is the package scripts/chaos_harness/ (scripts/chaos.py is its command line); scripts/
+is not a package, so the test puts it on sys.path: the benchmark is a script first, and scripts
+do not import the tests.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -29,24 +30,23 @@ KINDS = [
 ]
 
 
-def _chaos() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("chaos", ROOT / "scripts" / "chaos.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["chaos"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+def _harness() -> ModuleType:
+    """chaos_harness.run (RunConfig, run), imported from scripts/."""
+    scripts = str(ROOT / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    return importlib.import_module("chaos_harness.run")
 
 
 def test_a_short_chaos_run_loses_nothing_and_does_nothing_twice(model_path: Path) -> None:
-    chaos = _chaos()
-    config = chaos.RunConfig(
+    harness = _harness()
+    config = harness.RunConfig(
         requests=300, faults_per_kind=1, kinds=KINDS, seed=12, duration_s=45.0,
         crash_after_commit=0.002, settle_timeout_s=90.0, recover_timeout_s=30.0,
         model_path=model_path,
     )
 
-    result = chaos.run(config, log=lambda message: None)
+    result = harness.run(config, log=lambda message: None)
 
     injected = {row["kind"]: row["injected"] for row in result.fault_summary}
     assert all(injected.get(kind) == 1 for kind in KINDS), injected

@@ -1,0 +1,60 @@
+"""The stack of one run: its settings, its processes' environment, its batch teams."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from app.db import Database
+from app.settings import Settings
+from app.teams import create_team, issue_key
+from chaos_harness import ROOT
+from chaos_harness.config import RunConfig
+from chaos_harness.faults import CRASH_AFTER_COMMIT_ENV
+from chaos_harness.services import OwnServices, free_port
+from workers.webhooks.signing import new_secret
+
+
+def stack_settings(config: RunConfig, services: OwnServices, data_dir: Path) -> Settings:
+    """Emulated engines in scaled time on the run's own services, short timers, JSON logs."""
+    model_path = config.model_path or ROOT / ".blockq" / "models" / "tiny-llama"
+    if not (model_path / "config.json").exists():
+        raise SystemExit(f"tiny model missing at {model_path}: run scripts/setup.sh, or give "
+                         "--model-path")
+    return Settings(
+        database_url=services.database_url, redis_url=services.redis_url, data_dir=data_dir,
+        model_path=model_path, api_port=free_port(), flower_port=free_port(),
+        webhook_secret=new_secret(), num_instances=config.instances,
+        engine_kind="emulated", emulated_time_scale=config.time_scale,
+        heartbeat_ttl_s=config.heartbeat_ttl_s, orphan_check_interval_s=1.0,
+        webhook_backoff_s=0.2, engine_concurrency=96, kv_cache_gib=0.5,
+        sync_timeout_s=config.sync_timeout_s, batch_release_interval_s=0.2,
+        max_batch_in_flight=64, log_format="json",
+    )
+
+
+def create_teams(settings: Settings, receiver_url: str) -> dict[str, tuple[str, str]]:
+    """Two batch teams of different shares, with a batch webhook URL each;
+    name -> (team id, key)."""
+    db = Database(settings.resolved_database_url)
+    keys = {}
+    try:
+        with db.session() as session:
+            for name, share in (("chaos-a", 1), ("chaos-b", 2)):
+                team = create_team(session, name, share=share, rate_limit_rpm=1_000_000,
+                                   webhook_url=f"{receiver_url}/batches")
+                keys[name] = (team.id, issue_key(session, team).key)
+    finally:
+        db.dispose()
+    return keys
+
+
+def stack_env(settings: Settings, config: RunConfig) -> dict[str, str]:
+    """The stack processes' environment: ours without BLOCKQ_* variables, then the settings',
+    the repository on PYTHONPATH, and the crash-after-commit fault point if armed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKQ_")}
+    env.update(settings.as_env())
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    if config.crash_after_commit > 0:
+        env[CRASH_AFTER_COMMIT_ENV] = str(config.crash_after_commit)
+    return env

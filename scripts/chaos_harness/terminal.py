@@ -1,0 +1,8 @@
+"""The statuses after which a request or a batch changes no more."""
+
+from __future__ import annotations
+
+from app.models import TERMINAL_STATUSES
+
+TERMINAL = {str(s) for s in TERMINAL_STATUSES}
+TERMINAL_BATCH = {"completed", "failed", "expired", "cancelled"}
