@@ -116,7 +116,7 @@ class Report:
     resent: int
     webhooks_resent: int
     suspected: int  # found stranded once: acted on if the next sweep finds them again
-    cleaned: int  # leftover assignments and acknowledged-never messages of finished work
+    cleaned: int  # leftover assignments, and unacknowledged messages about finished work
 
 
 class Sweep:
@@ -140,8 +140,9 @@ class Sweep:
         messages = functools.cache(lambda: self._with_message(engine_queues))
         findings = diagnose(requests.values(), holdings, messages)
         events = self._overdue_events(messages)
-        sightings = {_sighting(requests[rid], remedy): rid
-                     for rid, remedy in findings.suspects.items()}
+        # Sighting key -> a request id (its remedy in `findings`) or a webhook event.
+        sightings: dict[str, str | tuple[str, str]] = {
+            _sighting(requests[rid], remedy): rid for rid, remedy in findings.suspects.items()}
         sightings.update({f"webhook:{subject}:{kind}": (subject, kind) for subject, kind in events})
         confirmed = [sightings[key] for key in self._remember(set(sightings))]
         rerouted = sum(self._reroute(requests[rid], "lost its heartbeat")
