@@ -33,7 +33,7 @@ from app.openai_schemas import (
 )
 from app.schemas import parse_body
 from app.services import Services
-from app.streams import StreamEvent, read_stream
+from app.streams import read_stream
 
 logger = logging.getLogger(__name__)
 
@@ -168,25 +168,49 @@ class _Relay:
             yield self._chunk({"role": "assistant", "content": ""}, None)
         deadline = time.monotonic() + self.svc.settings.sync_timeout_s
         attempt: int | None = None
-        for event in read_stream(self.svc.fleet.redis, self.request.id):
-            if event is not None and event.kind == "text":
-                if attempt is not None and event.attempt != attempt:
-                    yield from self._error("The request was restarted on another instance; "
-                                           "the stream cannot continue.", "stream_interrupted")
+        sent: list[str] = []
+        try:
+            for event in read_stream(self.svc.fleet.redis, self.request.id):
+                if event is not None and event.kind == "text":
+                    if attempt is not None and event.attempt != attempt:
+                        yield from self._error("The request was restarted on another instance; "
+                                               "the stream cannot continue.", "stream_interrupted")
+                        return
+                    attempt = event.attempt
+                    sent.append(event.value)
+                    yield self._chunk(self._delta(event.value), None)
+                    continue
+                row = _terminal_row(self.svc, self.request.id)
+                if row is not None:
+                    yield from self._finish(row)
                     return
-                attempt = event.attempt
-                yield self._chunk(self._delta(event), None)
-                continue
-            row = _terminal_row(self.svc, self.request.id)
-            if row is not None:
-                yield from self._finish(row)
-                return
+                if time.monotonic() > deadline:
+                    yield from self._error("The request did not finish in time.", "timeout")
+                    return
+        except redis.RedisError as exc:
+            logger.warning("stream of %s unreadable (%s): polling its row", self.request.id,
+                           type(exc).__name__)
+        yield from self._finish_from_row("".join(sent), deadline)
+
+    def _finish_from_row(self, sent: str, deadline: float) -> Iterator[str]:
+        """Redis failed mid-stream: wait for the row, then send what the stream had not sent
+        yet, if the stored output continues what was sent (else say the stream broke)."""
+        while (row := _terminal_row(self.svc, self.request.id)) is None:
             if time.monotonic() > deadline:
                 yield from self._error("The request did not finish in time.", "timeout")
                 return
+            time.sleep(ROW_POLL_S)
+        output = row.output_text or ""
+        if row.status == RequestStatus.SUCCEEDED and not output.startswith(sent):
+            yield from self._error("The request was restarted on another instance; the stream "
+                                   "cannot continue.", "stream_interrupted")
+            return
+        if row.status == RequestStatus.SUCCEEDED and len(output) > len(sent):
+            yield self._chunk(self._delta(output[len(sent):]), None)
+        yield from self._finish(row)
 
-    def _delta(self, event: StreamEvent) -> dict[str, Any] | str:
-        return {"content": event.value} if self.kind == fmt.KIND_CHAT else event.value
+    def _delta(self, text: str) -> dict[str, Any] | str:
+        return {"content": text} if self.kind == fmt.KIND_CHAT else text
 
     def _finish(self, row: InferenceRequest) -> Iterator[str]:
         self.finished = True

@@ -51,3 +51,32 @@ def test_the_rate_limit_still_holds_per_process_while_redis_is_down(client: Flas
     assert statuses[:3] == [404, 404, 404]
     error = error_body(client.get("/v1/requests/req_missing"), 429)
     assert error["code"] == "rate_limit_exceeded"
+
+
+@pytest.fixture
+def impatient_client(fresh_services: Settings) -> FlaskClient:
+    """An API whose Redis is down and whose sync completions wait one second."""
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    app = create_app(fresh_services.model_copy(update={"redis_url": down, "sync_timeout_s": 1}))
+    app.testing = True
+    test_client = app.test_client()
+    key = team_key(test_client, "tests")
+    test_client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
+    return test_client
+
+
+CHAT = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+
+
+def test_a_sync_completion_waits_on_its_row_while_redis_is_down(
+    impatient_client: FlaskClient
+) -> None:
+    response = impatient_client.post("/v1/chat/completions", json=CHAT)
+    assert error_body(response, 504)["code"] == "timeout"  # accepted; nothing runs it here
+
+
+def test_a_stream_waits_on_its_row_while_redis_is_down(impatient_client: FlaskClient) -> None:
+    response = impatient_client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert response.status_code == 200
+    events = [line for line in response.get_data(as_text=True).splitlines() if line]
+    assert '"code":"timeout"' in events[-1]
