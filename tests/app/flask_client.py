@@ -1,5 +1,5 @@
-"""What the API tests do through Flask's test client: a team's key, the app's services, an
-upload, the error body of a refusal."""
+"""What the API tests do through Flask's test client: an authenticated client, a team's key, the
+app's services, an upload, the error body of a refusal."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from typing import Any
 
 from flask.testing import FlaskClient
 
+from app import create_app
 from app.api.services import services
 from app.services import Services
+from app.settings import Settings
 from app.teams import ensure_team_key
 
 #: A one-line batch input file.
@@ -40,3 +42,15 @@ def error_body(response: Any, status: int) -> dict[str, Any]:
     body = response.get_json()
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
     return body["error"]
+
+
+def api_client(settings: Settings, *, key: str | None = None, team: str = "tests",
+               **team_options: Any) -> FlaskClient:
+    """A test client of an API on `settings`, authenticated with `key` (default: a new key of
+    `team`, made through the API's own database)."""
+    app = create_app(settings)
+    app.testing = True
+    client = app.test_client()
+    key = key or team_key(client, team, **team_options)
+    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
+    return client

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 from flask.testing import FlaskClient
 
-from app import create_app
 from app.settings import Settings
-from tests.app.flask_client import error_body
+from tests.app.flask_client import api_client, error_body
 from tests.environment import free_port
 
 pytestmark = pytest.mark.services
@@ -17,11 +16,8 @@ pytestmark = pytest.mark.services
 @pytest.fixture
 def client(fresh_services: Settings) -> FlaskClient:
     down = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/blockq"
-    app = create_app(fresh_services.model_copy(update={"database_url": down}))
-    app.testing = True
-    test_client = app.test_client()
-    test_client.environ_base["HTTP_AUTHORIZATION"] = "Bearer sk-any-key"
-    return test_client
+    return api_client(fresh_services.model_copy(update={"database_url": down}),
+                      key="sk-any-key")  # no key can be checked: the database is down
 
 
 @pytest.mark.parametrize(("method", "path", "body"), [

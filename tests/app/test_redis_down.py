@@ -11,10 +11,9 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import select
 
-from app import create_app
 from app.models import InferenceRequest, OutboxEntry, RequestStatus
 from app.settings import Settings
-from tests.app.flask_client import error_body, services_of, team_key
+from tests.app.flask_client import api_client, error_body, services_of
 from tests.environment import free_port
 
 pytestmark = pytest.mark.services
@@ -23,12 +22,7 @@ pytestmark = pytest.mark.services
 @pytest.fixture
 def client(fresh_services: Settings) -> FlaskClient:
     down = f"redis://127.0.0.1:{free_port()}/0"
-    app = create_app(fresh_services.model_copy(update={"redis_url": down}))
-    app.testing = True
-    test_client = app.test_client()
-    key = team_key(test_client, "tests", rate_limit_rpm=3)
-    test_client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
-    return test_client
+    return api_client(fresh_services.model_copy(update={"redis_url": down}), rate_limit_rpm=3)
 
 
 def test_a_submission_is_accepted_and_persisted_while_redis_is_down(client: FlaskClient) -> None:
@@ -57,12 +51,7 @@ def test_the_rate_limit_still_holds_per_process_while_redis_is_down(client: Flas
 def impatient_client(fresh_services: Settings) -> FlaskClient:
     """An API whose Redis is down and whose sync completions wait one second."""
     down = f"redis://127.0.0.1:{free_port()}/0"
-    app = create_app(fresh_services.model_copy(update={"redis_url": down, "sync_timeout_s": 1}))
-    app.testing = True
-    test_client = app.test_client()
-    key = team_key(test_client, "tests")
-    test_client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
-    return test_client
+    return api_client(fresh_services.model_copy(update={"redis_url": down, "sync_timeout_s": 1}))
 
 
 CHAT = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
