@@ -22,6 +22,7 @@ from app import store
 from app.api.auth import current_principal
 from app.api.services import services
 from app.commands import cancel_request, submit_request
+from app.db import TRANSIENT_ERRORS
 from app.errors import BlockqError, InvalidRequest, NotFound
 from app.models import InferenceRequest, RequestStatus
 from app.openai_schemas import (
@@ -131,9 +132,15 @@ def _check_deadline(svc: Services, request_id: str, deadline: float) -> None:
 
 
 def _terminal_row(svc: Services, request_id: str) -> InferenceRequest | None:
-    with svc.db.session() as session:
-        row = store.get_request(session, request_id)
-        return row if RequestStatus(row.status).is_terminal else None
+    """The request's row once it is terminal; None before, and while the database cannot be
+    reached (the request was accepted: its client waits out the outage, to the deadline)."""
+    try:
+        with svc.db.session() as session:
+            row = store.get_request(session, request_id)
+            return row if RequestStatus(row.status).is_terminal else None
+    except TRANSIENT_ERRORS as exc:
+        logger.warning("row of %s unreadable (%s): waiting", request_id, type(exc).__name__)
+        return None
 
 
 def _succeeded_or_raise(row: InferenceRequest) -> InferenceRequest:
@@ -182,7 +189,7 @@ class _Relay:
                     continue
                 row = _terminal_row(self.svc, self.request.id)
                 if row is not None:
-                    yield from self._finish(row)
+                    yield from self._finish(row, "".join(sent))
                     return
                 if time.monotonic() > deadline:
                     yield from self._error("The request did not finish in time.", "timeout")
@@ -190,34 +197,32 @@ class _Relay:
         except redis.RedisError as exc:
             logger.warning("stream of %s unreadable (%s): polling its row", self.request.id,
                            type(exc).__name__)
-        yield from self._finish_from_row("".join(sent), deadline)
-
-    def _finish_from_row(self, sent: str, deadline: float) -> Iterator[str]:
-        """Redis failed mid-stream: wait for the row, then send what the stream had not sent
-        yet, if the stored output continues what was sent (else say the stream broke)."""
         while (row := _terminal_row(self.svc, self.request.id)) is None:
             if time.monotonic() > deadline:
                 yield from self._error("The request did not finish in time.", "timeout")
                 return
             time.sleep(ROW_POLL_S)
+        yield from self._finish(row, "".join(sent))
+
+    def _delta(self, text: str) -> dict[str, Any] | str:
+        return {"content": text} if self.kind == fmt.KIND_CHAT else text
+
+    def _finish(self, row: InferenceRequest, sent: str) -> Iterator[str]:
+        """End the stream as the row says. The stored output is the truth: text the stream
+        lost (Redis restarted empty, or failed mid-way) is sent now; a stream that does not
+        lead to it says it broke."""
         output = row.output_text or ""
         if row.status == RequestStatus.SUCCEEDED and not output.startswith(sent):
             yield from self._error("The request was restarted on another instance; the stream "
                                    "cannot continue.", "stream_interrupted")
             return
-        if row.status == RequestStatus.SUCCEEDED and len(output) > len(sent):
-            yield self._chunk(self._delta(output[len(sent):]), None)
-        yield from self._finish(row)
-
-    def _delta(self, text: str) -> dict[str, Any] | str:
-        return {"content": text} if self.kind == fmt.KIND_CHAT else text
-
-    def _finish(self, row: InferenceRequest) -> Iterator[str]:
         self.finished = True
         if row.status != RequestStatus.SUCCEEDED:
             yield from self._error(f"Request {row.id} ended with status {row.status}.",
                                    "generation_failed")
             return
+        if len(output) > len(sent):
+            yield self._chunk(self._delta(output[len(sent):]), None)
         empty: dict[str, Any] | str = {} if self.kind == fmt.KIND_CHAT else ""
         yield self._chunk(empty, fmt.finish_reason_of(row))
         if self.include_usage:
