@@ -218,13 +218,15 @@ class Sweep:
         return len(noted - routed)
 
     def _drop_finished_unacked(self) -> int:
-        """Messages taken by a worker that died, about requests and batches already finished."""
+        """Messages taken by a worker that died (or whose acknowledgement a Redis restart lost)
+        about requests and batches finished since, or about none: a periodic task's run, which
+        beat sends again anyway."""
         stale = stale_unacked(self.broker, older_than_s=self.unacked_fresh_s)
-        ids = set().union(*stale.values()) if stale else set()
-        if not ids:
+        if not stale:
             return 0
-        finished = _finished(self.outbox.db, ids)
-        done = [tag for tag, concerned in stale.items() if concerned and concerned <= finished]
+        ids = set().union(*stale.values())
+        finished = _finished(self.outbox.db, ids) if ids else set()
+        done = [tag for tag, concerned in stale.items() if concerned <= finished]
         drop_unacked(self.broker, done)
         return len(done)
 

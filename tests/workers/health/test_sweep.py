@@ -169,17 +169,16 @@ def test_assignments_of_decisions_never_committed_are_forgotten(
     assert [a.request_id for a in rt.fleet.statuses()[0].assigned] == [routed]
 
 
-def test_messages_a_dead_worker_held_about_finished_work_are_dropped(
+def test_messages_a_dead_worker_held_about_finished_or_no_work_are_dropped(
     rt: Runtime, routed_request: Callable[..., str]
 ) -> None:
     done, running = routed_request("gpu.0", 1), routed_request("gpu.0", 1, RUNNING)
     finish(rt, done)
     rt.fleet.publish("gpu.0", engine_state(waiting_request(running, 3, None)))
     taken_at = time.time() - 120  # by a worker killed two minutes ago
-    for tag, request_id in ((b"t1", done), (b"t2", running)):
+    for tag, args in ((b"t1", f"('{done}',)"), (b"t2", f"('{running}',)"), (b"t3", "()")):
         rt.redis.zadd(UNACKED_INDEX_KEY, {tag: taken_at})
-        rt.redis.hset(UNACKED_KEY, tag, json.dumps([{"headers": {"argsrepr": f"('{request_id}',)"}},
-                                                     "", "gpu.0"]))
+        rt.redis.hset(UNACKED_KEY, tag, json.dumps([{"headers": {"argsrepr": args}}, "", "q"]))
 
-    assert sweep_of(rt).run().cleaned == 1
+    assert sweep_of(rt).run().cleaned == 2  # the finished request's, and a periodic task's
     assert rt.redis.hkeys(UNACKED_KEY) == [b"t2"]
