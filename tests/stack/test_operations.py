@@ -85,7 +85,7 @@ def test_admin_api_drains_pauses_and_switches_routing(
 
 
 def _consumes(stack: Stack, queue: str) -> bool:
-    replies = json.loads(_celery(stack, "inspect", "active_queues", "-j"))
+    replies = json.loads(_celery(stack, "inspect", "-t", "5", "active_queues", "-j"))
     return any(q["name"] == queue for queues in replies.values() for q in queues)
 
 
@@ -97,7 +97,7 @@ def test_readme_recipes_pause_a_gpu_queue_and_resume_it(
     node = f"gpu.0@{socket.gethostname()}"
     with stack.client() as client:
         # Pause consumption of gpu.0 (README: Operations).
-        assert "OK" in _celery(stack, "control", "cancel_consumer", "gpu.0", "-d", node)
+        assert "OK" in _celery(stack, "control", "-t", "5", "cancel_consumer", "gpu.0", "-d", node)
         ids = _burst(client, 10)
         _until(lambda: sum(r["status"] == "succeeded" for r in _statuses(client, ids)) == 5)
         time.sleep(1.0)
@@ -108,15 +108,16 @@ def test_readme_recipes_pause_a_gpu_queue_and_resume_it(
         assert next(i for i in depth["instances"] if i["id"] == "gpu.0")["queued"] == 5
 
         # Inspect, rate-limit, resume (README: Operations).
-        assert node in _celery(stack, "inspect", "reserved")
+        assert node in _celery(stack, "inspect", "-t", "5", "reserved")
         assert "new rate limit set successfully" in _celery(
-            stack, "control", "rate_limit", "serve.generate", "100/s")
-        assert "OK" in _celery(stack, "control", "add_consumer", "gpu.0", "-d", node)
+            stack, "control", "-t", "5", "rate_limit", "serve.generate", "100/s")
+        assert "OK" in _celery(stack, "control", "-t", "5", "add_consumer", "gpu.0", "-d", node)
         finished = wait_terminal(client, ids)
         assert Counter(r["status"] for r in finished.values()) == {"succeeded": 10}
 
         # Purge a queue (README: Operations): messages waiting in gpu.1 are dropped.
-        _celery(stack, "control", "cancel_consumer", "gpu.1", "-d", f"gpu.1@{socket.gethostname()}")
+        _celery(stack, "control", "-t", "5", "cancel_consumer", "gpu.1", "-d",
+                f"gpu.1@{socket.gethostname()}")
         stranded = _burst(client, 4, first=50)
         _until(lambda: sum(r["status"] == "routed" and r["instance_id"] == "gpu.1"
                            for r in _statuses(client, stranded)) == 2)
