@@ -69,6 +69,12 @@ def _celery(*args: str) -> list[str]:
     return [str(_BIN / "celery"), "-A", "workers", *args]
 
 
+def _worker(queues: str, name: str, concurrency: int) -> list[str]:
+    """A Celery worker with a thread pool consuming `queues`, named `<name>@<host>`."""
+    return _celery("worker", "-Q", queues, "-n", f"{name}@%h", "--pool", "threads",
+                   "--concurrency", str(concurrency), "-l", "INFO")
+
+
 def process_commands(settings: Settings) -> dict[str, list[str]]:
     """Name -> command line of every process of the local stack."""
     commands = {
@@ -84,109 +90,25 @@ def process_commands(settings: Settings) -> dict[str, list[str]]:
             "10",
             "app:create_app()",
         ],
-        "predict": _celery(
-            "worker",
-            "-Q",
-            "predict,learn",
-            "-n",
-            "predict@%h",
-            "--pool",
-            "threads",
-            # NOTE: many task threads let a burst meet in the length model's micro-batcher.
-            "--concurrency",
-            "16",
-            "-l",
-            "INFO",
-        ),
+        # NOTE: many task threads let a burst meet in the length model's micro-batcher.
+        "predict": _worker("predict,learn", "predict", 16),
         # Batch lines' predictions, apart from the interactive ones, at a lower CPU priority.
-        "predict_bulk": ["nice", "-n", "10", *_celery(
-            "worker",
-            "-Q",
-            "predict_bulk",
-            "-n",
-            "predict_bulk@%h",
-            "--pool",
-            "threads",
-            "--concurrency",
-            "16",
-            "-l",
-            "INFO",
-        )],
-        "route": _celery(
-            "worker",
-            "-Q",
-            "route",
-            "-n",
-            "route@%h",
-            "--pool",
-            "threads",
-            "--concurrency",
-            "4",
-            "-l",
-            "INFO",
-        ),
+        "predict_bulk": ["nice", "-n", "10", *_worker("predict_bulk", "predict_bulk", 16)],
+        "route": _worker("route", "route", 4),
         # NOTE: the health sweep has a worker of its own: behind a busy route queue (kombu reads
         # a worker's queues in a fixed order) it would wait, and stranded work with it.
-        "health": _celery(
-            "worker",
-            "-Q",
-            "health",
-            "-n",
-            "health@%h",
-            "--pool",
-            "threads",
-            "--concurrency",
-            "2",
-            "-l",
-            "INFO",
-        ),
+        "health": _worker("health", "health", 2),
         # Batch expansion and finalization (reading, counting and writing whole files), apart
         # from routing so that large uploads never hold the router's threads; lower CPU priority.
-        "batches": ["nice", "-n", "10", *_celery(
-            "worker",
-            "-Q",
-            "batches",
-            "-n",
-            "batches@%h",
-            "--pool",
-            "threads",
-            "--concurrency",
-            "2",
-            "-l",
-            "INFO",
-        )],
-        "webhooks": _celery(
-            "worker",
-            "-Q",
-            "webhooks",
-            "-n",
-            "webhooks@%h",
-            "--pool",
-            "threads",
-            "--concurrency",
-            "8",
-            "-l",
-            "INFO",
-        ),
+        "batches": ["nice", "-n", "10", *_worker("batches", "batches", 2)],
+        "webhooks": _worker("webhooks", "webhooks", 8),
         "beat": _celery("beat", "-l", "INFO", "-s", str(settings.data_dir / "celerybeat-schedule")),
         # NOTE: basic auth comes from FLOWER_BASIC_AUTH in its environment, not argv (`ps`).
         "flower": _celery("flower", f"--address={settings.api_host}",
                           f"--port={settings.flower_port}"),
     }
     for instance_id in settings.instance_ids:
-        commands[instance_id] = _celery(
-            "worker",
-            "-Q",
-            instance_id,
-            "-n",
-            f"{instance_id}@%h",
-            "--pool",
-            "threads",
-            "--concurrency",
-            str(settings.engine_concurrency),
-            "-l",
-            "INFO",
-        )
+        commands[instance_id] = _worker(instance_id, instance_id, settings.engine_concurrency)
     return commands
 
 
