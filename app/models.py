@@ -378,8 +378,13 @@ class StoredFile(Base):
     filename: Mapped[str] = mapped_column(String(255))
     size_bytes: Mapped[int] = mapped_column("bytes", BigInteger)
     created_at: Mapped[Timestamp] = mapped_column(default=utcnow)
+    # OpenAI's `expires_after`: the retention purge deletes the file (row and bytes) after it.
+    expires_at: Mapped[OptionalTimestamp]
 
-    __table_args__ = (Index("ix_files_team_id_created_at", "team_id", "created_at"),)
+    __table_args__ = (
+        Index("ix_files_team_id_created_at", "team_id", "created_at"),
+        Index("ix_files_expires_at", "expires_at"),
+    )
 
 
 class BatchStatus(enum.StrEnum):
