@@ -1,0 +1,409 @@
+"""The API's response objects as pydantic models: the OpenAPI document (`app.api.openapi`) takes
+their JSON Schema, and the fuzz test checks every answer against it.
+
+Each model forbids fields it does not name (`additionalProperties: false` in the document), so a
+field added to a response without being added here fails the response-conformance check instead
+of drifting silently away from the document. Request bodies are the models the endpoints parse
+with (app/schemas.py, app/openai_schemas.py, app/batches.py), not copies.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.models import BatchStatus, FilePurpose, Priority, RequestStatus
+
+__all__ = [
+    "ErrorResponse", "SubmittedRequest", "RequestObject", "ModelObject", "ModelList",
+    "CompletionObject", "ChatCompletionObject", "CompletionChunk", "ChatCompletionChunk",
+    "FileObject", "FileList", "FileDeleted", "FileUpload", "BatchObject", "BatchList",
+    "InstanceList", "InstanceControl", "QueuesObject", "RoutingState", "RoutingPolicyBody",
+    "Healthz", "Readyz",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+class ErrorDetail(_Strict):
+    message: str = Field(description="What is wrong, naming the problem.")
+    type: str = Field(description="OpenAI's error type: invalid_request_error, server_error, "
+                      "requests (rate limits).")
+    param: str | None = Field(description="The parameter at fault, if any.")
+    code: str | None = Field(description="A machine-readable code, e.g. invalid_value.")
+
+
+class ErrorResponse(_Strict):
+    """The OpenAI-style error object every 4xx and 5xx answer carries."""
+
+    error: ErrorDetail
+
+
+# --- native requests ------------------------------------------------------------------------
+
+class SubmittedRequest(_Strict):
+    """The answer to POST /v1/requests: the request is queued; poll `status_url`."""
+
+    id: str
+    object: Literal["request"]
+    status: RequestStatus
+    status_url: str
+    created: bool = Field(description="False when an earlier submission with the same "
+                          "Idempotency-Key is returned.")
+
+
+class RequestEventObject(_Strict):
+    status: RequestStatus
+    at: str | None
+    detail: str | None
+
+
+class RequestObject(_Strict):
+    """A request: what was predicted and routed, and what came out."""
+
+    id: str
+    object: Literal["request"]
+    status: RequestStatus
+    priority: Priority
+    prompt_tokens: int
+    output_tokens: int | None
+    predicted_output_tokens: int | None
+    predicted_output_tokens_p90: int | None
+    predictor: str | None
+    predicted_ttft_s: float | None
+    predicted_e2e_s: float | None
+    max_tokens: int
+    instance_id: str | None
+    policy: str | None
+    routing: dict[str, Any] | None
+    attempt: int
+    output: str | None
+    finish_reason: str | None
+    error: dict[str, Any] | None
+    metadata: dict[str, Any] | None
+    created_at: str | None
+    predicted_at: str | None
+    routed_at: str | None
+    started_at: str | None
+    first_token_at: str | None
+    finished_at: str | None
+    events: list[RequestEventObject] | None = None
+
+
+# --- OpenAI-compatible ----------------------------------------------------------------------
+
+class ModelObject(_Strict):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(_Strict):
+    object: Literal["list"]
+    data: list[ModelObject]
+
+
+class Usage(_Strict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+FinishReason = Literal["stop", "length"]
+
+
+class CompletionChoice(_Strict):
+    text: str
+    index: int
+    logprobs: dict[str, Any] | None
+    finish_reason: FinishReason
+
+
+class CompletionObject(_Strict):
+    """POST /v1/completions with `stream: false`."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    system_fingerprint: str | None
+
+
+class ChatMessageOut(_Strict):
+    role: Literal["assistant"]
+    content: str | None
+    refusal: str | None
+
+
+class ChatChoice(_Strict):
+    index: int
+    message: ChatMessageOut
+    logprobs: dict[str, Any] | None
+    finish_reason: FinishReason
+
+
+class ChatCompletionObject(_Strict):
+    """POST /v1/chat/completions with `stream: false`."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None
+
+
+class CompletionChunkChoice(_Strict):
+    text: str
+    index: int
+    logprobs: dict[str, Any] | None
+    finish_reason: FinishReason | None
+
+
+class CompletionChunk(_Strict):
+    """One `data:` event of a streamed completion; with `stream_options.include_usage` each
+    carries `usage: null` and a last one has no choices and the usage."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    system_fingerprint: str | None
+    usage: Usage | None = None
+
+
+class ChatDelta(_Strict):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(_Strict):
+    index: int
+    delta: ChatDelta
+    logprobs: dict[str, Any] | None
+    finish_reason: FinishReason | None
+
+
+class ChatCompletionChunk(_Strict):
+    """One `data:` event of a streamed chat completion (see CompletionChunk for usage)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    system_fingerprint: str | None
+    usage: Usage | None = None
+
+
+# --- files ----------------------------------------------------------------------------------
+
+class FileUpload(BaseModel):
+    """The multipart/form-data body of POST /v1/files."""
+
+    file: bytes = Field(json_schema_extra={"contentMediaType": "application/octet-stream"},
+                        description="The file (a batch input file: JSON Lines).")
+    purpose: str = Field(description="Why it is uploaded: 'batch'.",
+                         json_schema_extra={"examples": ["batch"]})
+
+
+class FileObject(_Strict):
+    id: str
+    object: Literal["file"]
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: FilePurpose
+    status: Literal["processed"]
+    expires_at: int | None
+    status_details: str | None
+
+
+class FileList(_Strict):
+    object: Literal["list"]
+    data: list[FileObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class FileDeleted(_Strict):
+    id: str
+    object: Literal["file"]
+    deleted: bool
+
+
+# --- batches --------------------------------------------------------------------------------
+
+class BatchError(BaseModel):
+    code: str | None = None
+    message: str | None = None
+    param: str | None = None
+    line: int | None = None
+
+
+class BatchErrors(_Strict):
+    object: Literal["list"]
+    data: list[BatchError]
+
+
+class RequestCounts(_Strict):
+    total: int
+    completed: int
+    failed: int
+
+
+class InputTokensDetails(_Strict):
+    cached_tokens: int
+
+
+class OutputTokensDetails(_Strict):
+    reasoning_tokens: int
+
+
+class BatchUsage(_Strict):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class BatchObject(_Strict):
+    """OpenAI's Batch object."""
+
+    id: str
+    object: Literal["batch"]
+    endpoint: str
+    model: str | None
+    errors: BatchErrors | None
+    input_file_id: str
+    completion_window: str
+    status: BatchStatus
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int
+    expires_at: int | None
+    in_progress_at: int | None
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: RequestCounts
+    metadata: dict[str, str] | None
+    usage: BatchUsage
+
+
+class BatchList(_Strict):
+    object: Literal["list"]
+    data: list[BatchObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+# --- instances and operations ---------------------------------------------------------------
+
+class RoutingState(_Strict):
+    """The routing in force: the configured policy, the operator's override, the bias watch's
+    fallback ({reason, model, errors, since, until}) and the policy that routes now."""
+
+    configured_policy: str
+    override: str | None
+    fallback: dict[str, Any] | None
+    policy: str
+
+
+class RoutingPolicyBody(_Strict):
+    """Body of PUT /v1/admin/routing: a policy name, or null to restore the configured one."""
+
+    policy: str | None
+
+
+class EngineConfig(_Strict):
+    max_num_seqs: int | None
+    max_num_batched_tokens: int | None
+    block_size: int | None
+    max_model_len: int | None
+
+
+class InstanceDetail(_Strict):
+    id: str
+    object: Literal["instance"]
+    alive: bool
+    accepting: bool
+    control: str | None
+    engine_kind: str | None
+    model: str | None
+    running: int
+    waiting: int
+    assigned: int
+    free_kv_blocks: int | None
+    total_kv_blocks: int | None
+    seconds_since_heartbeat: float | None
+    config: EngineConfig
+
+
+class InstanceList(_Strict):
+    object: Literal["list"]
+    data: list[InstanceDetail]
+    routing: RoutingState
+
+
+class InstanceControl(_Strict):
+    """An instance after drain, pause or resume."""
+
+    id: str
+    object: Literal["instance"]
+    alive: bool
+    accepting: bool
+    control: str | None
+
+
+class QueueDepth(_Strict):
+    queue: str
+    waiting: int
+    by_priority: dict[str, int]
+
+
+class InstanceQueue(_Strict):
+    id: str
+    queued: int
+    assigned: int
+    running: int
+    waiting: int
+    control: str | None
+
+
+class QueuesObject(_Strict):
+    object: Literal["queues"]
+    queues: list[QueueDepth]
+    instances: list[InstanceQueue]
+
+
+# --- probes ---------------------------------------------------------------------------------
+
+class Healthz(_Strict):
+    status: Literal["ok"]
+
+
+class ReadyChecks(_Strict):
+    database: str
+    broker: str
+
+
+class Readyz(_Strict):
+    status: Literal["ready", "not_ready"]
+    checks: ReadyChecks
