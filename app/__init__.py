@@ -29,9 +29,11 @@ def create_app(settings: Settings | None = None) -> Flask:
         errors,
         files,
         health,
+        held,
         instances,
         metrics,
         openai,
+        openapi,
         requests,
     )
     from app.services import Services  # noqa: PLC0415
@@ -44,8 +46,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["blockq"] = services = Services.build(settings)
     services.prompts.warm_up()
     errors.init_app(app)
+    held.init_app(app, settings, services.fleet.redis)
     auth.init_app(app, settings)
     for blueprint in (requests.bp, instances.bp, health.bp, openai.bp, files.bp, batches.bp,
-                      admin.bp, metrics.bp):
+                      admin.bp, metrics.bp, openapi.bp):
         app.register_blueprint(blueprint)
     return app

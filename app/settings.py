@@ -8,12 +8,13 @@ Nothing else in blockq reads the environment.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, IPvAnyNetwork, PositiveInt, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 __all__ = ["Settings", "EngineKind"]
 
@@ -68,6 +69,25 @@ class Settings(BaseSettings):
     sync_timeout_s: float = Field(
         600.0, gt=0, description="Longest an OpenAI-compatible completion waits for its "
         "request to finish (504 after; the request goes on).",
+    )
+    api_reserved_threads: int = Field(
+        4, gt=0, description="Threads of each API worker that sync and streamed OpenAI "
+        "completions never take, so that /healthz, /readyz and short calls are always served: "
+        "a worker holds at most api_threads - api_reserved_threads such connections (more get "
+        "503). Must be below api_threads.",
+    )
+    held_connections_per_team: int = Field(
+        32, gt=0, description="Sync and streamed OpenAI completions one team may have open at "
+        "once, over all API processes (counted in Redis); more get 429.",
+    )
+    held_connections_team_caps: dict[str, PositiveInt] = Field(
+        default_factory=dict, description="Per-team exceptions to held_connections_per_team, "
+        "by team name, as JSON: '{\"bench\": 200}'.",
+    )
+    sse_keepalive_s: float = Field(
+        15.0, gt=0, description="A stream that has sent nothing for this long sends an SSE "
+        "comment (': keep-alive'), so that proxies keep it open and a client that left is "
+        "noticed (the write fails and the request is cancelled).",
     )
     max_request_bytes: int = Field(
         1 << 20, gt=0, description="Largest accepted request body; larger ones get HTTP 413."
@@ -289,7 +309,25 @@ class Settings(BaseSettings):
     webhook_backoff_s: float = Field(
         1.0, gt=0, description="First retry delay; it doubles after each failed attempt."
     )
-    webhook_timeout_s: float = Field(5.0, gt=0, description="HTTP timeout of one delivery.")
+    webhook_timeout_s: float = Field(
+        5.0, gt=0, description="Deadline of one delivery attempt as a whole: name resolution, "
+        "connect, TLS, sending the event and reading the (capped) response.",
+    )
+    webhook_allowed_networks: Annotated[tuple[IPvAnyNetwork, ...], NoDecode] = Field(
+        (), description="Comma-separated CIDRs webhooks may be delivered to although they are "
+        "loopback, private, link-local etc. (refused otherwise), e.g. 127.0.0.0/8 for a "
+        "receiver on this host in development and tests. Empty: only public addresses.",
+    )
+    webhook_secret_grace_s: float = Field(
+        24 * 3600.0, ge=0, description="After a team's webhook signing secret is rotated, how "
+        "long events still carry a signature made with the old one as well.",
+    )
+
+    @field_validator("webhook_allowed_networks", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        return tuple(p.strip() for p in value.split(",") if p.strip()) if isinstance(
+            value, str) else value
 
     # --- files and batches (OpenAI Files and Batch API) --------------------------------------
     files_dir: Path | None = Field(
@@ -302,8 +340,13 @@ class Settings(BaseSettings):
         "MB per batch input file); larger uploads get HTTP 413.",
     )
     max_batch_lines: int = Field(
-        50_000, gt=0, description="Most requests (lines) one batch input file may hold; a "
-        "longer file fails the batch.",
+        50_000, gt=0, description="Most requests (non-blank lines) one batch input file may "
+        "hold (OpenAI: 50,000): a longer file gets HTTP 400 at upload (purpose batch) and at "
+        "batch creation.",
+    )
+    max_batch_file_bytes: int = Field(
+        200 * 1024 * 1024, gt=0, description="Largest batch input file (OpenAI: 200 MB): a "
+        "larger upload with purpose batch gets HTTP 413, a batch on a larger file HTTP 400.",
     )
     max_batch_in_flight: int = Field(
         256, gt=0, description="Batch requests released to the pipeline and not finished yet, "
@@ -321,6 +364,49 @@ class Settings(BaseSettings):
         "only for tests): a batch not finished this long after creation expires.",
     )
 
+    # --- retention and storage quotas (app/retention.py, app/storage_policy.py) ---------------
+    purge_interval_s: float = Field(
+        3600.0, ge=0, description="How often beat runs the retention purge on the health "
+        "worker (0: never on a schedule; `blockq purge` still works).",
+    )
+    purge_chunk_rows: int = Field(
+        1000, gt=0, description="Rows the purge deletes per transaction (short transactions, "
+        "no table lock).",
+    )
+    retain_requests_days: float = Field(
+        30.0, ge=0, description="Finished requests (with their events and webhook deliveries) "
+        "are deleted this long after they finished; requests in flight and those of running "
+        "batches never are. 0: kept forever.",
+    )
+    retain_outcomes_days: float = Field(
+        90.0, ge=0, description="Request history rows (request_outcomes: prompts, predicted "
+        "and actual lengths, what online learning trains on) are deleted this long after the "
+        "request finished. 0: kept forever.",
+    )
+    retain_step_samples_days: float = Field(
+        7.0, ge=0, description="Engine step samples (what exec-model refits use) are deleted "
+        "after this long. 0: kept forever.",
+    )
+    retain_webhook_deliveries_days: float = Field(
+        30.0, ge=0, description="Webhook delivery attempts are deleted after this long (they "
+        "also go with their request). 0: kept forever.",
+    )
+    retain_batches_days: float = Field(
+        30.0, ge=0, description="Finished batches (completed, failed, expired, cancelled) with "
+        "no request left are deleted this long after they finished; their files follow their "
+        "own expires_at. 0: kept forever.",
+    )
+    retain_model_versions_days: float = Field(
+        90.0, ge=0, description="Candidate and retired model versions older than this are "
+        "deleted; the active version and each scope's rollback target are always kept. 0: "
+        "kept forever.",
+    )
+    storage_quota_bytes: int = Field(
+        10 * 1024**3, ge=0, description="Bytes of stored files a team may hold (uploads and "
+        "batch outputs), unless the team has its own quota (`blockq teams create --storage-"
+        "quota`); an upload past it gets HTTP 403 storage_quota_exceeded. Unset: no quota.",
+    )
+
     log_level: str = Field("INFO", description="Log level of every blockq process.")
 
     # --- logs and metrics ----------------------------------------------------------------------
@@ -336,6 +422,19 @@ class Settings(BaseSettings):
     )
     metrics_host: str = Field(
         "127.0.0.1", description="Address a worker's metrics server (metrics_port) binds to."
+    )
+    metrics_token: SecretStr | None = Field(
+        None, description="When set, the API's GET /metrics answers only `Authorization: "
+        "Bearer <token>` (401 otherwise). Unset: /metrics is open (keep it off public networks).",
+    )
+    metrics_counts_cache_s: float = Field(
+        60.0, ge=0, description="GET /metrics counts finished requests by status at most this "
+        "often (cached in Redis for every API process); requests in flight are counted at every "
+        "scrape through an index.",
+    )
+    log_request_content: bool = Field(
+        False, description="Debug only: let prompts, outputs and SQL parameters appear in log "
+        "lines (SQLAlchemy errors render bound parameters). Off: they never do.",
     )
     prometheus_multiproc_dir: Path | None = Field(
         None,
@@ -364,6 +463,10 @@ class Settings(BaseSettings):
                 value = value.get_secret_value()
             elif isinstance(value, Path):
                 value = value.resolve()
+            elif isinstance(value, tuple):
+                value = ",".join(map(str, value))
+            elif isinstance(value, dict):
+                value = json.dumps(value)  # as pydantic-settings reads it back
             env[self.env_name(name)] = str(value)
         return env
 

@@ -20,6 +20,7 @@ from flask.typing import ResponseReturnValue
 from app import openai_format as fmt
 from app import store
 from app.api.auth import current_principal
+from app.api.held import ClientGone, Hold, held_connections
 from app.api.services import services
 from app.commands import cancel_request, submit_request
 from app.db import TRANSIENT_ERRORS
@@ -91,23 +92,37 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
     parsed = parse_body(body_model, body)  # type: ignore[arg-type]
     svc = services()
     check_model(parsed, svc.settings.model_name)
-    team_id = current_principal().team_id
-    submitted, _ = submit_request(svc, native_body(parsed), idempotency_key=None,
-                                  team_id=team_id, stream=parsed.stream)
-    if parsed.stream:
-        relay = _Relay(svc, submitted, kind, team_id, parsed.include_usage_in_stream)
-        return Response(stream_with_context(relay.events()), mimetype="text/event-stream",
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    finished = _wait_until_finished(svc, submitted.id)
+    principal = current_principal()
+    team_id = principal.team_id
+    # NOTE: the connection is held (a thread, a team slot) from here until the answer is sent:
+    # a stream hands its hold to the response, which releases it when the server closes it.
+    hold = held_connections().hold(team_id, principal.team_name, request.environ)
+    handed_over = False
+    try:
+        submitted, _ = submit_request(svc, native_body(parsed), idempotency_key=None,
+                                      team_id=team_id, stream=parsed.stream)
+        if parsed.stream:
+            relay = _Relay(svc, submitted, kind, team_id, parsed.include_usage_in_stream, hold)
+            response = Response(stream_with_context(relay.events()),
+                                mimetype="text/event-stream",
+                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            response.call_on_close(hold.release)
+            handed_over = True
+            return response
+        finished = _wait_until_finished(svc, submitted.id, hold)
+    finally:
+        if not handed_over:
+            hold.release()
     render = fmt.chat_completion_object if kind == fmt.KIND_CHAT else fmt.completion_object
     return jsonify(render(finished, svc.settings.model_name))
 
 
-def _wait_until_finished(svc: Services, request_id: str) -> InferenceRequest:
+def _wait_until_finished(svc: Services, request_id: str, hold: Hold) -> InferenceRequest:
     """Block until the request is terminal (its stream's last entry, or its row), then return
     the row; an unfinished request after `sync_timeout_s` answers 504 and keeps running. While
     Redis is unreachable the row is polled instead: the request was accepted, so the client must
-    get its answer, not an error that would make it submit again."""
+    get its answer, not an error that would make it submit again. A client that leaves meanwhile
+    has its request cancelled (nobody would read the answer)."""
     deadline = time.monotonic() + svc.settings.sync_timeout_s
     try:
         for event in read_stream(svc.fleet.redis, request_id):
@@ -115,13 +130,24 @@ def _wait_until_finished(svc: Services, request_id: str) -> InferenceRequest:
             if row is not None:
                 return _succeeded_or_raise(row)
             _check_deadline(svc, request_id, deadline)
+            _check_client(svc, request_id, hold)
     except redis.RedisError as exc:
         logger.warning("stream of %s unreadable (%s): polling its row", request_id,
                        type(exc).__name__)
     while (row := _terminal_row(svc, request_id)) is None:
         _check_deadline(svc, request_id, deadline)
+        _check_client(svc, request_id, hold)
         time.sleep(ROW_POLL_S)
     return _succeeded_or_raise(row)
+
+
+def _check_client(svc: Services, request_id: str, hold: Hold) -> None:
+    """Renew the hold's lease; cancel the request of a client that has left."""
+    if not hold.alive():
+        logger.info("client of %s left: cancelling it", request_id)
+        cancel_quietly(svc, request_id, hold.team_id)
+        raise ClientGone(f"The client closed its connection; request {request_id} was "
+                         "cancelled.", code="client_closed_request")
 
 
 def _check_deadline(svc: Services, request_id: str, deadline: float) -> None:
@@ -156,15 +182,19 @@ class _Relay:
     """Server-sent events of one streamed completion, from its Redis stream."""
 
     def __init__(self, svc: Services, submitted: InferenceRequest, kind: str, team_id: str,
-                 include_usage: bool) -> None:
+                 include_usage: bool, hold: Hold) -> None:
         self.svc, self.request, self.kind = svc, submitted, kind
         self.team_id, self.include_usage = team_id, include_usage
+        self.hold = hold
         self.model = svc.settings.model_name
         self.finished = False
+        self.sent_at = time.monotonic()
 
     def events(self) -> Iterator[str]:
         try:
-            yield from self._events()
+            for event in self._events():
+                self.sent_at = time.monotonic()
+                yield event
         except GeneratorExit:
             if not self.finished:  # the client went away: stop generating for nobody
                 cancel_quietly(self.svc, self.request.id, self.team_id)
@@ -194,6 +224,9 @@ class _Relay:
                 if time.monotonic() > deadline:
                     yield from self._error("The request did not finish in time.", "timeout")
                     return
+                if self._client_left():
+                    return
+                yield from self._keep_alive()
         except redis.RedisError as exc:
             logger.warning("stream of %s unreadable (%s): polling its row", self.request.id,
                            type(exc).__name__)
@@ -201,8 +234,27 @@ class _Relay:
             if time.monotonic() > deadline:
                 yield from self._error("The request did not finish in time.", "timeout")
                 return
+            if self._client_left():
+                return
+            yield from self._keep_alive()
             time.sleep(ROW_POLL_S)
         yield from self._finish(row, "".join(sent))
+
+    def _client_left(self) -> bool:
+        """Renew the hold's lease; cancel the request if its client has gone (seen on its
+        socket, before any write would fail)."""
+        if self.hold.alive():
+            return False
+        logger.info("client of stream %s left: cancelling it", self.request.id)
+        self.finished = True
+        cancel_quietly(self.svc, self.request.id, self.team_id)
+        return True
+
+    def _keep_alive(self) -> Iterator[str]:
+        """An SSE comment when nothing was sent for `sse_keepalive_s`: proxies keep the stream
+        open, and writing to a client that left fails (which cancels the request)."""
+        if time.monotonic() - self.sent_at >= self.svc.settings.sse_keepalive_s:
+            yield ": keep-alive\n\n"
 
     def _delta(self, text: str) -> dict[str, Any] | str:
         return {"content": text} if self.kind == fmt.KIND_CHAT else text

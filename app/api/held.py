@@ -1,0 +1,250 @@
+"""Connections held open: a sync or streamed OpenAI completion holds an API thread until its
+request ends (up to `sync_timeout_s`). Two caps keep such connections from stopping the API:
+
+- **Per team, over all API processes**: a slot per held connection in Redis, a sorted set per
+  team (member: the slot's id; score: its lease's end, by Redis's clock). The holder renews its
+  lease while it waits, so that the slots of a killed API process expire within `LEASE_S`
+  instead of leaking. While Redis is unreachable each process counts its own holders (each
+  allows the team's whole cap, as the rate limiter's fallback does). Over the cap: 429.
+- **Per process**: `api_threads - api_reserved_threads`, so that threads are always left for
+  `/healthz`, `/readyz` and short calls. Over it: 503.
+
+A `Hold` also notices a client that went away while its request runs: it peeks at the client's
+socket (gunicorn and werkzeug's server put it in the WSGI environ) for the end of the stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+from flask import Flask, current_app, jsonify
+from flask.typing import ResponseReturnValue
+
+from app.errors import BlockqError
+from app.settings import Settings
+
+__all__ = ["init_app", "held_connections", "HeldConnections", "Hold", "TooManyHeld",
+           "ServerBusy", "ClientGone", "client_gone", "LEASE_S"]
+
+logger = logging.getLogger(__name__)
+
+#: How long a slot counts without being renewed (a holder renews it every LEASE_S / 3).
+LEASE_S = 30.0
+#: Seconds a refused client is told to wait before trying again.
+RETRY_AFTER_S = 1
+#: Where WSGI servers put the client's socket: gunicorn, werkzeug's development server.
+SOCKET_KEYS = ("gunicorn.socket", "werkzeug.socket")
+_EXTENSION = "blockq.held"
+
+# KEYS[1]: the team's slots; ARGV: cap, lease (ms), slot id. 1: taken, 0: the team is full.
+_TAKE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+return 1
+"""
+# KEYS[1]: the team's slots; ARGV: lease (ms), slot id. Puts the slot back if it was lost.
+_RENEW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]))
+return 1
+"""
+
+
+class TooManyHeld(BlockqError):
+    """The team holds its cap of open completions."""
+
+    status = 429
+    type = "requests"  # OpenAI's type for request-rate limits
+
+
+class ServerBusy(BlockqError):
+    """This API process holds all the completions its threads may."""
+
+    status = 503
+    type = "server_error"
+
+
+class ClientGone(BlockqError):
+    """The client closed its connection while its completion ran (nobody reads the answer)."""
+
+    status = 499
+    type = "invalid_request_error"
+
+
+def client_gone(sock: socket.socket | None) -> bool:
+    """Whether the peer of `sock` has closed its end (a read would return end-of-stream).
+
+    Data waiting to be read (a pipelined request) is no sign of leaving; a socket this cannot
+    look at (none, TLS) never counts as gone."""
+    if sock is None:
+        return False
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:  # open, nothing to read
+        return False
+    except ValueError:  # TLS sockets take no flags; a closed socket has no descriptor
+        return False
+    except OSError:  # reset by the peer
+        return True
+
+
+class _TeamSlots:
+    """Slots per team in Redis, counted in this process while Redis is unreachable."""
+
+    def __init__(self, client: redis.Redis, lease_s: float) -> None:
+        self.redis = client
+        self.lease_ms = int(lease_s * 1000)
+        self._take = client.register_script(_TAKE)
+        self._renew = client.register_script(_RENEW)
+        self._lock = threading.Lock()
+        self._local: Counter[str] = Counter()
+
+    @staticmethod
+    def key(team_id: str) -> str:
+        return f"blockq:held:{team_id}"
+
+    def take(self, team_id: str, cap: int) -> tuple[str, bool] | None:
+        """A new slot (its id, and whether it is counted in Redis); None when the team is full."""
+        slot = uuid.uuid4().hex
+        try:
+            taken = self._take(keys=[self.key(team_id)], args=[cap, self.lease_ms, slot])
+            return (slot, True) if taken else None
+        except redis.RedisError as exc:
+            logger.warning("held connections uncountable in Redis (%s): counting in this "
+                           "process", type(exc).__name__)
+        with self._lock:
+            if self._local[team_id] >= cap:
+                return None
+            self._local[team_id] += 1
+        return slot, False
+
+    def renew(self, team_id: str, slot: str) -> None:
+        try:
+            self._renew(keys=[self.key(team_id)], args=[self.lease_ms, slot])
+        except redis.RedisError:
+            pass  # the lease runs out; tried again at the next renewal
+
+    def give_back(self, team_id: str, slot: str, in_redis: bool) -> None:
+        if not in_redis:
+            with self._lock:
+                self._local[team_id] -= 1
+                if self._local[team_id] <= 0:
+                    del self._local[team_id]
+            return
+        try:
+            self.redis.zrem(self.key(team_id), slot)
+        except redis.RedisError:
+            pass  # its lease runs out
+
+    def held(self, team_id: str) -> int:
+        """Slots of the team with a running lease (for tests and operators)."""
+        key = self.key(team_id)
+        seconds, micros = self.redis.time()
+        return int(self.redis.zcount(key, seconds * 1000 + micros // 1000 + 1, "+inf"))
+
+
+class Hold:
+    """One held connection: its team slot and process slot until `release`; `alive` renews the
+    lease when due and says whether the client is still there."""
+
+    def __init__(self, owner: HeldConnections, team_id: str, slot: str, in_redis: bool,
+                 sock: socket.socket | None) -> None:
+        self.owner, self.team_id, self.slot, self.in_redis = owner, team_id, slot, in_redis
+        self.sock = sock
+        self.renewed_at = time.monotonic()
+        self._released = False
+        self._lock = threading.Lock()
+
+    def alive(self) -> bool:
+        now = time.monotonic()
+        if self.in_redis and now - self.renewed_at >= self.owner.lease_s / 3:
+            self.renewed_at = now
+            self.owner.slots.renew(self.team_id, self.slot)
+        return not client_gone(self.sock)
+
+    def release(self) -> None:
+        """Give both slots back; once only (a stream's end and its response's close both call
+        this)."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        self.owner.slots.give_back(self.team_id, self.slot, self.in_redis)
+        self.owner.process_slots.release()
+
+
+class HeldConnections:
+    """The caps of one API process (see the module docstring)."""
+
+    def __init__(self, settings: Settings, client: redis.Redis, *, lease_s: float | None = None
+                 ) -> None:
+        if settings.api_reserved_threads >= settings.api_threads:
+            raise ValueError(
+                f"api_reserved_threads ({settings.api_reserved_threads}) must be below "
+                f"api_threads ({settings.api_threads}): completions would get no thread.")
+        self.per_process = settings.api_threads - settings.api_reserved_threads
+        self.per_team = settings.held_connections_per_team
+        self.team_caps = settings.held_connections_team_caps
+        self.lease_s = lease_s or LEASE_S
+        self.slots = _TeamSlots(client, self.lease_s)
+        self.process_slots = threading.BoundedSemaphore(self.per_process)
+
+    def cap_of(self, team_name: str) -> int:
+        return self.team_caps.get(team_name, self.per_team)
+
+    def hold(self, team_id: str, team_name: str, environ: Mapping[str, Any]) -> Hold:
+        """Take a slot for a connection about to be held, or refuse it (503, 429)."""
+        if not self.process_slots.acquire(blocking=False):
+            raise ServerBusy(
+                f"This API process already holds {self.per_process} open completions (sync or "
+                "streamed), all it may; retry shortly, or submit with POST /v1/requests and "
+                "poll GET /v1/requests/<id>.", code="server_busy")
+        cap = self.cap_of(team_name)
+        try:
+            taken = self.slots.take(team_id, cap)
+        except BaseException:
+            self.process_slots.release()
+            raise
+        if taken is None:
+            self.process_slots.release()
+            raise TooManyHeld(
+                f"Your team already has {cap} completions open at once (sync or streamed), its "
+                "cap on held connections; retry when one has ended, or submit with POST "
+                "/v1/requests and poll GET /v1/requests/<id>.", code="concurrency_limit_exceeded")
+        return Hold(self, team_id, *taken, _client_socket(environ))
+
+
+def _client_socket(environ: Mapping[str, Any]) -> socket.socket | None:
+    for key in SOCKET_KEYS:
+        sock = environ.get(key)
+        if isinstance(sock, socket.socket):
+            return sock
+    return None
+
+
+def _handle_refusal(error: TooManyHeld | ServerBusy) -> ResponseReturnValue:
+    return jsonify(error.to_dict()), error.status, {"Retry-After": str(RETRY_AFTER_S)}
+
+
+def held_connections() -> HeldConnections:
+    return current_app.extensions[_EXTENSION]
+
+
+def init_app(app: Flask, settings: Settings, client: redis.Redis) -> None:
+    app.extensions[_EXTENSION] = HeldConnections(settings, client)
+    app.register_error_handler(TooManyHeld, _handle_refusal)
+    app.register_error_handler(ServerBusy, _handle_refusal)

@@ -1,0 +1,299 @@
+"""Connections held open (sync and streamed OpenAI completions) must not stop the API: a per-team
+cap over all API processes (429), a per-process cap that leaves threads for /healthz (503), SSE
+keep-alive comments, and a client that leaves has its request cancelled and its slot freed.
+
+The app is served by werkzeug's threaded server on 127.0.0.1 and called by real clients (raw
+sockets, httpx). No Celery worker runs: a submission stays queued, which holds its connection
+open until the client leaves or `sync_timeout_s` passes. Real PostgreSQL and Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import redis
+from flask import Flask
+from sqlalchemy import select
+from werkzeug.serving import BaseWSGIServer, make_server
+
+from app import create_app
+from app.api import held
+from app.api.held import HeldConnections, ServerBusy, TooManyHeld
+from app.models import InferenceRequest, RequestStatus
+from app.services import Services
+from app.settings import Settings
+from app.teams import ensure_team_key
+from tests.environment import TEST_REDIS_URL, free_port
+
+pytestmark = pytest.mark.services
+
+CHAT = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+
+
+@dataclass
+class Api:
+    """A served API: its base URL, its app, and the keys of teams "a" and "b"."""
+
+    url: str
+    port: int
+    app: Flask
+    keys: dict[str, str]
+    team_ids: dict[str, str]
+
+    @property
+    def services(self) -> Services:
+        return self.app.extensions["blockq"]
+
+    @property
+    def held(self) -> HeldConnections:
+        return self.app.extensions["blockq.held"]
+
+    def requests_of(self, team: str) -> list[InferenceRequest]:
+        with self.services.db.session() as session:
+            query = select(InferenceRequest).where(InferenceRequest.team_id == self.team_ids[team])
+            return list(session.scalars(query))
+
+    def open_completion(self, team: str, body: dict | None = None) -> socket.socket:
+        """A raw client that sends a completion and does not read its answer yet."""
+        payload = json.dumps(body or CHAT).encode()
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            + f"Authorization: Bearer {self.keys[team]}\r\n".encode()
+            + b"Content-Type: application/json\r\n"
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        return sock
+
+
+def serve(settings: Settings) -> Iterator[Api]:
+    app = create_app(settings)
+    with app.app_context():
+        with app.extensions["blockq"].db.session() as session:
+            issued = {team: ensure_team_key(session, team) for team in ("a", "b")}
+    server: BaseWSGIServer = make_server("127.0.0.1", settings.api_port, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield Api(f"http://127.0.0.1:{settings.api_port}", settings.api_port, app,
+                  {team: key.key for team, key in issued.items()},
+                  {team: key.team_id for team, key in issued.items()})
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def api(fresh_services: Settings) -> Iterator[Api]:
+    """Two held completions per team, three per process; sync waits of 20 s."""
+    yield from serve(fresh_services.model_copy(update={
+        "held_connections_per_team": 2, "api_threads": 5, "api_reserved_threads": 2,
+        "sync_timeout_s": 20.0, "sse_keepalive_s": 0.5}))
+
+
+def eventually(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
+
+
+def answer_of(sock: socket.socket, timeout_s: float = 10.0) -> tuple[int, dict[str, str], dict]:
+    """Status, headers and JSON body of the (complete, non-streamed) answer on `sock`."""
+    sock.settimeout(timeout_s)
+    data = b""
+    while b"\r\n\r\n" not in data or len(data.partition(b"\r\n\r\n")[2]) < _length(data):
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed early: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, json.loads(body)
+
+
+def _length(data: bytes) -> int:
+    for line in data.partition(b"\r\n\r\n")[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":")[1])
+    return 1 << 30
+
+
+def test_a_team_over_its_cap_gets_429_while_another_team_and_healthz_go_on(api: Api) -> None:
+    held_a = [api.open_completion("a") for _ in range(2)]
+    eventually(lambda: api.held.slots.held(api.team_ids["a"]) == 2)
+
+    status, headers, body = answer_of(api.open_completion("a"))
+    assert status == 429 and int(headers["retry-after"]) >= 1
+    assert body["error"]["type"] == "requests"
+    assert body["error"]["code"] == "concurrency_limit_exceeded"
+    assert "2 completions open at once" in body["error"]["message"]
+    assert len(api.requests_of("a")) == 2  # the refused one was never submitted
+
+    held_b = api.open_completion("b")  # another team still gets through
+    eventually(lambda: api.held.slots.held(api.team_ids["b"]) == 1)
+
+    # The process's three slots are taken: one more gets 503, and the probes still answer.
+    status, headers, body = answer_of(api.open_completion("b"))
+    assert status == 503 and int(headers["retry-after"]) >= 1
+    assert body["error"]["code"] == "server_busy"
+    assert "3 open completions" in body["error"]["message"]
+    assert httpx.get(f"{api.url}/healthz", timeout=5).json() == {"status": "ok"}
+    assert httpx.get(f"{api.url}/readyz", timeout=5).status_code == 200
+
+    for sock in [*held_a, held_b]:
+        sock.close()
+
+
+def test_a_sync_client_that_leaves_has_its_request_cancelled_and_its_slot_freed(api: Api) -> None:
+    sock = api.open_completion("a")
+    eventually(lambda: len(api.requests_of("a")) == 1)
+    assert api.requests_of("a")[0].status == RequestStatus.QUEUED
+    sock.close()
+
+    eventually(lambda: api.requests_of("a")[0].status == RequestStatus.CANCELLED, 5)
+    eventually(lambda: api.held.slots.held(api.team_ids["a"]) == 0, 5)
+    # Both process slots and team slots are back: the cap can be filled again.
+    again = [api.open_completion("a") for _ in range(2)]
+    eventually(lambda: api.held.slots.held(api.team_ids["a"]) == 2)
+    for held_sock in again:
+        held_sock.close()
+
+
+def test_a_finished_request_frees_its_slot(api: Api) -> None:
+    sock = api.open_completion("a")
+    eventually(lambda: len(api.requests_of("a")) == 1)
+    request_id = api.requests_of("a")[0].id
+    cancelled = httpx.post(f"{api.url}/v1/requests/{request_id}/cancel", timeout=5,
+                           headers={"Authorization": f"Bearer {api.keys['a']}"})
+    assert cancelled.status_code == 200, cancelled.text
+
+    status, _, body = answer_of(sock)  # the wait sees its request end
+    assert status == 500 and body["error"]["code"] == "cancelled"
+    eventually(lambda: api.held.slots.held(api.team_ids["a"]) == 0, 5)
+    sock.close()
+
+
+def test_a_waiting_stream_sends_keep_alive_comments_and_a_client_that_leaves_cancels(
+    api: Api
+) -> None:
+    with httpx.Client(timeout=10) as client, client.stream(
+        "POST", f"{api.url}/v1/chat/completions", json={**CHAT, "stream": True},
+        headers={"Authorization": f"Bearer {api.keys['a']}"},
+    ) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")  # the assistant role chunk
+        seen = [next(lines) for _ in range(4)]
+        assert ": keep-alive" in seen
+        assert api.held.slots.held(api.team_ids["a"]) == 1
+    eventually(lambda: api.requests_of("a")[0].status == RequestStatus.CANCELLED, 5)
+    eventually(lambda: api.held.slots.held(api.team_ids["a"]) == 0, 5)
+
+
+def test_a_timed_out_wait_frees_its_slot(fresh_services: Settings) -> None:
+    for api in serve(fresh_services.model_copy(update={"sync_timeout_s": 1.0})):
+        response = httpx.post(f"{api.url}/v1/chat/completions", json=CHAT, timeout=10,
+                              headers={"Authorization": f"Bearer {api.keys['a']}"})
+        assert response.status_code == 504
+        assert api.held.slots.held(api.team_ids["a"]) == 0
+
+
+# --- the caps themselves ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def settings(fresh_services: Settings) -> Settings:
+    return fresh_services.model_copy(update={
+        "held_connections_per_team": 2, "held_connections_team_caps": {"bench": 3}})
+
+
+def test_slots_of_a_killed_process_expire_with_their_lease(settings: Settings) -> None:
+    client = redis.Redis.from_url(TEST_REDIS_URL)
+    killed = HeldConnections(settings, client, lease_s=0.5)
+    for _ in range(2):
+        killed.hold("team_1", "t", {})  # never released: its process died
+    survivor = HeldConnections(settings, client, lease_s=0.5)
+    with pytest.raises(TooManyHeld):
+        survivor.hold("team_1", "t", {})
+    time.sleep(0.6)
+    survivor.hold("team_1", "t", {}).release()
+
+
+def test_a_renewed_slot_outlives_its_first_lease(settings: Settings) -> None:
+    client = redis.Redis.from_url(TEST_REDIS_URL)
+    caps = HeldConnections(settings, client, lease_s=0.6)
+    hold = caps.hold("team_1", "t", {})
+    for _ in range(4):
+        time.sleep(0.25)
+        assert hold.alive()
+    assert caps.slots.held("team_1") == 1
+    hold.release()
+    assert caps.slots.held("team_1") == 0
+
+
+def test_the_cap_is_counted_in_the_process_while_redis_is_down(settings: Settings) -> None:
+    down = redis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0")
+    caps = HeldConnections(settings, down)
+    holds = [caps.hold("team_1", "t", {}) for _ in range(2)]
+    with pytest.raises(TooManyHeld):
+        caps.hold("team_1", "t", {})
+    caps.hold("team_2", "u", {}).release()  # another team is counted apart
+    holds[0].release()
+    holds[0].release()  # once only
+    caps.hold("team_1", "t", {})
+    with pytest.raises(TooManyHeld):
+        caps.hold("team_1", "t", {})
+
+
+def test_a_team_named_in_the_caps_gets_its_own(settings: Settings) -> None:
+    caps = HeldConnections(settings, redis.Redis.from_url(TEST_REDIS_URL))
+    holds = [caps.hold("team_1", "bench", {}) for _ in range(3)]
+    with pytest.raises(TooManyHeld, match="3 completions"):
+        caps.hold("team_1", "bench", {})
+    for hold in holds:
+        hold.release()
+
+
+def test_the_process_cap_leaves_the_reserved_threads(settings: Settings) -> None:
+    caps = HeldConnections(
+        settings.model_copy(update={"api_threads": 3, "api_reserved_threads": 1,
+                                    "held_connections_per_team": 10}),
+        redis.Redis.from_url(TEST_REDIS_URL))
+    holds = [caps.hold(f"team_{k}", "t", {}) for k in range(2)]
+    with pytest.raises(ServerBusy):
+        caps.hold("team_9", "t", {})
+    assert caps.slots.held("team_9") == 0  # a refused call takes no team slot
+    holds[0].release()
+    caps.hold("team_9", "t", {})
+
+
+def test_reserved_threads_must_leave_some_for_completions(settings: Settings) -> None:
+    with pytest.raises(ValueError, match="api_reserved_threads"):
+        HeldConnections(settings.model_copy(update={"api_threads": 4}),
+                        redis.Redis.from_url(TEST_REDIS_URL))
+
+
+def test_a_client_that_closed_its_socket_is_seen_as_gone() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        client = socket.create_connection(listener.getsockname())
+        server_side, _ = listener.accept()
+        with server_side:
+            assert not held.client_gone(server_side)
+            client.sendall(b"GET / HTTP/1.1\r\n\r\n")  # a pipelined request is no leaving
+            time.sleep(0.05)
+            assert not held.client_gone(server_side)
+            server_side.recv(100)
+            client.close()
+            time.sleep(0.05)
+            assert held.client_gone(server_side)
+    assert not held.client_gone(None)
