@@ -15,13 +15,13 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from app import dispatch
+from app import batch_input, dispatch
 from app.errors import Conflict, InvalidRequest, NotFound
 from app.models import (
     Batch,
@@ -38,10 +38,11 @@ from app.openai_schemas import body_model_for
 from app.pagination import Page, PageQuery, cursor_page
 from app.schemas import parse_body
 from app.services import Services
+from app.storage import file_store
 
-__all__ = ["CreateBatch", "LineCounts", "create_batch", "get_batch", "list_batches",
-           "cancel_batch", "line_counts", "batch_to_dict", "new_batch_id", "STOPPABLE",
-           "TERMINAL_BATCH_STATUSES", "EVENT_TYPES"]
+__all__ = ["CreateBatch", "OutputExpiresAfter", "LineCounts", "create_batch", "get_batch",
+           "list_batches", "cancel_batch", "line_counts", "batch_to_dict", "new_batch_id",
+           "STOPPABLE", "TERMINAL_BATCH_STATUSES", "EVENT_TYPES"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +54,22 @@ TERMINAL_BATCH_STATUSES = frozenset({BatchStatus.COMPLETED, BatchStatus.FAILED,
 EVENT_TYPES = {status: f"batch.{status}" for status in TERMINAL_BATCH_STATUSES}
 COMPLETION_WINDOWS = ("24h",)
 MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
+#: OpenAI's bounds of `output_expires_after.seconds`: one hour to 30 days.
+MIN_OUTPUT_EXPIRY_S, MAX_OUTPUT_EXPIRY_S = 3600, 30 * 24 * 3600
 
 
 def new_batch_id() -> str:
     return f"batch_{uuid.uuid4().hex}"
+
+
+class OutputExpiresAfter(BaseModel):
+    """OpenAI's expiration policy of a batch's output and error files: they expire `seconds`
+    after they are created (the files' creation, not the batch's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    anchor: Literal["created_at"]
+    seconds: int = Field(ge=MIN_OUTPUT_EXPIRY_S, le=MAX_OUTPUT_EXPIRY_S, strict=True)
 
 
 class CreateBatch(BaseModel):
@@ -68,6 +81,7 @@ class CreateBatch(BaseModel):
     endpoint: str
     completion_window: str
     metadata: dict[str, str] | None = None
+    output_expires_after: OutputExpiresAfter | None = None
 
     @field_validator("metadata")
     @classmethod
@@ -91,6 +105,13 @@ def create_batch(services: Services, body: Any, *, team_id: str) -> Batch:
         raise InvalidRequest(f"Invalid completion_window '{parsed.completion_window}': only "
                              f"{', '.join(COMPLETION_WINDOWS)} is supported.",
                              param="completion_window", code="invalid_value")
+    with services.db.session() as session:
+        size_bytes = _check_input_file(session, parsed.input_file_id, team_id=team_id)
+    # Read outside any transaction: counting the lines of 200 MB takes a moment.
+    batch_input.check_input_file(services.settings,
+                                 file_store(services.settings).path(parsed.input_file_id),
+                                 size_bytes=size_bytes, param="input_file_id")
+    expiry = parsed.output_expires_after
     now = utcnow()
     with services.outbox.transaction() as tx:
         session = tx.session
@@ -98,6 +119,7 @@ def create_batch(services: Services, body: Any, *, team_id: str) -> Batch:
         batch = Batch(id=new_batch_id(), team_id=team_id, status=BatchStatus.VALIDATING,
                       endpoint=parsed.endpoint, input_file_id=parsed.input_file_id,
                       completion_window=parsed.completion_window, batch_metadata=parsed.metadata,
+                      output_expires_after_s=None if expiry is None else expiry.seconds,
                       created_at=now, updated_at=now,
                       expires_at=now + timedelta(
                           seconds=services.settings.batch_completion_window_s))
@@ -106,7 +128,8 @@ def create_batch(services: Services, body: Any, *, team_id: str) -> Batch:
     return batch
 
 
-def _check_input_file(session: Session, file_id: str, *, team_id: str) -> None:
+def _check_input_file(session: Session, file_id: str, *, team_id: str) -> int:
+    """The team's batch input file's size in bytes, or a 400 naming what is wrong with it."""
     row = session.get(StoredFile, file_id)
     if row is None or row.team_id != team_id:
         raise InvalidRequest(f"No such File object: {file_id}", param="input_file_id",
@@ -114,6 +137,7 @@ def _check_input_file(session: Session, file_id: str, *, team_id: str) -> None:
     if row.purpose != FilePurpose.BATCH:
         raise InvalidRequest(f"The input file must have purpose 'batch', '{file_id}' has "
                              f"'{row.purpose}'.", param="input_file_id", code="invalid_value")
+    return row.size_bytes
 
 
 def get_batch(session: Session, batch_id: str, *, team_id: str) -> Batch:

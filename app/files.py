@@ -7,17 +7,21 @@ A file is a row in `files` (what the API lists) plus its bytes in the files dire
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from pathlib import PurePath
 from typing import IO, Any
 
+from sqlalchemy import or_
 from sqlalchemy.orm import Session
 
+from app import batch_input
 from app.db import Database
 from app.errors import InvalidRequest, NotFound, PayloadTooLarge
-from app.models import FilePurpose, StoredFile
+from app.models import FilePurpose, StoredFile, utcnow
 from app.pagination import Page, PageQuery, cursor_page
 from app.settings import Settings
 from app.storage import FileTooLarge, file_store
+from app.storage_policy import check_quota, expires_at_of
 
 __all__ = ["new_file_id", "upload_file", "register_file", "get_file", "list_files",
            "delete_file", "file_to_dict", "UPLOAD_PURPOSES"]
@@ -32,8 +36,10 @@ def new_file_id() -> str:
 
 
 def upload_file(settings: Settings, db: Database, *, team_id: str, purpose: str | None,
-                filename: str | None, stream: IO[bytes]) -> StoredFile:
-    """Store an uploaded file (streamed to disk in chunks), then record it."""
+                filename: str | None, stream: IO[bytes],
+                expires_after_s: int | None = None) -> StoredFile:
+    """Store an uploaded file (streamed to disk in chunks), then record it if it fits in the
+    team's storage quota (app.storage_policy); it expires `expires_after_s` after creation."""
     if purpose not in UPLOAD_PURPOSES:
         raise InvalidRequest(f"Invalid purpose '{purpose}': files can be uploaded with purpose "
                              f"{', '.join(sorted(UPLOAD_PURPOSES))}.", param="purpose",
@@ -44,25 +50,34 @@ def upload_file(settings: Settings, db: Database, *, team_id: str, purpose: str 
                              code="missing_required_parameter")
     store = file_store(settings)
     file_id = new_file_id()
+    max_bytes = batch_input.max_upload_bytes(settings, purpose)
     try:
-        size_bytes = store.save(file_id, stream, max_bytes=settings.max_file_bytes)
+        size_bytes = store.save(file_id, stream, max_bytes=max_bytes)
     except FileTooLarge:
-        raise PayloadTooLarge(f"The file is larger than {settings.max_file_bytes} bytes.",
+        raise PayloadTooLarge(f"The file is larger than {max_bytes} bytes.",
                               param="file", code="file_too_large") from None
     try:
+        if purpose == FilePurpose.BATCH:
+            batch_input.check_request_count(settings, store.path(file_id), param="file")
         with db.session() as session:
+            check_quota(session, settings, team_id=team_id, adding=size_bytes)
+            now = utcnow()
             return register_file(session, file_id=file_id, team_id=team_id, purpose=purpose,
-                                 filename=name, size_bytes=size_bytes)
+                                 filename=name, size_bytes=size_bytes, created_at=now,
+                                 expires_at=expires_at_of(now, expires_after_s))
     except BaseException:
         store.delete(file_id)
         raise
 
 
 def register_file(session: Session, *, file_id: str, team_id: str, purpose: str, filename: str,
-                  size_bytes: int) -> StoredFile:
-    """Record a file whose bytes are already stored under `file_id`."""
+                  size_bytes: int, created_at: datetime | None = None,
+                  expires_at: datetime | None = None) -> StoredFile:
+    """Record a file whose bytes are already stored under `file_id`; the retention purge
+    deletes it (row and bytes) once `expires_at` has passed."""
     row = StoredFile(id=file_id, team_id=team_id, purpose=purpose, filename=filename,
-                     size_bytes=size_bytes)
+                     size_bytes=size_bytes, created_at=created_at or utcnow(),
+                     expires_at=expires_at)
     session.add(row)
     session.flush()
     return row
@@ -70,14 +85,20 @@ def register_file(session: Session, *, file_id: str, team_id: str, purpose: str,
 
 def get_file(session: Session, file_id: str, *, team_id: str) -> StoredFile:
     row = session.get(StoredFile, file_id)
-    if row is None or row.team_id != team_id:
+    if row is None or row.team_id != team_id or _expired(row):
         raise NotFound(f"No such File object: {file_id}", param="id", code="not_found")
     return row
 
 
+def _expired(row: StoredFile) -> bool:
+    """Past its expires_at: gone for the API at once, before the purge removes it."""
+    return row.expires_at is not None and row.expires_at <= utcnow()
+
+
 def list_files(session: Session, query: PageQuery, *, team_id: str,
                purpose: str | None) -> Page[StoredFile]:
-    where = [StoredFile.team_id == team_id]
+    where = [StoredFile.team_id == team_id,
+             or_(StoredFile.expires_at.is_(None), StoredFile.expires_at > utcnow())]
     if purpose:
         where.append(StoredFile.purpose == purpose)
     return cursor_page(session, StoredFile, query, where)
@@ -100,6 +121,6 @@ def file_to_dict(row: StoredFile) -> dict[str, Any]:
         "filename": row.filename,
         "purpose": row.purpose,
         "status": "processed",
-        "expires_at": None,
+        "expires_at": None if row.expires_at is None else int(row.expires_at.timestamp()),
         "status_details": None,
     }

@@ -35,6 +35,7 @@ __all__ = [
     "RequestOutcome",
     "Team",
     "ApiKey",
+    "TeamWebhookSecret",
     "ModelVersion",
     "ModelStatus",
     "StoredFile",
@@ -136,6 +137,11 @@ class InferenceRequest(Base):
     top_p: Mapped[float]
     seed: Mapped[int | None]
     stop: Mapped[list[Any] | None]
+    # Sampling parameters beyond the columns above, only those the client set (app.sampling):
+    # vLLM's extras, penalties, logit_bias, logprobs, echo.
+    sampling: Mapped[dict[str, Any] | None]
+    # A prompt given as token ids goes to the engine as these ids (`prompt` holds their text).
+    prompt_token_ids: Mapped[list[Any] | None]
     webhook_url: Mapped[str | None] = mapped_column(Text)
     # The engine worker streams output text to Redis as it is generated (OpenAI `stream: true`).
     stream: Mapped[bool] = mapped_column(default=False, server_default=false())
@@ -168,6 +174,8 @@ class InferenceRequest(Base):
     output_tokens: Mapped[int | None]
     finish_reason: Mapped[str | None] = mapped_column(String(16))
     error: Mapped[dict[str, Any] | None]
+    # Logprobs the engine returned when asked (workers.serve.engine.GenerationResult.logprobs).
+    logprobs: Mapped[dict[str, Any] | None]
 
     created_at: Mapped[Timestamp] = mapped_column(default=utcnow)
     updated_at: Mapped[Timestamp] = mapped_column(default=utcnow, onupdate=utcnow)
@@ -235,7 +243,10 @@ class EngineStepSample(Base):
     num_waiting: Mapped[int]
     kv_cache_usage: Mapped[float]
 
-    __table_args__ = (Index("ix_engine_step_samples_instance_id_at", "instance_id", "at"),)
+    __table_args__ = (
+        Index("ix_engine_step_samples_instance_id_at", "instance_id", "at"),
+        Index("ix_engine_step_samples_at", "at"),  # the retention purge
+    )
 
 
 class WebhookDelivery(Base):
@@ -254,12 +265,15 @@ class WebhookDelivery(Base):
     status_code: Mapped[int | None]
     error: Mapped[str | None] = mapped_column(Text)
     succeeded: Mapped[bool]
+    # No further attempt: the destination is refused (not a public address, or a bad URL).
+    permanent: Mapped[bool] = mapped_column(default=False, server_default=false())
     duration_ms: Mapped[float]
     at: Mapped[Timestamp] = mapped_column(default=utcnow)
 
     __table_args__ = (
         Index("ix_webhook_deliveries_request_id", "request_id", "attempt"),
         Index("ix_webhook_deliveries_batch_id", "batch_id", "attempt"),
+        Index("ix_webhook_deliveries_at", "at"),  # the retention purge
     )
 
 
@@ -294,8 +308,10 @@ class RequestOutcome(Base):
     predicted_e2e_s: Mapped[float | None]
     e2e_s: Mapped[float]
 
-    __table_args__ = (Index("ix_request_outcomes_model_name_finished_at", "model_name",
-                            "finished_at"),)
+    __table_args__ = (
+        Index("ix_request_outcomes_model_name_finished_at", "model_name", "finished_at"),
+        Index("ix_request_outcomes_finished_at", "finished_at"),  # the retention purge
+    )
 
 
 class ModelStatus(enum.StrEnum):
@@ -342,6 +358,8 @@ class Team(Base):
     rate_limit_rpm: Mapped[int | None]
     # Where batch events go (signed like request webhooks); None: no batch webhooks.
     webhook_url: Mapped[str | None] = mapped_column(Text)
+    # Bytes of stored files the team may hold; None: the configured default.
+    storage_quota_bytes: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[Timestamp] = mapped_column(default=utcnow)
 
 
@@ -359,6 +377,25 @@ class ApiKey(Base):
     is_admin: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[Timestamp] = mapped_column(default=utcnow)
     revoked_at: Mapped[OptionalTimestamp]
+
+
+class TeamWebhookSecret(Base):
+    """A signing secret of a team's webhook events (Standard Webhooks, `whsec_<base64>`).
+
+    The current one has no `expires_at`. A rotation gives the previous one an `expires_at` at the
+    end of the grace period; until then events carry a signature made with each. Kept as is, not
+    hashed: signing (HMAC) needs the secret itself.
+    """
+
+    __tablename__ = "team_webhook_secrets"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    team_id: Mapped[str] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"))
+    secret: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[Timestamp] = mapped_column(default=utcnow)
+    expires_at: Mapped[OptionalTimestamp]
+
+    __table_args__ = (Index("ix_team_webhook_secrets_team_id", "team_id"),)
 
 
 class FilePurpose(enum.StrEnum):
@@ -424,6 +461,9 @@ class Batch(Base):
     errors: Mapped[list[Any] | None]
     output_file_id: Mapped[str | None] = mapped_column(String(40))
     error_file_id: Mapped[str | None] = mapped_column(String(40))
+    # OpenAI's `output_expires_after.seconds`: the output and error files expire this long after
+    # they are written (None: they never expire).
+    output_expires_after_s: Mapped[int | None]
 
     created_at: Mapped[Timestamp] = mapped_column(default=utcnow)
     updated_at: Mapped[Timestamp] = mapped_column(default=utcnow, onupdate=utcnow)

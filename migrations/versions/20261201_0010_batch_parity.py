@@ -17,8 +17,10 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    pass  # filled in by the work that owns this revision
+    # OpenAI's `output_expires_after.seconds`: the output and error files expire this long
+    # after they are written.
+    op.add_column("batches", sa.Column("output_expires_after_s", sa.Integer(), nullable=True))
 
 
 def downgrade() -> None:
-    pass  # filled in by the work that owns this revision
+    op.drop_column("batches", "output_expires_after_s")

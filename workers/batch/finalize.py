@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select, update
 
@@ -134,10 +135,11 @@ def _close(rt: Runtime, batch: Batch, final: BatchStatus, written: list[_Written
         with rt.outbox.transaction() as tx:
             session = tx.session
             for w in kept.values():
-                register_file(session, file_id=w.file_id, team_id=batch.team_id,
-                              purpose=FilePurpose.BATCH_OUTPUT,
-                              filename=f"{batch.id}_{w.kind}.jsonl",
-                              size_bytes=files.path(w.file_id).stat().st_size)
+                row = register_file(session, file_id=w.file_id, team_id=batch.team_id,
+                                    purpose=FilePurpose.BATCH_OUTPUT,
+                                    filename=f"{batch.id}_{w.kind}.jsonl",
+                                    size_bytes=files.path(w.file_id).stat().st_size)
+                row.expires_at = _output_expiry(batch, row.created_at)
             closed = session.execute(
                 update(Batch)
                 .where(Batch.id == batch.id, Batch.status == batch.status)
@@ -157,6 +159,14 @@ def _close(rt: Runtime, batch: Batch, final: BatchStatus, written: list[_Written
         raise
     _delete(files, [w for w in written if not w.num_lines])
     return True
+
+
+def _output_expiry(batch: Batch, created_at: datetime) -> datetime | None:
+    """When an output or error file expires: OpenAI's `output_expires_after` counts from the
+    file's creation."""
+    if batch.output_expires_after_s is None:
+        return None
+    return created_at + timedelta(seconds=batch.output_expires_after_s)
 
 
 class _Superseded(Exception):

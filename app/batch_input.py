@@ -1,0 +1,87 @@
+"""The limits of a batch input file, OpenAI's by default: at most `max_batch_lines` requests
+(50,000) and `max_batch_file_bytes` (200 MB).
+
+They are checked where the client can be told at once: at upload with purpose `batch` (the
+size by the upload's byte limit, the lines here) and at batch creation (both here, as a 400
+naming the limit). Expansion (workers/batch/expand.py) counts the lines again as it reads them,
+so a file uploaded under a higher limit still cannot run past the current one.
+
+A request is a non-blank line, as expansion counts them. Counting never holds the file in
+memory, and a file of a few long lines costs one pass of `bytes.count`: lines are only told
+blank or not when the file has at least as many line ends as the limit.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import IO
+
+from app.errors import InvalidRequest
+from app.models import FilePurpose
+from app.settings import Settings
+
+__all__ = ["count_requests", "check_input_file", "check_request_count", "max_upload_bytes"]
+
+COUNT_CHUNK_BYTES = 1 << 20
+_NONBLANK = re.compile(rb"\S")
+#: From a line's first non-blank byte to its end: one match per non-blank line.
+_NONBLANK_LINE = re.compile(rb"\S[^\n]*")
+
+
+def max_upload_bytes(settings: Settings, purpose: str | None) -> int:
+    """The largest file an upload with `purpose` may store."""
+    if purpose == FilePurpose.BATCH:
+        return min(settings.max_file_bytes, settings.max_batch_file_bytes)
+    return settings.max_file_bytes
+
+
+def count_requests(handle: IO[bytes], *, stop_after: int) -> int:
+    """The non-blank lines of `handle`, read in chunks; counting stops once past `stop_after`
+    (the result is then some number above it)."""
+    count, open_line = 0, False  # open_line: the line not ended yet has a non-blank byte
+    while chunk := handle.read(COUNT_CHUNK_BYTES):
+        first = chunk.find(b"\n")
+        if first < 0:
+            open_line = open_line or _NONBLANK.search(chunk) is not None
+            continue
+        count += open_line or _NONBLANK.search(chunk, 0, first) is not None
+        last = chunk.rfind(b"\n")
+        count += sum(1 for _ in _NONBLANK_LINE.finditer(chunk, first + 1, last))
+        open_line = _NONBLANK.search(chunk, last + 1) is not None
+        if count > stop_after:
+            return count
+    return count + open_line
+
+
+def _more_requests_than(path: Path, limit: int) -> bool:
+    with path.open("rb") as handle:
+        line_ends = 0
+        while chunk := handle.read(COUNT_CHUNK_BYTES):
+            line_ends += chunk.count(b"\n")
+        if line_ends < limit:  # at most line_ends + 1 lines, blank or not
+            return False
+        handle.seek(0)
+        return count_requests(handle, stop_after=limit) > limit
+
+
+def check_request_count(settings: Settings, path: Path, *, param: str) -> None:
+    """400 when the file at `path` holds more requests than a batch may."""
+    limit = settings.max_batch_lines
+    if _more_requests_than(path, limit):
+        raise InvalidRequest(f"The batch input file has more than {limit:,} requests (non-blank "
+                             f"lines); a batch holds at most {limit:,}.", param=param,
+                             code="too_many_lines")
+
+
+def check_input_file(settings: Settings, path: Path, *, size_bytes: int, param: str) -> None:
+    """400 when the file at `path` (of `size_bytes`) is past either limit of a batch input file.
+    A file whose bytes are gone passes: expansion fails the batch with `file_not_found`."""
+    limit = settings.max_batch_file_bytes
+    if size_bytes > limit:
+        raise InvalidRequest(f"The batch input file is {size_bytes:,} bytes; a batch input file "
+                             f"is at most {limit:,} bytes.", param=param, code="file_too_large")
+    try:
+        check_request_count(settings, path, param=param)
+    except FileNotFoundError:
+        return
