@@ -6,7 +6,9 @@ _settings = Settings.load()
 
 bind = f"{_settings.api_host}:{_settings.api_port}"
 workers = _settings.api_workers
-threads = 8
+# NOTE: each sync or streamed OpenAI completion holds a thread while it waits; the API keeps
+# api_reserved_threads of them for /healthz, /readyz and short calls (app/api/held.py).
+threads = _settings.api_threads
 graceful_timeout = 10
 # NOTE: the worker heartbeat file on tmpfs: a container's overlay filesystem can stall it.
 worker_tmp_dir = "/dev/shm"

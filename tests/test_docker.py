@@ -608,8 +608,19 @@ def test_gunicorn_config_follows_the_settings(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("BLOCKQ_API_HOST", "0.0.0.0")
     monkeypatch.setenv("BLOCKQ_API_PORT", "8123")
     monkeypatch.setenv("BLOCKQ_API_WORKERS", "3")
+    monkeypatch.setenv("BLOCKQ_API_THREADS", "48")
     config = runpy.run_path(str(DOCKER / "gunicorn.conf.py"))
-    assert (config["bind"], config["workers"]) == ("0.0.0.0:8123", 3)
+    assert (config["bind"], config["workers"], config["threads"]) == ("0.0.0.0:8123", 3, 48)
+
+
+def test_gunicorn_config_matches_the_local_stack() -> None:
+    """The image's API runs as `blockq serve` runs it: same workers, threads and grace."""
+    config = runpy.run_path(str(DOCKER / "gunicorn.conf.py"))
+    settings = Settings.load()
+    api = process_commands(settings)["api"]
+    for flag, key in (("--workers", "workers"), ("--threads", "threads"),
+                      ("--graceful-timeout", "graceful_timeout")):
+        assert api[api.index(flag) + 1] == str(config[key]), flag
 
 
 # === tests: Dockerfiles ========================================================================
