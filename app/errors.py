@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["BlockqError", "InvalidRequest", "Unauthorized", "PermissionDenied", "NotFound",
-           "Conflict", "Unprocessable", "PayloadTooLarge", "ServiceUnavailable"]
+           "Conflict", "Unprocessable", "PayloadTooLarge", "UnsupportedMediaType",
+           "ServiceUnavailable"]
 
 
 class BlockqError(Exception):
@@ -64,6 +65,11 @@ class Unprocessable(BlockqError):
 
 class PayloadTooLarge(BlockqError):
     status = 413
+    type = "invalid_request_error"
+
+
+class UnsupportedMediaType(BlockqError):
+    status = 415
     type = "invalid_request_error"
 
 

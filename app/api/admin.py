@@ -1,21 +1,25 @@
 """Operations endpoints (admin keys only): drain, pause and resume instances, queue depths, the
-routing policy in force and switching it at run time."""
+routing policy in force and switching it at run time, rotating a team's webhook signing secret."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
-from flask import Blueprint, jsonify, request
+from flask import Blueprint, jsonify
 from flask.typing import ResponseReturnValue
 
 from app.api.auth import current_principal
 from app.api.instances import routing_state
+from app.api.json_body import json_body
 from app.api.services import services
 from app.controls import OperatorControls
 from app.errors import InvalidRequest, NotFound, PermissionDenied, ServiceUnavailable
 from app.fleet import InstanceStatus
+from app.models import Team
 from app.queues import SERVICE_QUEUES, queue_depths
 from app.services import Services
+from app.team_secrets import rotate_secret
 from workers.route.policies import POLICIES
 
 bp = Blueprint("admin", __name__, url_prefix="/v1/admin")
@@ -87,8 +91,8 @@ def show_routing() -> ResponseReturnValue:
 def switch_routing() -> ResponseReturnValue:
     """`{"policy": name}` switches every router at once; `{"policy": null}` restores the
     configured one."""
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict) or set(body) != {"policy"}:
+    body = json_body()
+    if set(body) != {"policy"}:
         raise InvalidRequest('The body must be {"policy": <name or null>}.', param="policy")
     policy = body["policy"]
     if policy is not None and policy not in POLICIES.names():
@@ -98,6 +102,23 @@ def switch_routing() -> ResponseReturnValue:
     svc = services()
     _controls(svc).set_policy_override(policy)
     return jsonify(routing_state(svc))
+
+
+@bp.post("/teams/<team_id>/webhook_secret/rotate")
+def rotate_webhook_secret(team_id: str) -> ResponseReturnValue:
+    """A new signing secret for the team's webhook events, returned once; the current one still
+    signs events for `webhook_secret_grace_s` (events carry both signatures meanwhile)."""
+    svc = services()
+    with svc.db.session() as session:
+        team = session.get(Team, team_id)
+        if team is None:
+            raise NotFound(f"No team with id '{team_id}'.", param="team_id",
+                           code="team_not_found")
+        rotated = rotate_secret(session, team,
+                                grace=timedelta(seconds=svc.settings.webhook_secret_grace_s))
+    until = rotated.previous_valid_until
+    return jsonify(object="team.webhook_secret", team_id=team_id, secret=rotated.secret,
+                   previous_valid_until=int(until.timestamp()) if until else None)
 
 
 def _controls(svc: Services) -> OperatorControls:

@@ -7,8 +7,8 @@ from flask.typing import ResponseReturnValue
 
 from app import batches
 from app.api.auth import current_principal
+from app.api.json_body import json_body
 from app.api.services import services
-from app.errors import InvalidRequest
 from app.pagination import list_object, page_query
 
 bp = Blueprint("batches", __name__, url_prefix="/v1/batches")
@@ -19,9 +19,7 @@ DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT = 20, 100
 
 @bp.post("")
 def create() -> ResponseReturnValue:
-    body = request.get_json(silent=True)
-    if body is None:
-        raise InvalidRequest("The request body must be valid JSON.", code="invalid_json")
+    body = json_body()
     batch = batches.create_batch(services(), body, team_id=current_principal().team_id)
     return show(batch.id)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import redis
-from flask import Flask, jsonify
+from flask import Flask, has_request_context, jsonify, request
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 
@@ -31,8 +31,16 @@ def _handle_http_exception(error: HTTPException) -> ResponseReturnValue:
         kind = "requests"  # OpenAI's type for request-rate limits
     code = {413: "request_too_large", 405: "method_not_allowed", 404: "not_found",
             429: "rate_limit_exceeded"}.get(status)
-    body = {"error": {"message": error.description, "type": kind, "param": None, "code": code}}
+    message = _too_large_message() if status == 413 else error.description
+    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
     return jsonify(body), status
+
+
+def _too_large_message() -> str:
+    """Werkzeug's 413 names no limit; this one does (the app's, or an endpoint's own)."""
+    limit = request.max_content_length if has_request_context() else None
+    return (f"The request body is larger than {limit} bytes, the largest accepted here."
+            if limit else "The request body is too large.")
 
 
 def _handle_outage(error: Exception) -> ResponseReturnValue:

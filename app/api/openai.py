@@ -21,17 +21,18 @@ from app import openai_format as fmt
 from app import store
 from app.api.auth import current_principal
 from app.api.held import ClientGone, Hold, held_connections
+from app.api.json_body import json_body
 from app.api.services import services
-from app.commands import cancel_request, submit_request
+from app.commands import cancel_request, submit_together
 from app.db import TRANSIENT_ERRORS
-from app.errors import BlockqError, InvalidRequest, NotFound
+from app.errors import BlockqError, NotFound
 from app.models import InferenceRequest, RequestStatus
 from app.openai_schemas import (
     ChatCompletionBody,
     CompletionBody,
     OpenAIBody,
     check_model,
-    native_body,
+    native_bodies,
 )
 from app.schemas import parse_body
 from app.services import Services
@@ -86,9 +87,7 @@ def chat_completions() -> ResponseReturnValue:
 
 
 def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
-    body = request.get_json(silent=True)
-    if body is None:
-        raise InvalidRequest("The request body must be valid JSON.", code="invalid_json")
+    body = json_body()
     parsed = parse_body(body_model, body)  # type: ignore[arg-type]
     svc = services()
     check_model(parsed, svc.settings.model_name)
@@ -99,22 +98,39 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
     hold = held_connections().hold(team_id, principal.team_name, request.environ)
     handed_over = False
     try:
-        submitted, _ = submit_request(svc, native_body(parsed), idempotency_key=None,
-                                      team_id=team_id, stream=parsed.stream)
+        # One request per choice (a stream has one: the body's validation saw to it).
+        submitted = submit_together(svc, native_bodies(parsed), team_id=team_id,
+                                    stream=parsed.stream)
         if parsed.stream:
-            relay = _Relay(svc, submitted, kind, team_id, parsed.include_usage_in_stream, hold)
+            relay = _Relay(svc, submitted[0], kind, team_id, parsed.include_usage_in_stream,
+                           hold)
             response = Response(stream_with_context(relay.events()),
                                 mimetype="text/event-stream",
                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             response.call_on_close(hold.release)
             handed_over = True
             return response
-        finished = _wait_until_finished(svc, submitted.id, hold)
+        finished = _wait_for_all(svc, submitted, hold)
     finally:
         if not handed_over:
             hold.release()
     render = fmt.chat_completion_object if kind == fmt.KIND_CHAT else fmt.completion_object
-    return jsonify(render(finished, svc.settings.model_name))
+    return jsonify(render(finished, svc.settings.model_name, n=parsed.n))
+
+
+def _wait_for_all(svc: Services, submitted: list[InferenceRequest],
+                  hold: Hold) -> list[InferenceRequest]:
+    """The finished rows of a call's choices, in order. One that fails or times out ends the
+    call: the others are cancelled (nobody would read them)."""
+    finished: list[InferenceRequest] = []
+    try:
+        for choice in submitted:
+            finished.append(_wait_until_finished(svc, choice.id, hold))
+    except BaseException:
+        for choice in submitted[len(finished) + 1:]:
+            cancel_quietly(svc, choice.id, hold.team_id)
+        raise
+    return finished
 
 
 def _wait_until_finished(svc: Services, request_id: str, hold: Hold) -> InferenceRequest:

@@ -7,18 +7,16 @@ from flask.typing import ResponseReturnValue
 
 from app import store
 from app.api.auth import current_principal
+from app.api.json_body import json_body
 from app.api.services import services
 from app.commands import cancel_request, submit_request
-from app.errors import InvalidRequest
 
 bp = Blueprint("requests", __name__, url_prefix="/v1/requests")
 
 
 @bp.post("")
 def create() -> ResponseReturnValue:
-    body = request.get_json(silent=True)
-    if body is None:
-        raise InvalidRequest("The request body must be valid JSON.", code="invalid_json")
+    body = json_body()
     created_request, created = submit_request(
         services(), body, idempotency_key=request.headers.get("Idempotency-Key"),
         team_id=current_principal().team_id,

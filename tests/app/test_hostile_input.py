@@ -1,0 +1,195 @@
+"""Hostile request bodies, sent raw (bytes, not what a JSON encoder would write) to every endpoint
+that takes JSON, on PostgreSQL: each gets a 4xx OpenAI error naming the problem, never a 5xx,
+and nothing is written. What PostgreSQL refuses (NUL, lone surrogates, NaN) must be refused
+before it reaches the database; 100,000 nested arrays before the parser recurses."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+from sqlalchemy import func, select
+
+from app.models import Batch, InferenceRequest, OperatorControl, OutboxEntry, RequestEvent
+from app.settings import Settings
+from app.teams import ensure_team_key
+from tests.app.flask_client import api_client, error_body, services_of, upload
+
+pytestmark = pytest.mark.services
+
+MODEL = "tiny-llama"
+DEEP = b"[" * 100_000 + b"]" * 100_000
+NUL, SURROGATE = "\\u0000", "\\ud800"  # JSON escapes, as they travel in a body
+
+
+@pytest.fixture
+def client(fresh_services: Settings) -> FlaskClient:
+    return api_client(fresh_services)
+
+
+def _bodies(client: FlaskClient) -> dict[str, str]:
+    """A JSON template per endpoint (POST path -> body) with `@` where a hostile value goes."""
+    file_id = upload(client).get_json()["id"]
+    templates = {
+        "/v1/requests": '{"prompt": "Hi", "metadata": {"k": @}}',
+        "/v1/completions": '{"model": "MODEL", "prompt": "Hi", "max_tokens": 2, "stop": [@]}',
+        "/v1/chat/completions": '{"model": "MODEL", "messages": [{"role": "user", '
+                                '"content": @}]}',
+        "/v1/batches": '{"input_file_id": "FILE", "endpoint": "/v1/completions", '
+                       '"completion_window": "24h", "metadata": {"k": @}}',
+    }
+    return {path: body.replace("MODEL", MODEL).replace("FILE", file_id)
+            for path, body in templates.items()}
+
+
+def _post(client: FlaskClient, path: str, raw: bytes, **kwargs: Any) -> Any:
+    kwargs.setdefault("content_type", "application/json")
+    return client.post(path, data=raw, **kwargs)
+
+
+def _refused(response: Any, status: int = 400) -> dict[str, Any]:
+    error = error_body(response, status)
+    assert error["type"] == "invalid_request_error" and error["message"], error
+    return error
+
+
+def _nothing_written(client: FlaskClient) -> None:
+    with services_of(client).db.session() as session:
+        for table in (InferenceRequest, RequestEvent, Batch, OutboxEntry, OperatorControl):
+            assert session.scalar(select(func.count()).select_from(table)) == 0, table
+
+
+def test_deep_nesting_is_refused_before_the_parser_recurses(client: FlaskClient) -> None:
+    admin = {"Authorization": f"Bearer {_admin_key(client)}"}
+    for path, template in _bodies(client).items():
+        for raw in (DEEP, template.replace("@", "1").encode()[:-1] + b', "x": ' + DEEP + b"}",
+                    template.replace("@", DEEP.decode()).encode()):
+            error = _refused(_post(client, path, raw))
+            assert error["code"] == "invalid_json" and "nested deeper than 64" in error["message"]
+    error = _refused(client.put("/v1/admin/routing", data=b'{"policy": ' + DEEP + b"}",
+                                content_type="application/json", headers=admin))
+    assert "nested deeper" in error["message"]
+    _nothing_written(client)
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    (f'"a{NUL}b"', "NUL character"),
+    (f'"{SURROGATE}"', "lone surrogate (\\ud800)"),
+    (f'"ok {SURROGATE} {NUL}"', "lone surrogate"),  # the first one is named
+    ("NaN", "NaN is not a JSON number"),
+    ("Infinity", "Infinity is not a JSON number"),
+    ("-Infinity", "-Infinity is not a JSON number"),
+    ("1e999", "out of range"),
+])
+def test_what_postgresql_cannot_store_is_named_with_its_path(
+    client: FlaskClient, value: str, problem: str,
+) -> None:
+    params = {"/v1/requests": "metadata.k", "/v1/completions": "stop.0",
+              "/v1/chat/completions": "messages.0.content", "/v1/batches": "metadata.k"}
+    for path, template in _bodies(client).items():
+        error = _refused(_post(client, path, template.replace("@", value).encode()))
+        assert (error["code"], error["param"]) == ("invalid_value", params[path]), (path, error)
+        assert problem in error["message"], error
+    _nothing_written(client)
+
+
+def test_nul_and_surrogates_in_every_place_of_a_native_request(client: FlaskClient) -> None:
+    cases = {
+        f'{{"prompt": "x{NUL}"}}': "prompt",
+        f'{{"prompt": "{SURROGATE}"}}': "prompt",
+        f'{{"messages": [{{"role": "user", "content": "{SURROGATE}x"}}]}}': "messages.0.content",
+        f'{{"messages": [{{"role": "user", "content": "{NUL}"}}]}}': "messages.0.content",
+        f'{{"prompt": "x", "metadata": {{"k{NUL}": "v"}}}}': "metadata.k\\u0000",
+        f'{{"prompt": "x", "metadata": {{"{SURROGATE}": 1}}}}': "metadata.\\ud800",
+        f'{{"prompt": "x", "metadata": {{"k": ["v", "{NUL}"]}}}}': "metadata.k.1",
+        f'{{"prompt": "x", "stop": "{NUL}"}}': "stop",
+        f'{{"prompt": "x", "webhook_url": "http://h/{NUL}"}}': "webhook_url",
+        f'{{"prompt": "x", "{NUL}": 1}}': "\\u0000",
+    }
+    for raw, param in cases.items():
+        error = _refused(_post(client, "/v1/requests", raw.encode()))
+        assert (error["code"], error["param"]) == ("invalid_value", param), (raw, error)
+    _nothing_written(client)
+
+
+def test_bodies_that_are_not_a_json_object(client: FlaskClient) -> None:
+    cases = [
+        (b"", "is empty"),
+        (b"   \r\n", "is empty"),
+        (b"[1, 2]", "must be a JSON object, not an array"),
+        (b'"prompt"', "must be a JSON object, not a string"),
+        (b"null", "must be a JSON object, not null"),
+        (b"{not json", "is not valid JSON"),
+        (b'{"prompt": "x"} trailing', "is not valid JSON: Extra data"),
+        (b'{"prompt": "caf\xe9"}', "is not valid UTF-8 (byte 15)"),  # Latin-1, not UTF-8
+        (b'{"prompt": "\xed\xa0\x80"}', "is not valid UTF-8"),  # a surrogate, UTF-8-encoded
+        ('{"prompt": "x"}'.encode("utf-16"), "is not valid UTF-8"),
+        (b'{"prompt": "tab\there"}', "Invalid control character"),
+        (b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", "5000 digits is out of range"),
+    ]
+    for path in ("/v1/requests", "/v1/completions", "/v1/chat/completions", "/v1/batches"):
+        for raw, problem in cases:
+            error = _refused(_post(client, path, raw))
+            assert problem in error["message"] and error["code"] in {"invalid_json",
+                                                                      "invalid_value"}, error
+    _nothing_written(client)
+
+
+def test_a_content_type_other_than_json_gets_415(client: FlaskClient) -> None:
+    for content_type in ("text/plain", "application/x-www-form-urlencoded",
+                         "multipart/form-data; boundary=x"):
+        error = _refused(_post(client, "/v1/requests", b'{"prompt": "x"}',
+                               content_type=content_type), 415)
+        assert error["code"] == "unsupported_media_type" and "application/json" in \
+            error["message"]
+    _nothing_written(client)
+    for content_type in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        response = _post(client, "/v1/requests", b'{"prompt": "x"}', content_type=content_type)
+        assert response.status_code == 202, response.get_data(as_text=True)
+    # No Content-Type at all: read as JSON (curl --data-binary without -H sends a form type).
+    response = client.post("/v1/requests", data=b'{"prompt": "x"}')
+    assert response.status_code == 202, response.get_data(as_text=True)
+
+
+def test_a_utf8_bom_and_crlf_are_accepted(client: FlaskClient) -> None:
+    response = _post(client, "/v1/requests", b'\xef\xbb\xbf{"prompt": "Hi",\r\n"metadata": '
+                     b'{"emoji": "\\ud83d\\ude00"}}\r\n')
+    assert response.status_code == 202, response.get_data(as_text=True)
+    shown = client.get(f"/v1/requests/{response.get_json()['id']}").get_json()
+    assert shown["metadata"] == {"emoji": "\U0001f600"}  # a surrogate *pair* is one character
+
+
+def test_bodies_at_and_past_the_size_limit(fresh_services: Settings) -> None:
+    limit = 4096
+    client = api_client(fresh_services.model_copy(update={"max_request_bytes": limit}))
+    head, tail = b'{"prompt": "Hi", "max_tokens": 2, "metadata": {"pad": "', b'"}}'
+    at_limit = head + b"x" * (limit - len(head) - len(tail)) + tail
+    assert len(at_limit) == limit
+    assert _post(client, "/v1/requests", at_limit).status_code == 202
+    for path in ("/v1/requests", "/v1/completions", "/v1/chat/completions", "/v1/batches"):
+        error = _refused(_post(client, path, at_limit[:-1] + b" }"), 413)
+        assert error["code"] == "request_too_large" and f"larger than {limit} bytes" in \
+            error["message"], error
+    with services_of(client).db.session() as session:
+        assert session.scalar(select(func.count()).select_from(InferenceRequest)) == 1
+
+
+def test_admin_routing_reads_its_body_the_same_way(client: FlaskClient) -> None:
+    admin = {"Authorization": f"Bearer {_admin_key(client)}"}
+    for raw, problem in [(b"", "is empty"), (b'{"policy": NaN}', "NaN"),
+                         (f'{{"policy": "{NUL}"}}'.encode(), "NUL"),
+                         (b"[]", "not an array"), (b"\xff", "UTF-8")]:
+        error = _refused(client.put("/v1/admin/routing", data=raw, headers=admin,
+                                    content_type="application/json"))
+        assert problem in error["message"], error
+    error = _refused(client.put("/v1/admin/routing", data=json.dumps({"policy": "nope"}),
+                                headers=admin, content_type="application/json"))
+    assert error["code"] == "unknown_policy"
+    _nothing_written(client)
+
+
+def _admin_key(client: FlaskClient) -> str:
+    with services_of(client).db.session() as session:
+        return ensure_team_key(session, "ops", is_admin=True).key
