@@ -18,6 +18,7 @@ from app.dispatch import (
     QUEUE_WEBHOOKS,
     TASK_BATCH_EXPIRE,
     TASK_BATCH_RELEASE,
+    TASK_PURGE,
     TASK_REFIT_EXEC,
     TASK_RELAY_OUTBOX,
     TASK_REQUEUE_ORPHANS,
@@ -92,6 +93,7 @@ def _beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
         ("expire-batches", TASK_BATCH_EXPIRE, settings.batch_expiry_check_interval_s),
         ("retrain-length-model", TASK_RETRAIN_LENGTH, settings.learn_retrain_interval_s),
         ("refit-exec-models", TASK_REFIT_EXEC, settings.learn_refit_interval_s),
+        ("retention-purge", TASK_PURGE, settings.purge_interval_s),
     ):
         if interval > 0:  # 0 disables the schedule
             schedule[name] = {"task": task, "schedule": interval, "options": {"expires": interval}}

@@ -17,11 +17,16 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceErro
 
 
 class Database:
-    """One engine and session factory per process. Callers own the transaction scope."""
+    """One engine and session factory per process. Callers own the transaction scope.
 
-    def __init__(self, url: str, *, echo: bool = False) -> None:
+    `hide_parameters`: SQLAlchemy errors (and so every log line and traceback showing one) do
+    not render the statement's bound values, which hold prompts, outputs and metadata. Only the
+    debug setting `log_request_content` turns it off.
+    """
+
+    def __init__(self, url: str, *, echo: bool = False, hide_parameters: bool = True) -> None:
         self.url = url
-        self.engine: Engine = _create_engine(url, echo=echo)
+        self.engine: Engine = _create_engine(url, echo=echo, hide_parameters=hide_parameters)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextmanager
@@ -34,12 +39,14 @@ class Database:
         self.engine.dispose()
 
 
-def _create_engine(url: str, *, echo: bool) -> Engine:
+def _create_engine(url: str, *, echo: bool, hide_parameters: bool) -> Engine:
     if url.startswith("sqlite"):
-        engine = create_engine(url, echo=echo, connect_args={"timeout": 30})
+        engine = create_engine(url, echo=echo, hide_parameters=hide_parameters,
+                               connect_args={"timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, echo=echo, pool_pre_ping=True, pool_size=5, max_overflow=10)
+    return create_engine(url, echo=echo, hide_parameters=hide_parameters, pool_pre_ping=True,
+                         pool_size=5, max_overflow=10)
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]

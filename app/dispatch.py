@@ -27,6 +27,7 @@ __all__ = [
     "TASK_RETRAIN_LENGTH",
     "TASK_REFIT_EXEC",
     "TASK_RELAY_OUTBOX",
+    "TASK_PURGE",
     "Message",
     "predict",
     "route",
@@ -57,6 +58,7 @@ TASK_GENERATE = "serve.generate"
 TASK_WEBHOOK = "webhooks.deliver"
 TASK_REQUEUE_ORPHANS = "health.requeue_orphans"
 TASK_RELAY_OUTBOX = "health.relay_outbox"
+TASK_PURGE = "health.purge"
 TASK_RETRAIN_LENGTH = "learn.retrain_length"
 TASK_REFIT_EXEC = "learn.refit_exec"
 TASK_BATCH_EXPAND = "batches.expand"

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
+from app.private_paths import FILE_MODE, private_dir, tighten
+
 __all__ = ["configured_or_generated", "new_flower_basic_auth"]
 
 
@@ -20,14 +22,15 @@ def configured_or_generated(configured: SecretStr | None, path: Path,
     if configured is not None:
         return configured.get_secret_value()
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
         except FileExistsError:
             pass  # another process made it first: read theirs
         else:
             with os.fdopen(fd, "w") as handle:
                 handle.write(generate())
+    tighten(path, FILE_MODE)  # one made by an older version, or copied in, may be looser
     return path.read_text().strip()
 
 

@@ -5,7 +5,10 @@ The request id travels in a context variable: the API sets it from the request b
 read (`app/api/access_log.py`), each Celery task from its request id argument
 (`workers/observability.py`). A filter on the one handler installed here copies it, with the
 role, onto every record. Secrets never reach the
-output: API keys, webhook secrets and URL passwords are masked in every formatted line.
+output: API keys, webhook secrets and URL passwords are masked in every formatted line. Neither
+does request content, unless the debug setting `log_request_content` is on: the databases are
+built with `hide_parameters` (app/db.py), and what an error could still quote of a prompt or an
+output (bound parameters, PostgreSQL's quote of the JSON it refused) is cut from each line.
 """
 
 from __future__ import annotations
@@ -47,6 +50,35 @@ _SECRETS = (
     (re.compile(r"\bwhsec_[A-Za-z0-9+/=]+"), "whsec_***"),
     (re.compile(r"(://[^/\s:@]*:)[^/\s@]+@"), r"\1***@"),
 )
+
+
+#: What an error message may quote of the values a statement carried: SQLAlchemy's rendering of
+#: bound parameters, PostgreSQL's CONTEXT quoting the JSON text it refused.
+_CONTENT = (
+    (re.compile(r"\[parameters: [^\n]*"), "[parameters hidden]"),
+    (re.compile(r"(CONTEXT:\s+JSON data, line \d+:)[^\n]*"), r"\1 (hidden)"),
+)
+
+
+def hide_content(text: str) -> str:
+    """`text` without the request content an error message may quote (see _CONTENT)."""
+    for pattern, replacement in _CONTENT:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+_PLAIN = logging.Formatter()
+
+
+def _without_content(record: logging.LogRecord) -> logging.LogRecord:
+    """A copy of `record` whose message and traceback text went through hide_content (the
+    record itself is shared with other handlers and left alone)."""
+    copy = logging.makeLogRecord(dict(record.__dict__))
+    copy.msg, copy.args = hide_content(record.getMessage()), None
+    if record.exc_info:
+        copy.exc_text = hide_content(record.exc_text or _PLAIN.formatException(record.exc_info))
+        copy.exc_info = None
+    return copy
 
 
 def redact(text: str) -> str:
@@ -95,7 +127,8 @@ class _ContextFilter(logging.Filter):
 class _JsonFormatter(JsonFormatter):
     """time, level, logger, message first; then role, request_id and any `extra` fields."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, show_content: bool = False) -> None:
+        self.show_content = show_content
         super().__init__("{levelname}{name}{message}", style="{",
                          rename_fields={"levelname": "level", "name": "logger"})
 
@@ -106,16 +139,17 @@ class _JsonFormatter(JsonFormatter):
         super().add_fields(log_data, record, message_dict)
 
     def format(self, record: logging.LogRecord) -> str:
-        return redact(super().format(record))
+        return redact(super().format(record if self.show_content else _without_content(record)))
 
 
 class _TextFormatter(logging.Formatter):
-    def __init__(self) -> None:
+    def __init__(self, *, show_content: bool = False) -> None:
+        self.show_content = show_content
         super().__init__("%(asctime)s %(levelname)s %(role)s %(name)s [%(request_id)s] %(message)s",
                          defaults={"role": "-", "request_id": "-"})
 
     def format(self, record: logging.LogRecord) -> str:
-        return redact(super().format(record))
+        return redact(super().format(record if self.show_content else _without_content(record)))
 
 
 class _BlockqHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -128,7 +162,9 @@ def configure(settings: Settings, *, role: str, stream: TextIO | None = None) ->
     handlers installed by others (a test runner's) are left alone."""
     set_role(role)
     handler = _BlockqHandler(stream or sys.stderr)
-    handler.setFormatter(_JsonFormatter() if settings.log_format == "json" else _TextFormatter())
+    show = settings.log_request_content
+    handler.setFormatter(_JsonFormatter(show_content=show) if settings.log_format == "json"
+                         else _TextFormatter(show_content=show))
     handler.addFilter(_ContextFilter())
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _BlockqHandler)]:

@@ -8,15 +8,21 @@ Two kinds of series:
   mode (the directory PROMETHEUS_MULTIPROC_DIR, `Settings.prometheus_multiproc_dir`), so the
   API's GET /metrics adds up every process of the host. A worker with no API beside it (an
   engine in its own container) serves its own on `Settings.metrics_port`.
-- **Read when scraped**, by collectors: request counts by status and priority (one GROUP BY),
-  Celery queue depths (Redis LLEN), the engines' published states and the bias watch's fallback.
+- **Read when scraped**, by collectors: request counts by status and priority, Celery queue
+  depths (Redis LLEN), the engines' published states and the bias watch's fallback. Requests in
+  flight are counted at every scrape through the (status, updated_at) index; finished requests,
+  most of the table, at most every `metrics_counts_cache_s` (the counts are cached in Redis for
+  every API process), so a scrape never counts the whole table.
 
-GET /metrics asks for no API key: it is for the Prometheus scraper, and must not be exposed
-publicly (it names instances, queues and request volumes).
+GET /metrics asks for no API key: it is for the Prometheus scraper. With `metrics_token` set it
+asks for that token as a bearer token; without, it must not be exposed publicly (it names
+instances, queues and request volumes).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -42,7 +48,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.bias import fallback_state, relative_error
 from app.db import Database
 from app.fleet import Fleet
-from app.models import InferenceRequest, Priority, RequestStatus
+from app.models import TERMINAL_STATUSES, InferenceRequest, Priority, RequestStatus
 from app.queues import SERVICE_QUEUES, queue_depths
 from app.services import Services
 from app.settings import Settings
@@ -187,25 +193,59 @@ class EngineStepMetrics:
 # --- read when scraped -------------------------------------------------------------------------
 class RequestCountCollector:
     """`blockq_requests{status, priority}`: requests in the database by current status (every
-    status and priority, zeros included). Terminal statuses only grow until a purge."""
+    status and priority, zeros included). Requests in flight are counted at each scrape (few
+    rows, found through the status index); terminal ones, nearly the whole table, are counted
+    at most every `cache_s` seconds: the counts wait in Redis for every API process (counted
+    directly while Redis is unreachable)."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, client: redis.Redis | None = None, *,
+                 cache_s: float = 0.0) -> None:
         self.db = db
+        self.redis = client
+        self.cache_s = cache_s
 
     def collect(self) -> Iterator[Metric]:
         counts = {(str(s), str(p)): 0 for s in RequestStatus for p in Priority}
-        with self.db.session() as session:
-            rows = session.execute(
-                select(InferenceRequest.status, InferenceRequest.priority, func.count())
-                .group_by(InferenceRequest.status, InferenceRequest.priority)
-            ).all()
-        for status, priority, count in rows:
-            counts[(status, priority)] = count
+        counts.update(self._count(_IN_FLIGHT))
+        counts.update(self._terminal_counts())
         family = GaugeMetricFamily("blockq_requests", "Requests by current status and priority.",
                                    labels=["status", "priority"])
         for (status, priority), count in sorted(counts.items()):
             family.add_metric([status, priority], count)
         yield family
+
+
+    def _count(self, statuses: Sequence[str]) -> dict[tuple[str, str], int]:
+        with self.db.session() as session:
+            rows = session.execute(
+                select(InferenceRequest.status, InferenceRequest.priority, func.count())
+                .where(InferenceRequest.status.in_(statuses))
+                .group_by(InferenceRequest.status, InferenceRequest.priority)
+            ).all()
+        return {(status, priority): count for status, priority, count in rows}
+
+    def _terminal_counts(self) -> dict[tuple[str, str], int]:
+        if self.redis is None or self.cache_s <= 0:
+            return self._count(_TERMINAL)
+        try:
+            cached = self.redis.get(_TERMINAL_COUNTS_KEY)
+        except redis.RedisError:
+            return self._count(_TERMINAL)
+        if cached is not None:
+            return {tuple(key.split("|", 1)): count  # type: ignore[misc]
+                    for key, count in json.loads(cached).items()}
+        counts = self._count(_TERMINAL)
+        with contextlib.suppress(redis.RedisError):
+            self.redis.set(_TERMINAL_COUNTS_KEY, json.dumps(
+                {f"{status}|{priority}": count for (status, priority), count in counts.items()}),
+                px=max(1, int(self.cache_s * 1000)))
+        return counts
+
+
+_TERMINAL = sorted(str(s) for s in TERMINAL_STATUSES)
+_IN_FLIGHT = sorted(str(s) for s in RequestStatus if s not in TERMINAL_STATUSES)
+#: Where the terminal counts wait between two counts (RequestCountCollector).
+_TERMINAL_COUNTS_KEY = "blockq:metrics:terminal_request_counts"
 
 
 class QueueDepthCollector:
@@ -339,7 +379,8 @@ def scrape_registry(svc: Services) -> CollectorRegistry:
     transport = svc.celery.conf.broker_transport_options or {}
     fleet = svc.fleet
     registry.register(GuardedCollectors({
-        "requests": RequestCountCollector(svc.db),
+        "requests": RequestCountCollector(svc.db, fleet.redis,
+                                          cache_s=svc.settings.metrics_counts_cache_s),
         "queues": QueueDepthCollector(
             fleet.redis,
             lambda: [*SERVICE_QUEUES, *(s.instance_id for s in fleet.statuses())],

@@ -30,7 +30,8 @@ class Services:
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
-        db = Database(settings.resolved_database_url)
+        db = Database(settings.resolved_database_url,
+                      hide_parameters=not settings.log_request_content)
         celery = create_celery(settings)
         return cls(
             settings=settings,

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, BinaryIO
 
+from app.private_paths import private_dir
 from app.settings import Settings
 
 __all__ = ["FileStore", "FileTooLarge", "file_store"]
@@ -32,7 +33,9 @@ class FileStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._tmp = root / ".tmp"
-        self._tmp.mkdir(parents=True, exist_ok=True)
+        # NOTE: teams' uploads and outputs: directories 0700, files 0600 (NamedTemporaryFile).
+        private_dir(root)
+        private_dir(self._tmp)
 
     def path(self, file_id: str) -> Path:
         assert "/" not in file_id and not file_id.startswith("."), file_id

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import Conflict, NotFound
 from app.models import ApiKey, Team, utcnow
+from app.team_secrets import add_secret
 
 __all__ = ["Principal", "IssuedKey", "create_team", "issue_key", "revoke_key", "principal_of",
            "key_digest", "team_by_name", "ensure_team_key"]
@@ -48,15 +49,18 @@ def key_digest(key: str) -> str:
 
 
 def create_team(session: Session, name: str, *, share: int = 1, rate_limit_rpm: int | None = None,
-                webhook_url: str | None = None) -> Team:
+                webhook_url: str | None = None, storage_quota_bytes: int | None = None) -> Team:
+    """A new team with its own webhook signing secret (app/team_secrets.py)."""
     team = Team(id=f"team_{uuid.uuid4().hex[:24]}", name=name, share=share,
-                rate_limit_rpm=rate_limit_rpm, webhook_url=webhook_url)
+                rate_limit_rpm=rate_limit_rpm, webhook_url=webhook_url,
+                storage_quota_bytes=storage_quota_bytes)
     session.add(team)
     try:
         session.flush()
     except IntegrityError:
         raise Conflict(f"A team named '{name}' already exists.", param="name",
                        code="team_exists") from None
+    add_secret(session, team.id)
     return team
 
 

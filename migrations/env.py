@@ -17,7 +17,7 @@ def run_migrations_offline() -> None:
 
 
 def run_migrations_online() -> None:
-    connectable = config.attributes.get("connection") or create_engine(url)
+    connectable = config.attributes.get("connection") or create_engine(url, hide_parameters=True)
     if hasattr(connectable, "connect") and not hasattr(connectable, "execute"):
         with connectable.connect() as connection:
             _run(connection)

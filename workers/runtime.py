@@ -39,7 +39,8 @@ class Runtime:
 
     @cached_property
     def db(self) -> Database:
-        return Database(self.settings.resolved_database_url)
+        return Database(self.settings.resolved_database_url,
+                        hide_parameters=not self.settings.log_request_content)
 
     @cached_property
     def redis(self) -> redis.Redis:

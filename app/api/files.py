@@ -11,6 +11,7 @@ from app.api.services import services
 from app.errors import InvalidRequest, NotFound
 from app.pagination import list_object, page_query
 from app.storage import file_store
+from app.storage_policy import expires_after_of_form
 
 bp = Blueprint("files", __name__, url_prefix="/v1/files")
 
@@ -36,7 +37,8 @@ def upload() -> ResponseReturnValue:
                              code="missing_required_parameter")
     row = files.upload_file(settings, services().db, team_id=current_principal().team_id,
                             purpose=request.form.get("purpose"), filename=upload_part.filename,
-                            stream=upload_part.stream)
+                            stream=upload_part.stream,
+                            expires_after_s=expires_after_of_form(request.form))
     return jsonify(files.file_to_dict(row))
 
 

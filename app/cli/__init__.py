@@ -14,9 +14,11 @@ from app.cli.admin import keys, teams
 from app.cli.client import batch, submit
 from app.cli.demo import JobSummary, load_sample_prompts, run_sample_job, summarize
 from app.cli.models import models
+from app.cli.retention import purge
 from app.cli.stack import Stack, StackError
 from app.logs import configure as configure_logs
 from app.migrate import upgrade
+from app.private_paths import private_dir
 from app.settings import Settings
 
 __all__ = ["main"]
@@ -36,7 +38,7 @@ def _prepare(settings: Settings) -> dict[str, str]:
             f"no model at {model}: build the tiny test model with "
             f"`python scripts/build_tiny_model.py --out {model}` or set BLOCKQ_MODEL_PATH"
         )
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.data_dir)  # the SQLite database, logs, secrets, files: 0700
     upgrade(settings.resolved_database_url)
     return {**os.environ, **settings.as_env(), "BLOCKQ_MODEL_PATH": str(model.resolve())}
 
@@ -122,5 +124,5 @@ def show_settings() -> None:
         console.print(f"[bold]{env}[/bold] (default {info.default!r})\n    {info.description}")
 
 
-for group in (models, teams, keys, submit, batch):
+for group in (models, teams, keys, submit, batch, purge):
     main.add_command(group)

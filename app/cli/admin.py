@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import click
 from rich.console import Console
 from rich.table import Table
@@ -11,7 +13,9 @@ from app.db import Database
 from app.errors import BlockqError
 from app.models import ApiKey, Team
 from app.settings import Settings
+from app.team_secrets import rotate_secret, secrets_in_force
 from app.teams import create_team, issue_key, revoke_key, team_by_name
+from app.webhook_targets import check_submitted_url
 
 __all__ = ["teams", "keys"]
 
@@ -34,24 +38,54 @@ def teams() -> None:
 @click.option("--rate-limit", "rate_limit_rpm", type=click.IntRange(min=1), default=None,
               help="Requests per minute (default: BLOCKQ_RATE_LIMIT_RPM).")
 @click.option("--webhook-url", default=None, help="Where the team's batch events are sent.")
+@click.option("--storage-quota", "storage_quota_bytes", type=click.IntRange(min=1), default=None,
+              help="Bytes of stored files (default: BLOCKQ_STORAGE_QUOTA_BYTES).")
 @click.option("--with-key/--no-key", default=True, show_default=True,
               help="Also issue a first API key and print it.")
 def create_team_command(name: str, share: int, rate_limit_rpm: int | None,
-                        webhook_url: str | None, with_key: bool) -> None:
-    """Create a team (and its first API key)."""
+                        webhook_url: str | None, with_key: bool,
+                        storage_quota_bytes: int | None) -> None:
+    """Create a team (and its first API key); prints its webhook signing secret once."""
     db = _database()
     try:
+        check_submitted_url(webhook_url, Settings.load().webhook_allowed_networks)
         with db.session() as session:
             team = create_team(session, name, share=share, rate_limit_rpm=rate_limit_rpm,
-                               webhook_url=webhook_url)
+                               webhook_url=webhook_url, storage_quota_bytes=storage_quota_bytes)
             issued = issue_key(session, team) if with_key else None
+            secret = secrets_in_force(session, team.id)[0]
     except BlockqError as exc:
         raise click.ClickException(exc.message) from None
     finally:
         db.dispose()
     console.print(f"team {name} created: {team.id}")
+    _print_webhook_secret(secret)
     if issued:
         _print_key(issued.key_id, issued.key)
+
+
+@teams.command("rotate-webhook-secret")
+@click.argument("name")
+@click.option("--grace-s", type=click.FloatRange(min=0), default=None,
+              help="Seconds the current secret still signs events (default: "
+              "BLOCKQ_WEBHOOK_SECRET_GRACE_S, 24 h).")
+def rotate_webhook_secret(name: str, grace_s: float | None) -> None:
+    """A new webhook signing secret for the team, printed once; the current one stays valid
+    for the grace period (events carry both signatures meanwhile)."""
+    settings = Settings.load()
+    grace = timedelta(seconds=settings.webhook_secret_grace_s if grace_s is None else grace_s)
+    db = Database(settings.resolved_database_url)
+    try:
+        with db.session() as session:
+            rotated = rotate_secret(session, team_by_name(session, name), grace=grace)
+    except BlockqError as exc:
+        raise click.ClickException(exc.message) from None
+    finally:
+        db.dispose()
+    if rotated.previous_valid_until:
+        until = rotated.previous_valid_until
+        console.print(f"the previous secret stays valid until {until:%Y-%m-%d %H:%M:%S} UTC")
+    _print_webhook_secret(rotated.secret)
 
 
 @teams.command("list")
@@ -128,6 +162,11 @@ def revoke(key_id: str) -> None:
     finally:
         db.dispose()
     console.print(f"key {key_id} revoked")
+
+
+def _print_webhook_secret(secret: str) -> None:
+    console.print("webhook signing secret (shown once; store it now):")
+    click.echo(secret)
 
 
 def _print_key(key_id: str, key: str) -> None:

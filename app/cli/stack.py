@@ -28,6 +28,7 @@ from app.celery_app import SOFT_SHUTDOWN_TIMEOUT_S
 from app.db import Database
 from app.local_secrets import configured_or_generated, new_flower_basic_auth
 from app.metrics import prepare_multiproc_dir
+from app.private_paths import open_private_append, private_dir
 from app.settings import Settings
 from app.teams import ensure_team_key
 
@@ -158,7 +159,7 @@ class Stack:
         return self.settings.data_dir / "logs"
 
     def start(self, names: list[str] | None = None) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.log_dir)  # logs may name requests and errors: this user's only
         # Every process writes its metrics here for the API's /metrics; emptied on a full start.
         self.env["PROMETHEUS_MULTIPROC_DIR"] = str(prepare_multiproc_dir(
             self.settings.data_dir / "prometheus", wipe=names is None))
@@ -171,7 +172,7 @@ class Stack:
         env = self.env
         if name == "flower":
             env = {**env, "FLOWER_BASIC_AUTH": self.flower_basic_auth}
-        with open(self.log_dir / f"{name}.log", "ab") as log:  # the child keeps its own copy
+        with open_private_append(self.log_dir / f"{name}.log") as log:  # the child keeps a copy
             process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )

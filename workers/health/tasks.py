@@ -1,5 +1,5 @@
 """Periodic tasks of the health worker (run by celery beat): the stranded-request sweep
-(`sweep.py`) and the outbox relay (`app/outbox.py`)."""
+(`sweep.py`), the outbox relay (`app/outbox.py`) and the retention purge (`app/retention.py`)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,17 @@ import logging
 
 from celery import shared_task
 
-from app import dispatch
+from app import dispatch, retention
 from app.controls import OperatorControls
 from workers import runtime
 from workers.health.sweep import Sweep
 from workers.health.undelivered import WebhookPolicy
+from workers.locks import held
 
 logger = logging.getLogger(__name__)
+
+#: A purge taking longer leaves the next one free to start (each skips the other's rows).
+PURGE_LOCK_TTL_S = 3600.0
 
 
 @shared_task(name=dispatch.TASK_REQUEUE_ORPHANS)
@@ -49,3 +53,12 @@ def relay_outbox() -> int:
     if sent:
         logger.warning("outbox relay sent %d message(s) their sender had not", sent)
     return sent
+
+
+@shared_task(name=dispatch.TASK_PURGE)
+def purge() -> dict[str, int]:
+    """Delete what is older than its retention (app.retention). Safe beside another run (rows
+    are taken with SKIP LOCKED); the lock only spares a second run the same scans."""
+    rt = runtime.get()
+    with held(rt.redis, "blockq:lock:retention-purge", ttl_s=PURGE_LOCK_TTL_S) as mine:
+        return retention.purge(rt.settings, rt.db) if mine else {}
