@@ -67,6 +67,7 @@ def fresh_services(model_path: Path, tmp_path: Path) -> Iterator[Settings]:
         api_port=free_port(),
         flower_port=free_port(),
         webhook_secret=TEST_WEBHOOK_SECRET,
+        webhook_allowed_networks="127.0.0.0/8",  # the tests' webhook receivers
         log_format="text",  # readable test output; the JSON log test asks for json
     )
     client.flushdb()

@@ -25,10 +25,12 @@ class Delivery:
 
 
 class WebhookReceiver:
-    """Records every delivery and checks its signature; answers 500 to the first `fail_first`
-    attempts of each event (by webhook-id), 200 after."""
+    """Records every delivery and checks its signature against `secrets` (the teams' signing
+    secrets, added once the teams exist); answers 500 to the first `fail_first` attempts of each
+    event (by webhook-id), 200 after."""
 
-    def __init__(self, secret: str, fail_first: int) -> None:
+    def __init__(self, fail_first: int) -> None:
+        self.secrets: list[str] = []
         self.deliveries: list[Delivery] = []
         self.lock = threading.Lock()
         attempts: Counter[str] = Counter()
@@ -40,7 +42,7 @@ class WebhookReceiver:
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 webhook_id = headers.get("webhook-id", "")
                 try:
-                    signature_ok = verify(secret, headers, body)
+                    signature_ok = any(verify(s, headers, body) for s in list(receiver.secrets))
                 except (KeyError, ValueError):
                     signature_ok = False
                 try:

@@ -33,7 +33,7 @@ from chaos_harness.receiver import WebhookReceiver
 from chaos_harness.recovery import stranded_recovery
 from chaos_harness.services import OwnServices
 from chaos_harness.settle import settle
-from chaos_harness.stack_setup import create_teams, stack_env, stack_settings
+from chaos_harness.stack_setup import create_teams, signing_secrets, stack_env, stack_settings
 from chaos_harness.summaries import summarize_faults, workload_summary
 from chaos_harness.workload import Workload
 
@@ -107,8 +107,7 @@ def _run_on(config: RunConfig, services: OwnServices, work_dir: Path,
     rng = random.Random(config.seed)
     schedule = schedule_faults(_chosen_kinds(config, settings), config.faults_per_kind, rng)
     duration_s = config.duration_s or max(30.0, len(schedule) * config.seconds_per_fault)
-    receiver = WebhookReceiver(settings.webhook_secret.get_secret_value(),  # type: ignore[union-attr]
-                               config.webhook_fail_first)
+    receiver = WebhookReceiver(config.webhook_fail_first)
     stack = Stack(settings, env=stack_env(settings, config))
     names = [n for n in process_commands(settings) if n != "flower"]
     db = Database(settings.resolved_database_url)
@@ -116,6 +115,7 @@ def _run_on(config: RunConfig, services: OwnServices, work_dir: Path,
     try:
         parts.watch = _start_stack(parts, names)
         teams = create_teams(settings, receiver.url)
+        receiver.secrets.extend(signing_secrets(settings))
         log(f"stack up in {parts.timings['stack_ready_s']:.0f} s ({', '.join(names)}); "
             f"{config.requests} requests over {duration_s:.0f} s, {len(schedule)} faults; "
             f"logs in {stack.log_dir}")

@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from sqlalchemy import select
+
 from app.db import Database
+from app.models import Team
 from app.settings import Settings
+from app.team_secrets import secrets_in_force
 from app.teams import create_team, issue_key
 from chaos_harness import ROOT
 from chaos_harness.config import RunConfig
@@ -30,6 +34,7 @@ def stack_settings(config: RunConfig, services: OwnServices, data_dir: Path) -> 
         webhook_backoff_s=0.2, engine_concurrency=96, kv_cache_gib=0.5,
         sync_timeout_s=config.sync_timeout_s, batch_release_interval_s=0.2,
         max_batch_in_flight=64, log_format="json",
+        webhook_allowed_networks="127.0.0.0/8",  # the run's receiver
     )
 
 
@@ -47,6 +52,17 @@ def create_teams(settings: Settings, receiver_url: str) -> dict[str, tuple[str, 
     finally:
         db.dispose()
     return keys
+
+
+def signing_secrets(settings: Settings) -> list[str]:
+    """The webhook signing secrets of every team (each team signs with its own)."""
+    db = Database(settings.resolved_database_url)
+    try:
+        with db.session() as session:
+            return [secret for team_id in session.scalars(select(Team.id))
+                    for secret in secrets_in_force(session, team_id)]
+    finally:
+        db.dispose()
 
 
 def stack_env(settings: Settings, config: RunConfig) -> dict[str, str]:

@@ -42,7 +42,7 @@ from tests.environment import (
     TEST_WEBHOOK_SECRET,
     free_port,
 )
-from tests.stack.webhook_receiver import WebhookReceiver
+from tests.stack.webhook_receiver import WebhookReceiver, team_webhook_secret
 
 MODEL = "tiny-llama"
 CHAT = "/v1/chat/completions"
@@ -63,6 +63,7 @@ def stack(
         database_url=TEST_DATABASE_URL, redis_url=TEST_REDIS_URL,
         data_dir=tmp_path_factory.mktemp("batch-stack"), model_path=model_path,
         api_port=free_port(), flower_port=free_port(), webhook_secret=TEST_WEBHOOK_SECRET,
+        webhook_allowed_networks="127.0.0.0/8",
         num_instances=2,
         api_workers=1, heartbeat_ttl_s=2.0, orphan_check_interval_s=1.0, webhook_backoff_s=0.2,
         engine_concurrency=96, engine_kind="emulated", emulated_time_scale=0.05,
@@ -145,7 +146,7 @@ def file_lines(client: OpenAI, file_id: str | None) -> list[dict[str, Any]]:
 def events_of(receiver: WebhookReceiver, batch_id: str, timeout_s: float = 30) -> list[Any]:
     """The batch's events the receiver got, each verified and parsed by the openai client."""
     verifier = OpenAI(api_key="unused", base_url="http://127.0.0.1:9",
-                      webhook_secret=TEST_WEBHOOK_SECRET)
+                      webhook_secret=team_webhook_secret(TEST_DATABASE_URL, batch_id=batch_id))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with receiver.lock:

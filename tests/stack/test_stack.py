@@ -19,9 +19,8 @@ from sqlalchemy import func, select
 from app.cli.stack import Stack
 from app.db import Database
 from app.models import EngineStepSample, WebhookDelivery
-from tests.environment import TEST_WEBHOOK_SECRET
 from tests.stack.native_requests import submit, wait_terminal
-from tests.stack.webhook_receiver import WebhookReceiver
+from tests.stack.webhook_receiver import WebhookReceiver, team_webhook_secret
 
 pytestmark = pytest.mark.vllm  # the default engine kind: the real vLLM engine, tiny model
 
@@ -73,7 +72,8 @@ def test_requests_flow_end_to_end_with_webhooks(start_stack: Callable[..., Stack
         assert 1 <= r["output_tokens"] <= r["max_tokens"] and r["output"]
         assert r["predicted_output_tokens"] is not None
 
-    _assert_webhooks(receiver, ok_ids=set(ids), flaky_ids=set(flaky))
+    secret = team_webhook_secret(stack.settings.resolved_database_url, team_name="local")
+    _assert_webhooks(receiver, secret, ok_ids=set(ids), flaky_ids=set(flaky))
     receiver.close()
 
     db = Database(stack.settings.resolved_database_url)
@@ -91,7 +91,8 @@ def test_requests_flow_end_to_end_with_webhooks(start_stack: Callable[..., Stack
     assert num_samples and num_samples > 0
 
 
-def _assert_webhooks(receiver: WebhookReceiver, *, ok_ids: set[str], flaky_ids: set[str]) -> None:
+def _assert_webhooks(receiver: WebhookReceiver, secret: str, *, ok_ids: set[str],
+                     flaky_ids: set[str]) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with receiver.lock:
@@ -106,9 +107,8 @@ def _assert_webhooks(receiver: WebhookReceiver, *, ok_ids: set[str], flaky_ids: 
         time.sleep(0.2)
     assert delivered_ok == ok_ids
     assert all(flaky_count[i] == 3 for i in flaky_ids), flaky_count
-    verifier = OpenAI(
-        api_key="unused", base_url="http://127.0.0.1:9", webhook_secret=TEST_WEBHOOK_SECRET
-    )
+    # Signed with the secret of the team that submitted the requests (the stack's "local").
+    verifier = OpenAI(api_key="unused", base_url="http://127.0.0.1:9", webhook_secret=secret)
     for _path, headers, body in receiver.deliveries:
         event = verifier.webhooks.unwrap(body, headers)  # verifies the signature, or raises
         assert event.type == "request.succeeded"

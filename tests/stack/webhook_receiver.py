@@ -1,4 +1,5 @@
-"""A webhook receiver on 127.0.0.1 that records every delivery the stack makes."""
+"""A webhook receiver on 127.0.0.1 that records every delivery the stack makes, and the signing
+secret a team's deliveries are verified with."""
 
 from __future__ import annotations
 
@@ -6,7 +7,28 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from sqlalchemy import select
+
+from app.db import Database
+from app.models import Batch, Team
+from app.team_secrets import secrets_in_force
 from tests.environment import free_port
+
+
+def team_webhook_secret(database_url: str, *, team_name: str | None = None,
+                        batch_id: str | None = None) -> str:
+    """The current webhook signing secret of a team, named or the owner of a batch."""
+    db = Database(database_url)
+    try:
+        with db.session() as session:
+            if batch_id is not None:
+                team_id = session.scalar(select(Batch.team_id).where(Batch.id == batch_id))
+            else:
+                team_id = session.scalar(select(Team.id).where(Team.name == team_name))
+            assert team_id is not None, (team_name, batch_id)
+            return secrets_in_force(session, team_id)[0]
+    finally:
+        db.dispose()
 
 
 class WebhookReceiver:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import case, func, select
+from sqlalchemy import case, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.batches import EVENT_TYPES, TERMINAL_BATCH_STATUSES
@@ -50,7 +50,9 @@ def overdue_events(session: Session, policy: WebhookPolicy, now: datetime
 
 
 def _delivered() -> object:
-    return func.coalesce(func.max(case((WebhookDelivery.succeeded, 1), else_=0)), 0)
+    """1 when an attempt succeeded, or found the destination refused (no retry then either)."""
+    settled = or_(WebhookDelivery.succeeded, WebhookDelivery.permanent)
+    return func.coalesce(func.max(case((settled, 1), else_=0)), 0)
 
 
 def _overdue_requests(session: Session, policy: WebhookPolicy, now: datetime

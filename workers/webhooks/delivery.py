@@ -5,18 +5,22 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
-import httpx
+import httpcore
 from sqlalchemy import case, func, select
 
 from app.db import Database
 from app.models import WebhookDelivery
 from app.settings import Settings
 from workers.webhooks.events import load_event
-from workers.webhooks.secret import webhook_secret
+from workers.webhooks.secret import signing_secrets
 from workers.webhooks.signing import signed_headers
+from workers.webhooks.transport import DestinationRefused, post
 
 __all__ = ["Attempt", "attempt_delivery"]
+
+ERROR_LIMIT = 500  # characters of an error kept in webhook_deliveries.error
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,30 +28,37 @@ class Attempt:
     event_id: str
     succeeded: bool
     number: int  # 1 for the first POST of this event
+    permanent: bool = False  # refused destination: no further attempt
+
+
+@dataclass(frozen=True, slots=True)
+class _Result:
+    status_code: int | None
+    error: str | None
+    permanent: bool
+    elapsed_ms: float
 
 
 def attempt_delivery(db: Database, settings: Settings, subject_id: str, event_type: str
                      ) -> Attempt | None:
     """POST the event once and record the attempt; None when there is nothing to deliver (no
-    URL, or the subject is gone). An event already delivered (its message was sent twice) is
-    not posted again."""
+    URL, or the subject is gone). An event already delivered (its message was sent twice), or
+    whose destination was refused, is not posted again."""
     with db.session() as session:
         event = load_event(session, subject_id, event_type)
         if event is None:
             return None
-        made, delivered = session.execute(
-            select(func.count(), func.coalesce(func.max(case((WebhookDelivery.succeeded, 1),
-                                                             else_=0)), 0))
+        made, delivered, refused = session.execute(
+            select(func.count(), _any(WebhookDelivery.succeeded), _any(WebhookDelivery.permanent))
             .where(WebhookDelivery.event_id == event.id)
         ).one()
-    attempt = made + 1
-    if delivered:
-        return Attempt(event.id, True, made)
+        if delivered or refused:
+            return Attempt(event.id, bool(delivered), made, permanent=bool(refused))
+        secrets = signing_secrets(session, settings, event.team_id)
     body = json.dumps(event.payload).encode()
-    headers = signed_headers(webhook_secret(settings), event.id, int(time.time()), body)
-    status_code, error, elapsed_ms = _post(event.url, body, headers,
-                                           timeout_s=settings.webhook_timeout_s)
-    succeeded = status_code is not None and 200 <= status_code < 300
+    headers = signed_headers(secrets, event.id, int(time.time()), body)
+    result = _post(event.url, body, headers, settings)
+    succeeded = result.status_code is not None and 200 <= result.status_code < 300
     with db.session() as session:
         session.add(
             WebhookDelivery(
@@ -55,23 +66,40 @@ def attempt_delivery(db: Database, settings: Settings, subject_id: str, event_ty
                 event_id=event.id,
                 event_type=event_type,
                 url=event.url,
-                attempt=attempt,
-                status_code=status_code,
-                error=error,
+                attempt=made + 1,
+                status_code=result.status_code,
+                error=result.error,
                 succeeded=succeeded,
-                duration_ms=elapsed_ms,
+                permanent=result.permanent,
+                duration_ms=result.elapsed_ms,
             )
         )
-    return Attempt(event.id, succeeded, attempt)
+    return Attempt(event.id, succeeded, made + 1, permanent=result.permanent)
 
 
-def _post(
-    url: str, body: bytes, headers: dict[str, str], *, timeout_s: float
-) -> tuple[int | None, str | None, float]:
+def _any(column: Any) -> Any:
+    return func.coalesce(func.max(case((column, 1), else_=0)), 0)
+
+
+def _post(url: str, body: bytes, headers: dict[str, str], settings: Settings) -> _Result:
     started = time.perf_counter()
+    status: int | None = None
+    permanent = False
     try:
-        response = httpx.post(url, content=body, headers=headers, timeout=timeout_s)
-        status, error = response.status_code, None if response.is_success else response.text[:500]
-    except httpx.HTTPError as exc:
-        status, error = None, f"{type(exc).__name__}: {exc}"[:500]
-    return status, error, (time.perf_counter() - started) * 1000
+        response = post(url, body, headers, allowed=settings.webhook_allowed_networks,
+                        deadline_s=settings.webhook_timeout_s)
+    except DestinationRefused as exc:
+        error, permanent = f"refused: {exc}", True
+    except httpcore.TimeoutException as exc:
+        error = f"timeout: no answer within the {settings.webhook_timeout_s:g} s deadline ({exc})"
+    except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol,
+            ValueError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    else:
+        status, error = response.status_code, None
+        if 300 <= status < 400:
+            error = f"redirect to {response.location} not followed"
+        elif not 200 <= status < 300:
+            error = response.body.decode("utf-8", "replace")
+    return _Result(status, error and error[:ERROR_LIMIT], permanent,
+                   (time.perf_counter() - started) * 1000)

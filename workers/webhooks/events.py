@@ -30,6 +30,7 @@ class Event:
     payload: dict[str, Any]
     # The webhook_deliveries column naming what the event is about: request_id or batch_id.
     subject: dict[str, str]
+    team_id: str | None  # whose signing secrets sign it (None: a request from before teams)
 
 
 def event_id(subject_id: str, event_type: str) -> str:
@@ -51,7 +52,8 @@ def _request_event(session: Session, request_id: str, event_type: str) -> Event 
     msg_id = event_id(request_id, event_type)
     payload = {"id": msg_id, "object": "event", "type": event_type,
                "created_at": int(time.time()), "data": store.request_to_dict(request)}
-    return Event(msg_id, request.webhook_url, payload, {"request_id": request_id})
+    return Event(msg_id, request.webhook_url, payload, {"request_id": request_id},
+                 request.team_id)
 
 
 def _batch_event(session: Session, batch_id: str, event_type: str) -> Event | None:
@@ -65,4 +67,4 @@ def _batch_event(session: Session, batch_id: str, event_type: str) -> Event | No
     payload = {"id": msg_id, "object": "event", "type": event_type,
                "created_at": int((reached or batch.updated_at).timestamp()),
                "data": {"id": batch_id}}
-    return Event(msg_id, team.webhook_url, payload, {"batch_id": batch_id})
+    return Event(msg_id, team.webhook_url, payload, {"batch_id": batch_id}, team.id)

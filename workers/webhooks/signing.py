@@ -5,15 +5,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import secrets
+from collections.abc import Sequence
+
+from app.team_secrets import SECRET_PREFIX as _PREFIX
+from app.team_secrets import new_secret
 
 __all__ = ["new_secret", "sign", "signed_headers", "verify"]
-
-_PREFIX = "whsec_"
-
-
-def new_secret() -> str:
-    return _PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
 def _key(secret: str) -> bytes:
@@ -29,11 +26,18 @@ def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(digest).decode()
 
 
-def signed_headers(secret: str, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+def signed_headers(secrets: str | Sequence[str], msg_id: str, timestamp: int, body: bytes
+                   ) -> dict[str, str]:
+    """The Standard Webhooks headers, with one signature per secret (space-separated): a team
+    rotating its secret has two in force during the grace period."""
+    if isinstance(secrets, str):
+        secrets = [secrets]
+    if not secrets:
+        raise ValueError("no signing secret")
     return {
         "webhook-id": msg_id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": sign(secret, msg_id, timestamp, body),
+        "webhook-signature": " ".join(sign(s, msg_id, timestamp, body) for s in secrets),
         "content-type": "application/json",
     }
 

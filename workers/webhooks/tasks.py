@@ -24,6 +24,10 @@ def deliver(self: Task, subject_id: str, event_type: str) -> None:
     outcome = attempt_delivery(rt.db, settings, subject_id, event_type)
     if outcome is None or outcome.succeeded:
         return
+    if outcome.permanent:
+        logger.warning("webhook %s for %s not sent: its destination is refused (see "
+                       "webhook_deliveries.error)", outcome.event_id, subject_id)
+        return
     if outcome.number >= settings.webhook_max_attempts:
         logger.warning("webhook %s for %s gave up after %d attempts", outcome.event_id,
                        subject_id, outcome.number)
