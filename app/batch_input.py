@@ -70,7 +70,7 @@ def check_request_count(settings: Settings, path: Path, *, param: str) -> None:
     limit = settings.max_batch_lines
     if _more_requests_than(path, limit):
         raise InvalidRequest(f"The batch input file has more than {limit:,} requests (non-blank "
-                             f"lines); a batch holds at most {limit:,}.", param=param,
+                             f"lines): a batch holds at most {limit:,} requests.", param=param,
                              code="too_many_lines")
 
 
