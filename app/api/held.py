@@ -31,8 +31,8 @@ from flask.typing import ResponseReturnValue
 from app.errors import BlockqError
 from app.settings import Settings
 
-__all__ = ["init_app", "held_connections", "HeldConnections", "Hold", "TooManyHeld",
-           "ServerBusy", "ClientGone", "client_gone", "LEASE_S"]
+__all__ = ["init_app", "held_connections", "held_slots", "HeldConnections", "Hold",
+           "TooManyHeld", "ServerBusy", "ClientGone", "client_gone", "LEASE_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +102,16 @@ def client_gone(sock: socket.socket | None) -> bool:
         return True
 
 
+def _key(team_id: str) -> str:
+    return f"blockq:held:{team_id}"
+
+
+def held_slots(client: redis.Redis, team_id: str) -> int:
+    """Slots of the team with a running lease, over all API processes."""
+    seconds, micros = client.time()
+    return int(client.zcount(_key(team_id), seconds * 1000 + micros // 1000 + 1, "+inf"))
+
+
 class _TeamSlots:
     """Slots per team in Redis, counted in this process while Redis is unreachable."""
 
@@ -113,15 +123,12 @@ class _TeamSlots:
         self._lock = threading.Lock()
         self._local: Counter[str] = Counter()
 
-    @staticmethod
-    def key(team_id: str) -> str:
-        return f"blockq:held:{team_id}"
 
     def take(self, team_id: str, cap: int) -> tuple[str, bool] | None:
         """A new slot (its id, and whether it is counted in Redis); None when the team is full."""
         slot = uuid.uuid4().hex
         try:
-            taken = self._take(keys=[self.key(team_id)], args=[cap, self.lease_ms, slot])
+            taken = self._take(keys=[_key(team_id)], args=[cap, self.lease_ms, slot])
             return (slot, True) if taken else None
         except redis.RedisError as exc:
             logger.warning("held connections uncountable in Redis (%s): counting in this "
@@ -134,7 +141,7 @@ class _TeamSlots:
 
     def renew(self, team_id: str, slot: str) -> None:
         try:
-            self._renew(keys=[self.key(team_id)], args=[self.lease_ms, slot])
+            self._renew(keys=[_key(team_id)], args=[self.lease_ms, slot])
         except redis.RedisError:
             pass  # the lease runs out; tried again at the next renewal
 
@@ -146,15 +153,12 @@ class _TeamSlots:
                     del self._local[team_id]
             return
         try:
-            self.redis.zrem(self.key(team_id), slot)
+            self.redis.zrem(_key(team_id), slot)
         except redis.RedisError:
             pass  # its lease runs out
 
     def held(self, team_id: str) -> int:
-        """Slots of the team with a running lease (for tests and operators)."""
-        key = self.key(team_id)
-        seconds, micros = self.redis.time()
-        return int(self.redis.zcount(key, seconds * 1000 + micros // 1000 + 1, "+inf"))
+        return held_slots(self.redis, team_id)
 
 
 class Hold:

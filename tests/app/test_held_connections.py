@@ -10,27 +10,30 @@ open until the client leaves or `sync_timeout_s` passes. Real PostgreSQL and Red
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
 import redis
-from flask import Flask
 from sqlalchemy import select
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from app import create_app
 from app.api import held
-from app.api.held import HeldConnections, ServerBusy, TooManyHeld
+from app.api.held import HeldConnections, ServerBusy, TooManyHeld, held_slots
+from app.cli.stack import process_commands
 from app.models import InferenceRequest, RequestStatus
 from app.services import Services
 from app.settings import Settings
 from app.teams import ensure_team_key
-from tests.environment import TEST_REDIS_URL, free_port
+from tests.environment import ROOT, TEST_REDIS_URL, free_port
 
 pytestmark = pytest.mark.services
 
@@ -39,21 +42,20 @@ CHAT = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], 
 
 @dataclass
 class Api:
-    """A served API: its base URL, its app, and the keys of teams "a" and "b"."""
+    """A served API: its port, its services, and the keys of teams "a" and "b"."""
 
-    url: str
     port: int
-    app: Flask
+    services: Services
     keys: dict[str, str]
     team_ids: dict[str, str]
 
     @property
-    def services(self) -> Services:
-        return self.app.extensions["blockq"]
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
-    @property
-    def held(self) -> HeldConnections:
-        return self.app.extensions["blockq.held"]
+    def held(self, team: str) -> int:
+        """Completions the team holds open now, over all API processes."""
+        return held_slots(self.services.fleet.redis, self.team_ids[team])
 
     def requests_of(self, team: str) -> list[InferenceRequest]:
         with self.services.db.session() as session:
@@ -72,18 +74,21 @@ class Api:
         return sock
 
 
+def api_of(settings: Settings, services: Services) -> Api:
+    with services.db.session() as session:
+        issued = {team: ensure_team_key(session, team) for team in ("a", "b")}
+    return Api(settings.api_port, services, {team: key.key for team, key in issued.items()},
+               {team: key.team_id for team, key in issued.items()})
+
+
 def serve(settings: Settings) -> Iterator[Api]:
+    """The API on werkzeug's threaded server, in a thread of the test."""
     app = create_app(settings)
-    with app.app_context():
-        with app.extensions["blockq"].db.session() as session:
-            issued = {team: ensure_team_key(session, team) for team in ("a", "b")}
     server: BaseWSGIServer = make_server("127.0.0.1", settings.api_port, app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield Api(f"http://127.0.0.1:{settings.api_port}", settings.api_port, app,
-                  {team: key.key for team, key in issued.items()},
-                  {team: key.team_id for team, key in issued.items()})
+        yield api_of(settings, app.extensions["blockq"])
     finally:
         server.shutdown()
         server.server_close()
@@ -128,7 +133,7 @@ def _length(data: bytes) -> int:
 
 def test_a_team_over_its_cap_gets_429_while_another_team_and_healthz_go_on(api: Api) -> None:
     held_a = [api.open_completion("a") for _ in range(2)]
-    eventually(lambda: api.held.slots.held(api.team_ids["a"]) == 2)
+    eventually(lambda: api.held("a") == 2)
 
     status, headers, body = answer_of(api.open_completion("a"))
     assert status == 429 and int(headers["retry-after"]) >= 1
@@ -138,7 +143,7 @@ def test_a_team_over_its_cap_gets_429_while_another_team_and_healthz_go_on(api: 
     assert len(api.requests_of("a")) == 2  # the refused one was never submitted
 
     held_b = api.open_completion("b")  # another team still gets through
-    eventually(lambda: api.held.slots.held(api.team_ids["b"]) == 1)
+    eventually(lambda: api.held("b") == 1)
 
     # The process's three slots are taken: one more gets 503, and the probes still answer.
     status, headers, body = answer_of(api.open_completion("b"))
@@ -159,10 +164,10 @@ def test_a_sync_client_that_leaves_has_its_request_cancelled_and_its_slot_freed(
     sock.close()
 
     eventually(lambda: api.requests_of("a")[0].status == RequestStatus.CANCELLED, 5)
-    eventually(lambda: api.held.slots.held(api.team_ids["a"]) == 0, 5)
+    eventually(lambda: api.held("a") == 0, 5)
     # Both process slots and team slots are back: the cap can be filled again.
     again = [api.open_completion("a") for _ in range(2)]
-    eventually(lambda: api.held.slots.held(api.team_ids["a"]) == 2)
+    eventually(lambda: api.held("a") == 2)
     for held_sock in again:
         held_sock.close()
 
@@ -177,7 +182,7 @@ def test_a_finished_request_frees_its_slot(api: Api) -> None:
 
     status, _, body = answer_of(sock)  # the wait sees its request end
     assert status == 500 and body["error"]["code"] == "cancelled"
-    eventually(lambda: api.held.slots.held(api.team_ids["a"]) == 0, 5)
+    eventually(lambda: api.held("a") == 0, 5)
     sock.close()
 
 
@@ -193,9 +198,9 @@ def test_a_waiting_stream_sends_keep_alive_comments_and_a_client_that_leaves_can
         assert next(lines).startswith("data: ")  # the assistant role chunk
         seen = [next(lines) for _ in range(4)]
         assert ": keep-alive" in seen
-        assert api.held.slots.held(api.team_ids["a"]) == 1
+        assert api.held("a") == 1
     eventually(lambda: api.requests_of("a")[0].status == RequestStatus.CANCELLED, 5)
-    eventually(lambda: api.held.slots.held(api.team_ids["a"]) == 0, 5)
+    eventually(lambda: api.held("a") == 0, 5)
 
 
 def test_a_timed_out_wait_frees_its_slot(fresh_services: Settings) -> None:
@@ -203,7 +208,7 @@ def test_a_timed_out_wait_frees_its_slot(fresh_services: Settings) -> None:
         response = httpx.post(f"{api.url}/v1/chat/completions", json=CHAT, timeout=10,
                               headers={"Authorization": f"Bearer {api.keys['a']}"})
         assert response.status_code == 504
-        assert api.held.slots.held(api.team_ids["a"]) == 0
+        assert api.held("a") == 0
 
 
 # --- the caps themselves ---------------------------------------------------------------------
@@ -297,3 +302,61 @@ def test_a_client_that_closed_its_socket_is_seen_as_gone() -> None:
             time.sleep(0.05)
             assert held.client_gone(server_side)
     assert not held.client_gone(None)
+
+
+# --- under gunicorn, as `blockq serve` and the API image run it --------------------------------
+
+
+@pytest.fixture
+def gunicorn_api(fresh_services: Settings, tmp_path: Path) -> Iterator[Api]:
+    """The API under gunicorn (the local stack's command line): one worker of three threads,
+    one of them reserved, so two completions fill it."""
+    settings = fresh_services.model_copy(update={
+        "api_workers": 1, "api_threads": 3, "api_reserved_threads": 1, "sync_timeout_s": 30.0})
+    services = Services.build(settings)
+    api = api_of(settings, services)
+    with (tmp_path / "gunicorn.log").open("wb") as log:
+        process = subprocess.Popen(process_commands(settings)["api"], cwd=ROOT, stdout=log,
+                                   stderr=subprocess.STDOUT,
+                                   env={**os.environ, **settings.as_env()})
+    try:
+        eventually(lambda: _answers(f"{api.url}/healthz") or process.poll() is not None, 60)
+        assert process.poll() is None, (tmp_path / "gunicorn.log").read_text()
+        yield api
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        services.db.dispose()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.mark.slow  # gunicorn loads the app (tokenizer) in its worker
+def test_under_gunicorn_full_threads_leave_healthz_and_a_leaving_client_cancels(
+    gunicorn_api: Api
+) -> None:
+    api = gunicorn_api
+    held_a = [api.open_completion("a") for _ in range(2)]
+    eventually(lambda: api.held("a") == 2)
+
+    status, _, body = answer_of(api.open_completion("b"))
+    assert status == 503 and body["error"]["code"] == "server_busy"
+    started = time.monotonic()
+    assert httpx.get(f"{api.url}/healthz", timeout=5).status_code == 200
+    assert time.monotonic() - started < 2
+
+    held_a[0].close()  # seen on gunicorn's socket: cancelled, slot freed
+    eventually(lambda: sorted(r.status for r in api.requests_of("a"))
+               == sorted([RequestStatus.QUEUED, RequestStatus.CANCELLED]), 5)
+    eventually(lambda: api.held("a") == 1, 5)
+    held_a[1].close()
+    eventually(lambda: api.held("a") == 0, 5)
