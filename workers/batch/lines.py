@@ -10,18 +10,21 @@ A bad line fails alone: the batch goes on with the others.
 from __future__ import annotations
 
 import hashlib
-import json
+import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from app import store
 from app.commands import PromptContext, request_fields
 from app.errors import BlockqError, InvalidRequest
+from app.json_input import check_value, parse_json
 from app.models import Priority
 from app.openai_schemas import body_model_for, check_model, native_body
 from app.schemas import CreateRequest, parse_body
 
 __all__ = ["LineError", "CheckedLine", "LineChecker"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +66,15 @@ class LineChecker:
 
     def check(self, raw: bytes) -> CheckedLine:
         try:
-            line = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return _refused(None, "invalid_json_line", "This line is not parseable as JSON.")
+            line = parse_json(raw, subject="This line", check=False)
+        except InvalidRequest as exc:
+            return _refused(None, "invalid_json_line", exc.message)
         if not isinstance(line, dict):
             return _refused(None, "invalid_json_line", "A line must be a JSON object.")
+        try:  # what is not the body: the body's values are its request's (see _fields)
+            check_value({key: value for key, value in line.items() if key != "body"})
+        except InvalidRequest as exc:
+            return _refused(None, exc.code or "invalid_value", exc.message, exc.param)
         custom_id = line.get("custom_id")
         if not isinstance(custom_id, str) or not custom_id:
             return _refused(None, "missing_required_parameter",
@@ -86,6 +93,11 @@ class LineChecker:
             return CheckedLine(custom_id, None, LineError(
                 code=exc.code or "invalid_value", message=exc.message, param=exc.param,
                 status_code=exc.status, type=exc.type))
+        except Exception:  # a bug one line runs into fails that line, not the file (forever)
+            logger.exception("checking a line of a %s batch failed", self.endpoint)
+            return CheckedLine(custom_id, None, LineError(
+                "line_check_failed", "This line could not be checked (an internal error).",
+                status_code=500, type="server_error"))
 
     def _check_envelope(self, line: dict[str, Any]) -> LineError | None:
         if line.get("method") != "POST":
@@ -101,6 +113,7 @@ class LineChecker:
 
     def _fields(self, body: dict[str, Any]) -> dict[str, Any]:
         """The request's columns, or the endpoint's error (a BlockqError)."""
+        check_value(body)  # what PostgreSQL cannot store, refused as the endpoint refuses it
         parsed = parse_body(self._body_model, body)
         if parsed.stream:
             raise InvalidRequest("Streaming is not available in a batch.", param="stream",

@@ -11,14 +11,17 @@ at once, over all batches; the free slots are shared among teams by `teams.share
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import exists, func, insert, select, update
+from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session
 
 from app import dispatch
+from app.db import TRANSIENT_ERRORS
 from app.models import (
     Batch,
     BatchLine,
@@ -38,6 +41,8 @@ from workers.locks import held
 from workers.runtime import Runtime
 
 __all__ = ["ReleaseReport", "release", "finish_done", "recover_stale"]
+
+logger = logging.getLogger(__name__)
 
 _ACTIVE = [str(s) for s in ACTIVE_STATUSES]
 
@@ -60,14 +65,77 @@ def release(rt: Runtime) -> ReleaseReport:
         grants = allocate(flows, rt.settings.max_batch_in_flight - num_in_flight)
         teams = {f.batch_id: f.team_id for f in flows}
         for batch_id, count in grants.items():
-            with rt.outbox.transaction() as tx:
-                claimed = _claim(tx.session, batch_id, teams[batch_id], count)
-                for request_id in claimed:
-                    tx.post(dispatch.predict(request_id, priority=Priority.BATCH.rank))
-            report.released += claimed
+            report.released += _release_batch(rt, batch_id, teams[batch_id], count)
         report.finished = finish_done(rt)
         report.stale = recover_stale(rt)
     return report
+
+
+def _release_batch(rt: Runtime, batch_id: str, team_id: str, count: int) -> list[str]:
+    """Release the batch's grant in one transaction. Should that fail for a reason other than
+    an outage, the lines go one at a time: a line the database refuses (a value expansion let
+    through) fails alone, and one batch's trouble never aborts the round for the others."""
+    try:
+        return _release_lines(rt, batch_id, team_id, count)
+    except TRANSIENT_ERRORS:
+        raise  # the database is down for every batch: the next round retries
+    except Exception as exc:  # noqa: BLE001 - isolated to this batch, see below
+        logger.warning("releasing %d line(s) of %s failed (%s): releasing them one at a time",
+                       count, batch_id, _reason(exc))
+    with rt.db.session() as session:
+        numbers = list(session.scalars(
+            select(BatchLine.line)
+            .where(BatchLine.batch_id == batch_id, BatchLine.status == LineStatus.PENDING)
+            .order_by(BatchLine.line).limit(count)))
+    released: list[str] = []
+    for number in numbers:
+        try:
+            released += _release_lines(rt, batch_id, team_id, 1, line=number)
+        except TRANSIENT_ERRORS:
+            raise
+        except _LINE_REFUSED as exc:
+            _fail_line(rt, batch_id, number, exc)
+        except Exception as exc:  # noqa: BLE001 - not the line's fault: retried next round
+            logger.warning("releasing %s line %d failed (%s): retried next round", batch_id,
+                           number, _reason(exc))
+            break
+    return released
+
+
+def _release_lines(rt: Runtime, batch_id: str, team_id: str, count: int, *,
+                   line: int | None = None) -> list[str]:
+    with rt.outbox.transaction() as tx:
+        claimed = _claim(tx.session, batch_id, team_id, count, line=line)
+        for request_id in claimed:
+            tx.post(dispatch.predict(request_id, priority=Priority.BATCH.rank))
+    return claimed
+
+
+#: What a line's own values cause when the database refuses them: NUL in text, NaN in json
+#: (DataError), a lone surrogate (UnicodeEncodeError, a ValueError), a duplicate id
+#: (IntegrityError), a pending line without its fields (TypeError).
+_LINE_REFUSED = (DataError, IntegrityError, ValueError, TypeError, AssertionError)
+
+
+def _fail_line(rt: Runtime, batch_id: str, number: int, exc: Exception) -> None:
+    """The line fails alone, as a 500 in the error file; logged once (it is pending no more)."""
+    logger.error("%s line %d cannot be released and fails: %s", batch_id, number, _reason(exc))
+    error = {"code": "line_refused", "type": "server_error", "param": None, "status_code": 500,
+             "message": "The line's request could not be stored to run: the database refused "
+                        f"one of its values ({type(exc).__name__})."}
+    with rt.db.session() as session:
+        session.execute(
+            update(BatchLine)
+            .where(BatchLine.batch_id == batch_id, BatchLine.line == number,
+                   BatchLine.status == LineStatus.PENDING)
+            .values(status=LineStatus.INVALID, fields=None, error=error)
+            .execution_options(synchronize_session=False))
+
+
+def _reason(exc: Exception) -> str:
+    """The error's class and first line (the statement's values are hidden: hide_parameters)."""
+    text = str(getattr(exc, "orig", None) or exc)
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
 
 
 def _flows(session: Session) -> tuple[list[Flow], int]:
@@ -96,17 +164,19 @@ def _flows(session: Session) -> tuple[list[Flow], int]:
     return flows, sum(in_flight.values())
 
 
-def _claim(session: Session, batch_id: str, team_id: str, count: int) -> list[str]:
-    """Release the batch's next `count` pending lines, in file order: mark them released and
-    insert their requests, in one transaction. Returns the new request ids.
+def _claim(session: Session, batch_id: str, team_id: str, count: int, *,
+           line: int | None = None) -> list[str]:
+    """Release the batch's next `count` pending lines (or only `line`), in file order: mark
+    them released and insert their requests, in one transaction. Returns the new request ids.
 
     NOTE: the lines are locked (FOR UPDATE on PostgreSQL) and the UPDATE re-checks `pending`,
     so a cancel or expiry that withdraws the batch's pending lines concurrently either waits
     for this release and then cancels its requests, or withdraws the lines first.
     """
+    only = [] if line is None else [BatchLine.line == line]
     rows = session.execute(
         select(BatchLine.line, BatchLine.custom_id, BatchLine.request_id, BatchLine.fields)
-        .where(BatchLine.batch_id == batch_id, BatchLine.status == LineStatus.PENDING)
+        .where(BatchLine.batch_id == batch_id, BatchLine.status == LineStatus.PENDING, *only)
         .order_by(BatchLine.line)
         .limit(count)
         .with_for_update(skip_locked=True)
