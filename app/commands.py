@@ -9,11 +9,13 @@ from app import dispatch, logs, store
 from app.errors import Conflict, InvalidRequest, Unprocessable
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
 from app.prompts import PromptCodec
+from app.sampling import check_token_ids, sampling_column
 from app.schemas import CreateRequest, parse_body
 from app.services import Services
 from app.settings import Settings
+from app.webhook_targets import check_submitted_url
 
-__all__ = ["submit_request", "cancel_request", "request_fields", "PromptContext"]
+__all__ = ["submit_request", "submit_together", "cancel_request", "request_fields", "PromptContext"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +52,28 @@ def submit_request(
     return request, created
 
 
+def submit_together(services: Services, bodies: list[dict[str, Any]], *, team_id: str | None,
+                    stream: bool = False) -> list[InferenceRequest]:
+    """Several requests of one OpenAI call (its prompts, each n times), in order: all are
+    validated before any is stored (one bad prompt refuses the call), then stored and enqueued
+    in one transaction."""
+    columns = []
+    for body in bodies:
+        fields = request_fields(services, parse_body(CreateRequest, body))
+        fields.update(body_sha256=store.body_digest(body), team_id=team_id, stream=stream)
+        columns.append(fields)
+    with services.outbox.transaction() as tx:
+        requests = [store.create_request(tx.session, fields, idempotency_key=None)[0]
+                    for fields in columns]
+        for request in requests:
+            tx.post(dispatch.predict(request.id, priority=Priority(request.priority).rank))
+    logs.bind_request_id(requests[0].id)
+    logger.info("requests created", extra={"count": len(requests),
+                                           "prompt_tokens": requests[0].prompt_tokens,
+                                           "max_tokens": requests[0].max_tokens})
+    return requests
+
+
 class PromptContext(Protocol):
     """What `request_fields` needs: the API's Services, or a worker's runtime (batch lines)."""
 
@@ -65,10 +89,16 @@ def request_fields(services: PromptContext, parsed: CreateRequest) -> dict[str, 
     against the context (422 when it does not fit)."""
     settings = services.settings
     messages = [m.model_dump() for m in parsed.messages] if parsed.messages else None
-    prompt = services.prompts.render(messages) if messages else parsed.prompt
-    assert prompt is not None
+    prompt_ids = parsed.prompt if isinstance(parsed.prompt, list) else None
+    if prompt_ids is not None:  # token ids go to the engine as they are; the text is for show
+        _check_prompt_ids(prompt_ids, services.prompts.vocab_size)
+        prompt: str | None = services.prompts.decode(prompt_ids).replace("\x00", "\ufffd")
+        num_prompt_tokens = len(prompt_ids)
+    else:
+        prompt = services.prompts.render(messages) if messages else parsed.prompt
+        assert isinstance(prompt, str)
+        num_prompt_tokens = services.prompts.count(prompt)
     param = "messages" if messages else "prompt"
-    num_prompt_tokens = services.prompts.count(prompt)
     room = settings.max_model_len - num_prompt_tokens
     if room < 1:
         raise Unprocessable(
@@ -77,7 +107,10 @@ def request_fields(services: PromptContext, parsed: CreateRequest) -> dict[str, 
             param=param,
             code="context_length_exceeded",
         )
-    max_tokens = parsed.max_tokens or min(settings.default_max_tokens, room)
+    # max_tokens 0 (OpenAI's echo that scores the prompt): the engine generates one token,
+    # which the answer leaves out.
+    prompt_only = parsed.max_tokens == 0
+    max_tokens = 1 if prompt_only else parsed.max_tokens or min(settings.default_max_tokens, room)
     if max_tokens > room:
         raise Unprocessable(
             f"max_tokens is {max_tokens} but the {num_prompt_tokens}-token prompt leaves "
@@ -85,6 +118,7 @@ def request_fields(services: PromptContext, parsed: CreateRequest) -> dict[str, 
             param="max_tokens",
             code="context_length_exceeded",
         )
+    check_token_ids(parsed, services.prompts.vocab_size, max_tokens=max_tokens)
     return {
         "priority": parsed.priority,
         "prompt": prompt,
@@ -94,10 +128,22 @@ def request_fields(services: PromptContext, parsed: CreateRequest) -> dict[str, 
         "top_p": parsed.top_p,
         "seed": parsed.seed,
         "stop": parsed.stop,
-        "webhook_url": str(parsed.webhook_url) if parsed.webhook_url else None,
+        "sampling": sampling_column(parsed, logprobs=parsed.logprobs, echo=parsed.echo,
+                                    prompt_only=prompt_only),
+        "prompt_token_ids": prompt_ids,
+        "webhook_url": check_submitted_url(parsed.webhook_url and str(parsed.webhook_url),
+                                           settings.webhook_allowed_networks),
         "request_metadata": parsed.metadata,
         "prompt_tokens": num_prompt_tokens,
     }
+
+
+def _check_prompt_ids(prompt_ids: list[int], vocab_size: int) -> None:
+    unknown = next((token for token in prompt_ids if token >= vocab_size), None)
+    if unknown is not None:
+        raise InvalidRequest(f"Invalid value for 'prompt': token id {unknown} is not in the "
+                             f"model's vocabulary (ids 0 to {vocab_size - 1}).", param="prompt",
+                             code="invalid_value")
 
 
 def cancel_request(services: Services, request_id: str, *, team_id: str | None) -> None:

@@ -50,3 +50,13 @@ class PromptCodec:
     def count(self, text: str) -> int:
         """Prompt tokens as the engine counts them (special tokens included)."""
         return len(self.tokenizer(text)["input_ids"])
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the tokenizer knows (0 to vocab_size - 1), added tokens included."""
+        return len(self.tokenizer)
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of a prompt given as token ids (special tokens kept, as the engine sees
+        them)."""
+        return str(self.tokenizer.decode(token_ids))

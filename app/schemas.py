@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from app.errors import InvalidRequest
+from app.sampling import MAX_LOGPROBS, SamplingFields, TokenId, is_token_ids
+from app.webhook_targets import url_problem
 
 __all__ = ["ChatMessage", "CreateRequest", "parse_body"]
 
@@ -25,14 +27,25 @@ class ChatMessage(BaseModel):
     content: str
 
 
-class CreateRequest(BaseModel):
-    """Body of POST /v1/requests: exactly one of prompt or messages."""
+class CreateRequest(SamplingFields):
+    """Body of POST /v1/requests: exactly one of prompt or messages. The sampling parameters of
+    vLLM and OpenAI (app.sampling.SamplingFields) are accepted too."""
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str | None = Field(None, min_length=1)
+    prompt: Annotated[str, Field(min_length=1)] | Annotated[
+        list[TokenId], Field(min_length=1)] | None = Field(
+        None, description="The prompt text, or its token ids (handed to the engine as they are).")
     messages: list[ChatMessage] | None = Field(None, min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(
+        None, ge=0, description="Most output tokens; 0 only with echo (score the prompt alone).")
+    logprobs: int | None = Field(
+        None, ge=0, le=MAX_LOGPROBS,
+        description="Return each output token's log probability and this many most likely "
+                    "alternatives (vLLM engine; the emulated engine returns synthetic ones).")
+    echo: bool = Field(
+        False, description="OpenAI's echo: with logprobs, the prompt tokens' logprobs are "
+                           "returned too.")
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, lt=2**63)
@@ -42,6 +55,25 @@ class CreateRequest(BaseModel):
     metadata: dict[str, Any] | None = None
 
     _stop_as_list = field_validator("stop", mode="before")(stop_as_list)
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_form(cls, value: Any) -> Any:
+        """A clear refusal (pydantic's union errors name its internal types)."""
+        if value is None or (isinstance(value, str) and value) or is_token_ids(value):
+            return value
+        raise ValueError("prompt must be a non-empty string or a non-empty list of token ids "
+                         "(integers from 0)")
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook_url_on_its_face(cls, value: AnyHttpUrl | None) -> AnyHttpUrl | None:
+        """Refused without DNS: credentials in it, too long (literal addresses: request_fields,
+        which knows the allow-list; resolved ones: the webhook worker)."""
+        problem = url_problem(str(value)) if value is not None else None
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @field_validator("metadata")
     @classmethod
@@ -53,6 +85,9 @@ class CreateRequest(BaseModel):
     def model_post_init(self, _context: Any) -> None:
         if (self.prompt is None) == (self.messages is None):
             raise InvalidRequest("Give exactly one of 'prompt' or 'messages'.", param="prompt")
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidRequest("max_tokens must be at least 1 (0 only with echo, to score the "
+                                 "prompt).", param="max_tokens", code="invalid_value")
 
 
 def parse_body(model: type[M], body: Any) -> M:

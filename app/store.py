@@ -158,6 +158,8 @@ def request_to_dict(request: InferenceRequest, *, include_events: bool = True) -
         "attempt": request.attempt,
         "output": request.output_text,
         "finish_reason": request.finish_reason,
+        "sampling": request.sampling,
+        "logprobs": request.logprobs,
         "error": request.error,
         "metadata": request.request_metadata,
         "created_at": _iso(request.created_at),

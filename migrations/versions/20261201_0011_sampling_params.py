@@ -17,8 +17,15 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    pass  # filled in by the work that owns this revision
+    # The sampling parameters beyond the common ones (vLLM's extras, penalties, logit_bias,
+    # logprobs, echo), only those a client set; a prompt given as token ids; the logprobs the
+    # engine returned, for the OpenAI responses and GET /v1/requests/<id>.
+    op.add_column("requests", sa.Column("sampling", sa.JSON(), nullable=True))
+    op.add_column("requests", sa.Column("prompt_token_ids", sa.JSON(), nullable=True))
+    op.add_column("requests", sa.Column("logprobs", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
-    pass  # filled in by the work that owns this revision
+    op.drop_column("requests", "logprobs")
+    op.drop_column("requests", "prompt_token_ids")
+    op.drop_column("requests", "sampling")

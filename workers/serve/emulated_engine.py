@@ -15,7 +15,11 @@ snapshot and step samples, with ``engine_kind="emulated"`` in every snapshot and
 every log line, so nobody mistakes its numbers for a GPU's.
 
 NOTE: priorities, sampling parameters and stop strings are accepted and ignored: scheduling is
-FCFS, like the instance simulator the router predicts with, and the text is synthetic anyway.
+FCFS, like the instance simulator the router predicts with, and the text is synthetic anyway. What
+shapes the length is honoured: max_tokens, `ignore_eos` (it runs to max_tokens) and `min_tokens`
+(no emulated EOS before it). Logprobs, when asked for, are synthetic too: each token's is a
+deterministic value in [-5, 0] with made-up alternatives, so that clients reading logprobs work
+against an emulated fleet; they mean nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from workers.serve.engine import (
     GenerationResult,
     RequestRejected,
     StepSample,
+    TokenLogprob,
 )
 from workers.serve.output_lengths import OutputLengths, ShareGptLengths
 from workers.serve.threaded import ThreadedEngine, TrackedRequest
@@ -192,6 +197,8 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
 
     def _prepare(self, request: GenerationRequest) -> int:
         """The prompt's token count (tokenizing is slow: done outside the lock)."""
+        if request.prompt_token_ids is not None:
+            return len(request.prompt_token_ids)
         return self.config.count_tokens(request.prompt)
 
     def _track(
@@ -206,12 +213,21 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
                 f"{request.request_id}: prompt of {num_prompt_tokens} tokens does not fit "
                 f"max_model_len {max_len} (emulated engine)")
         num_room = max_len - num_prompt_tokens  # vLLM stops at max_model_len
-        num_drawn = max(1, int(self.config.output_lengths(request)))
+        sampling = request.sampling
+        num_drawn = max(1, sampling.min_tokens, int(self.config.output_lengths(request)))
         num_cap = min(request.max_tokens, num_room)
+        if sampling.ignore_eos:  # no emulated EOS: it runs to the cap
+            num_drawn = num_cap
         # An emulated EOS when the drawn length comes first; otherwise a cap cut it ("length").
         reason: FinishReason = "stop" if num_drawn < num_cap else "length"
-        return _Tracked(request, future, time.time(), num_prompt_tokens,
-                        num_target_tokens=min(num_drawn, num_cap), finish_reason=reason)
+        tracked = _Tracked(request, future, time.time(), num_prompt_tokens,
+                           num_target_tokens=min(num_drawn, num_cap), finish_reason=reason)
+        if sampling.prompt_logprobs is not None:
+            tracked.prompt_logprobs = [
+                _synthetic_logprob(request.request_id, -i, sampling.prompt_logprobs)
+                for i in range(num_prompt_tokens)]
+            tracked.prompt_logprobs[0].update(logprob=None, top=[])  # nothing precedes it
+        return tracked
 
     # ---------------------------------------------------------------- engine thread
 
@@ -283,6 +299,9 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
                     first_tokens.append(request_id)
                 text = _synthetic_token(request_id, tracked.num_output_tokens)
                 tracked.text_parts.append(text)
+                if tracked.request.sampling.logprobs is not None:
+                    tracked.output_logprobs.append(_synthetic_logprob(
+                        request_id, tracked.num_output_tokens, tracked.request.sampling.logprobs))
                 deltas.append((request_id, text))
             for request_id in result.finished_ids:
                 tracked = self._inflight.pop(request_id)
@@ -345,7 +364,21 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
         )
 
 
+def _synthetic_id(request_id: str, index: int) -> int:
+    return (zlib.crc32(request_id.encode()) + 7919 * index) % SYNTHETIC_VOCAB_SIZE
+
+
 def _synthetic_token(request_id: str, index: int) -> str:
     """The text of output token `index` (1-based) of a request: ``"tok<id> "``, deterministic."""
-    token_id = (zlib.crc32(request_id.encode()) + 7919 * index) % SYNTHETIC_VOCAB_SIZE
-    return f"tok{token_id} "
+    return f"tok{_synthetic_id(request_id, index)} "
+
+
+def _synthetic_logprob(request_id: str, index: int, num_top: int) -> TokenLogprob:
+    """A made-up logprob of token `index` (output: 1-based; prompt: 0 or below) and `num_top`
+    alternatives, in the stored shape: the token is the most likely, alternatives follow."""
+    token_id = _synthetic_id(request_id, index)
+    logprob = -(token_id % 500) / 100.0
+    top = [{"id": (token_id + rank) % SYNTHETIC_VOCAB_SIZE,
+            "token": f"tok{(token_id + rank) % SYNTHETIC_VOCAB_SIZE} ",
+            "logprob": logprob - rank, "rank": rank + 1} for rank in range(max(1, num_top))]
+    return {"id": token_id, "token": f"tok{token_id} ", "logprob": logprob, "top": top}

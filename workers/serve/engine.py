@@ -11,14 +11,17 @@ Nothing here imports vLLM: the emulated engine, the router and tests use these t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from workers.sim.engine_state import EngineState
 
 __all__ = [
     "FinishReason",
+    "SamplingOptions",
+    "TokenLogprob",
     "GenerationRequest",
     "GenerationResult",
     "StepSample",
@@ -58,6 +61,44 @@ class GenerationFailed(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class SamplingOptions:
+    """Sampling parameters beyond the common ones (app.sampling), each at its neutral default
+    unless the client set it; and what logprobs to return."""
+
+    top_k: int = 0  # 0 or -1: no top-k
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
+    logprobs: int | None = None  # alternatives per output token; None: no logprobs
+    echo: bool = False  # with logprobs: the prompt tokens' logprobs too
+
+    @classmethod
+    def from_column(cls, column: Mapping[str, Any] | None) -> SamplingOptions:
+        """From a request's `sampling` column (JSON: logit_bias keys are strings)."""
+        column = dict(column or {})
+        column.pop("prompt_only", None)  # a rendering matter
+        bias = column.pop("logit_bias", None) or {}
+        stop_ids = column.pop("stop_token_ids", None) or ()
+        return cls(**column, stop_token_ids=tuple(stop_ids),
+                   logit_bias=tuple((int(token), float(b)) for token, b in bias.items()))
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """Alternatives per prompt token (echo with logprobs), else None."""
+        return self.logprobs if self.echo else None
+
+
+#: One token's logprob as stored and rendered (app.openai_format): {"id", "token", "logprob",
+#: "top": [{"id", "token", "logprob", "rank"}, ...]}; the first prompt token's logprob is None.
+TokenLogprob = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """One generation to run; the engine's unit of work."""
 
@@ -70,6 +111,9 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()  # stop strings; not included in the output text
     priority: int = 0  # lower runs first (0 interactive, 1 batch); honoured inside the engine
     predicted_output_tokens: int | None = None  # the length predictor's guess, for snapshots
+    sampling: SamplingOptions = SamplingOptions()
+    # A prompt given as token ids: the engine takes these, not `prompt` (their text).
+    prompt_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +128,9 @@ class GenerationResult:
     admitted_at: float  # time.time() when handed to the engine (`Engine.submit`)
     first_token_at: float | None  # time.time() of the first output token; None if none came
     finished_at: float  # time.time() when the result was made
+    # When asked for (SamplingOptions.logprobs): {"output": [TokenLogprob, ...]} and, with echo,
+    # "prompt": [...]; None otherwise.
+    logprobs: dict[str, list[TokenLogprob]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from app.models import InferenceRequest, Priority, RequestStatus, utcnow
 from app.outbox import Outbox
 from app.streams import StreamWriter
 from workers.learn import history
-from workers.serve.engine import GenerationRequest, GenerationResult
+from workers.serve.engine import GenerationRequest, GenerationResult, SamplingOptions
 from workers.serve.feedback import LengthFeedback
 
 __all__ = ["RequestRecords", "storable"]
@@ -70,6 +70,9 @@ class RequestRecords:
                 stop=tuple(request.stop or ()),
                 priority=Priority(request.priority).rank,
                 predicted_output_tokens=request.predicted_output_tokens,
+                sampling=SamplingOptions.from_column(request.sampling),
+                prompt_token_ids=(tuple(request.prompt_token_ids)
+                                  if request.prompt_token_ids is not None else None),
             )
 
     def _ours(self, attempt: int) -> list[Any]:
@@ -93,6 +96,7 @@ class RequestRecords:
                 output_text=storable(result.output_text),
                 output_tokens=result.num_output_tokens,
                 finish_reason=result.finish_reason,
+                logprobs=result.logprobs,
                 first_token_at=_utc(result.first_token_at),
                 finished_at=_utc(result.finished_at),
             )

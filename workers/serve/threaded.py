@@ -36,6 +36,7 @@ from workers.serve.engine import (
     GenerationRequest,
     GenerationResult,
     RequestRejected,
+    TokenLogprob,
 )
 
 __all__ = ["NUM_RECENT_RESULTS", "ThreadedEngine", "TrackedRequest"]
@@ -55,6 +56,9 @@ class TrackedRequest:
     num_output_tokens: int = 0
     first_token_at: float | None = None
     text_parts: list[str] = field(default_factory=list)
+    # When the request asks for logprobs: one per output token, and the prompt's (echo).
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     @property
     def request_id(self) -> str:
@@ -70,7 +74,17 @@ class TrackedRequest:
             admitted_at=self.admitted_at,
             first_token_at=self.first_token_at,
             finished_at=finished_at,
+            logprobs=self._logprobs(),
         )
+
+    def _logprobs(self) -> dict[str, list[TokenLogprob]] | None:
+        sampling = self.request.sampling
+        if sampling.logprobs is None:
+            return None
+        logprobs = {"output": list(self.output_logprobs)}
+        if sampling.echo:
+            logprobs["prompt"] = list(self.prompt_logprobs or ())
+        return logprobs
 
 
 TrackedT = TypeVar("TrackedT", bound=TrackedRequest)

@@ -34,6 +34,7 @@ from workers.serve.engine import (
     GenerationResult,
     RequestRejected,
     StepSample,
+    TokenLogprob,
 )
 from workers.serve.threaded import ThreadedEngine, TrackedRequest
 from workers.sim.engine_state import EngineState, RequestState
@@ -47,6 +48,8 @@ __all__ = ["VllmEngineConfig", "VllmEngine"]
 logger = logging.getLogger(__name__)
 
 ENGINE_KIND = "vllm"
+#: Logprobs are clamped to this (vLLM's OpenAI server does the same: JSON has no -inf).
+MIN_LOGPROB = -9999.0
 #: vLLM's CPU attention kernels work on KV blocks of a multiple of this many tokens.
 CPU_BLOCK_SIZE_MULTIPLE = 32
 GIB = 1 << 30
@@ -339,15 +342,30 @@ class VllmEngine(ThreadedEngine[_Tracked]):
         try:
             # The renderer tokenizes exactly as add_request would; we learn the prompt length.
             renderer = engine.renderer
-            (engine_input,) = renderer.render_cmpl(
-                [{"prompt": request.prompt}], renderer.default_cmpl_tok_params
-            )
+            # A prompt given as token ids goes in as those ids (exactly what an evaluation
+            # scores), not re-tokenized from its text.
+            prompt: dict[str, Any] = (
+                {"prompt_token_ids": list(request.prompt_token_ids)}
+                if request.prompt_token_ids is not None else {"prompt": request.prompt})
+            (engine_input,) = renderer.render_cmpl([prompt], renderer.default_cmpl_tok_params)
+            sampling = request.sampling
             params = SamplingParams(
                 max_tokens=request.max_tokens,
                 temperature=request.temperature,
                 top_p=request.top_p,
                 seed=self._request_seed(request),
                 stop=list(request.stop) or None,
+                top_k=sampling.top_k,
+                min_p=sampling.min_p,
+                repetition_penalty=sampling.repetition_penalty,
+                frequency_penalty=sampling.frequency_penalty,
+                presence_penalty=sampling.presence_penalty,
+                ignore_eos=sampling.ignore_eos,
+                min_tokens=sampling.min_tokens,
+                stop_token_ids=list(sampling.stop_token_ids) or None,
+                logit_bias=dict(sampling.logit_bias) or None,
+                logprobs=sampling.logprobs,
+                prompt_logprobs=sampling.prompt_logprobs,
                 output_kind=RequestOutputKind.DELTA,
             )
             engine.add_request(
@@ -418,6 +436,8 @@ class VllmEngine(ThreadedEngine[_Tracked]):
                     # Its last prefill chunk ran in this step.
                     num_prefill_done += tracked.num_prompt_tokens - tracked.num_computed_tokens
                 tracked.num_output_tokens += num_new
+                if tracked.request.sampling.logprobs is not None:
+                    self._take_logprobs(tracked, output, completion)
                 if completion.text:
                     tracked.text_parts.append(completion.text)
                     deltas.append((tracked.request.request_id, completion.text))
@@ -457,6 +477,30 @@ class VllmEngine(ThreadedEngine[_Tracked]):
                     kv_cache_usage=stats.kv_cache_usage if stats is not None else 0.0,
                 ),
             )
+
+    def _take_logprobs(self, tracked: _Tracked, output: Any, completion: Any) -> None:
+        """Keep the logprobs of this step's new tokens (and, once, of the prompt: vLLM sends
+        them all when prefill ends). Called under the lock."""
+        for token_id, step in zip(completion.token_ids, completion.logprobs or (), strict=False):
+            tracked.output_logprobs.append(self._token_logprob(token_id, step))
+        if output.prompt_logprobs and tracked.prompt_logprobs is None:
+            tracked.prompt_logprobs = [
+                self._token_logprob(token_id, step)
+                for token_id, step in zip(output.prompt_token_ids or (), output.prompt_logprobs,
+                                          strict=False)]
+
+    def _token_logprob(self, token_id: int, step: Any) -> TokenLogprob:
+        """One token's logprob as stored: vLLM's -inf becomes -9999.0, as in vLLM's OpenAI
+        server (JSON has no infinity). `step` None: the first prompt token (no logprob)."""
+        if step is None:
+            text = self._llm.get_tokenizer().decode([token_id])
+            return {"id": token_id, "token": text, "logprob": None, "top": []}
+        top = [{"id": tid, "token": _decoded(lp, tid, self._llm),
+                "logprob": max(lp.logprob, MIN_LOGPROB), "rank": lp.rank}
+               for tid, lp in step.items()]
+        chosen = step[token_id]
+        return {"id": token_id, "token": _decoded(chosen, token_id, self._llm),
+                "logprob": max(chosen.logprob, MIN_LOGPROB), "top": top}
 
     def _estimate_progress(self, num_prefill_tokens: int) -> None:
         """Update is_running / num_computed_tokens of in-flight requests after a step.
@@ -519,3 +563,10 @@ class VllmEngine(ThreadedEngine[_Tracked]):
             reason if reason in ("stop", "length", "abort") else "stop"  # "repetition" stops
         )
         self._resolve(tracked, finish_reason, now)
+
+
+def _decoded(logprob: Any, token_id: int, engine: LLMEngine) -> str:
+    """A logprob's token text (vLLM decodes it; a missing one is decoded here)."""
+    if logprob.decoded_token is not None:
+        return str(logprob.decoded_token)
+    return str(engine.get_tokenizer().decode([token_id]))
