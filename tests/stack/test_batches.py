@@ -238,7 +238,8 @@ def test_cancel_mid_run_keeps_what_finished(
 ) -> None:
     client = team_client("canceller", webhook_url=f"{receiver.url}/ok")
     lines = [chat_line(f"c-{i}", max_tokens=128) for i in range(150)]
-    batch = start_batch(client, lines)
+    batch = start_batch(client, lines,
+                        output_expires_after={"anchor": "created_at", "seconds": 3600})
     wait_for(client, batch.id,
              lambda b: b.request_counts is not None and b.request_counts.completed >= 8)
     cancelling = client.batches.cancel(batch.id)
@@ -254,6 +255,10 @@ def test_cancel_mid_run_keeps_what_finished(
     assert sorted(line["custom_id"] for line in output + errors) == sorted(
         f"c-{i}" for i in range(150))
     assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+    for file_id in (done.output_file_id, done.error_file_id):  # output_expires_after
+        assert file_id is not None
+        file = client.files.retrieve(file_id)
+        assert file.expires_at == file.created_at + 3600
     with db.session() as session:
         num_requests = session.scalar(select(func.count()).select_from(InferenceRequest)
                                       .where(InferenceRequest.batch_id == batch.id))
