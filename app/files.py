@@ -6,6 +6,7 @@ A file is a row in `files` (what the API lists) plus its bytes in the files dire
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime
 from pathlib import PurePath
@@ -29,6 +30,8 @@ __all__ = ["new_file_id", "upload_file", "register_file", "get_file", "list_file
 #: Purposes a client may upload with; `batch_output` files are written by blockq.
 UPLOAD_PURPOSES = frozenset({FilePurpose.BATCH})
 MAX_FILENAME_CHARS = 255
+#: C0 controls (NUL, CR, LF...), DEL, C1 controls and lone surrogates: never in a file name.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def new_file_id() -> str:
@@ -44,10 +47,7 @@ def upload_file(settings: Settings, db: Database, *, team_id: str, purpose: str 
         raise InvalidRequest(f"Invalid purpose '{purpose}': files can be uploaded with purpose "
                              f"{', '.join(sorted(UPLOAD_PURPOSES))}.", param="purpose",
                              code="invalid_value")
-    name = PurePath((filename or "").replace("\\", "/")).name[:MAX_FILENAME_CHARS]
-    if not name:
-        raise InvalidRequest("The upload needs a 'file' part with a file name.", param="file",
-                             code="missing_required_parameter")
+    name = upload_name(filename)
     store = file_store(settings)
     file_id = new_file_id()
     max_bytes = batch_input.max_upload_bytes(settings, purpose)
@@ -57,6 +57,8 @@ def upload_file(settings: Settings, db: Database, *, team_id: str, purpose: str 
         raise PayloadTooLarge(f"The file is larger than {max_bytes} bytes.",
                               param="file", code="file_too_large") from None
     try:
+        if size_bytes == 0:
+            raise InvalidRequest("The file is empty.", param="file", code="empty_file")
         if purpose == FilePurpose.BATCH:
             batch_input.check_request_count(settings, store.path(file_id), param="file")
         with db.session() as session:
@@ -68,6 +70,26 @@ def upload_file(settings: Settings, db: Database, *, team_id: str, purpose: str 
     except BaseException:
         store.delete(file_id)
         raise
+
+
+def upload_name(filename: str | None) -> str:
+    """The name an upload is listed under: its last path segment (a client's directories are
+    none of ours); refused when empty, longer than MAX_FILENAME_CHARS, `.`/`..`, or holding a
+    control character (NUL, CR, LF: also as `filename*=UTF-8''a%0D%0A`) or a lone surrogate."""
+    name = PurePath((filename or "").replace("\\", "/")).name
+    if not name or name in (".", ".."):
+        raise InvalidRequest("The upload needs a 'file' part with a file name.", param="file",
+                             code="missing_required_parameter")
+    if len(name) > MAX_FILENAME_CHARS:
+        raise InvalidRequest(f"The file name is {len(name)} characters; at most "
+                             f"{MAX_FILENAME_CHARS} are accepted.", param="file",
+                             code="invalid_filename")
+    if (bad := _UNPRINTABLE.search(name)) is not None:
+        raise InvalidRequest(f"The file name holds U+{ord(bad.group()):04X} at position "
+                             f"{bad.start()}: no control character (NUL, CR, LF...) or lone "
+                             "surrogate may be part of a file name.", param="file",
+                             code="invalid_filename")
+    return name
 
 
 def register_file(session: Session, *, file_id: str, team_id: str, purpose: str, filename: str,

@@ -12,7 +12,14 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import func, select
 
-from app.models import Batch, InferenceRequest, OperatorControl, OutboxEntry, RequestEvent
+from app.models import (
+    Batch,
+    InferenceRequest,
+    OperatorControl,
+    OutboxEntry,
+    RequestEvent,
+    StoredFile,
+)
 from app.settings import Settings
 from app.teams import ensure_team_key
 from tests.app.flask_client import api_client, error_body, services_of, upload
@@ -193,3 +200,57 @@ def test_admin_routing_reads_its_body_the_same_way(client: FlaskClient) -> None:
 def _admin_key(client: FlaskClient) -> str:
     with services_of(client).db.session() as session:
         return ensure_team_key(session, "ops", is_admin=True).key
+
+
+def _multipart(disposition: bytes, content: bytes) -> bytes:
+    """A raw multipart body: the purpose part and a file part with `disposition` verbatim."""
+    return (b'--B\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            b'--B\r\nContent-Disposition: form-data; name="file"; ' + disposition +
+            b"\r\nContent-Type: application/octet-stream\r\n\r\n" + content + b"\r\n--B--\r\n")
+
+
+def _upload_raw(client: FlaskClient, disposition: bytes, content: bytes = b"{}\n") -> Any:
+    return client.post("/v1/files", data=_multipart(disposition, content),
+                       content_type="multipart/form-data; boundary=B")
+
+
+def test_hostile_file_names_and_sizes(fresh_services: Settings) -> None:
+    limit = 4096
+    client = api_client(fresh_services.model_copy(update={"max_file_bytes": limit}))
+    refused = {
+        b'filename="a\x00b.jsonl"': "U+0000",
+        b"filename*=UTF-8''a%00b.jsonl": "U+0000",
+        b"filename*=UTF-8''in%0D%0AX-Injected: 1.jsonl": "U+000D",
+        b"filename*=UTF-8''tab%09.jsonl": "U+0009",
+        b"filename*=UTF-8''c1%C2%85.jsonl": "U+0085",
+        b'filename="' + b"n" * 256 + b'"': "256 characters; at most 255",
+        b'filename=".."': "needs a 'file' part with a file name",
+        b"filename*=UTF-8''dir%2F..": "needs a 'file' part with a file name",
+    }
+    for disposition, problem in refused.items():
+        error = _refused(_upload_raw(client, disposition))
+        assert error["param"] == "file" and problem in error["message"], (disposition, error)
+    kept = {
+        b"filename*=UTF-8''..%2F..%2Fetc%2Fpasswd": "passwd",  # the directories are dropped
+        b'filename="..\\\\..\\\\win.jsonl"': "win.jsonl",
+        b"filename*=UTF-8''caf%C3%A9.jsonl": "caf\u00e9.jsonl",
+        b'filename="' + b"n" * 255 + b'"': "n" * 255,
+    }
+    for disposition, name in kept.items():
+        response = _upload_raw(client, disposition)
+        assert response.status_code == 200 and response.get_json()["filename"] == name, (
+            disposition, response.get_data(as_text=True))
+    # Sizes: empty, at the file limit, one past it, past the whole body's limit.
+    assert _refused(_upload_raw(client, b'filename="e.jsonl"', b""))["code"] == "empty_file"
+    at_limit = _upload_raw(client, b'filename="full.jsonl"', b"x" * (limit - 1) + b"\n")
+    assert at_limit.status_code == 200 and at_limit.get_json()["bytes"] == limit
+    over = _refused(_upload_raw(client, b'filename="big.jsonl"', b"x" * limit + b"\n"), 413)
+    assert over["code"] == "file_too_large" and str(limit) in over["message"]
+    huge = _refused(_upload_raw(client, b'filename="huge.jsonl"', b"x" * 200_000), 413)
+    assert huge["code"] == "request_too_large" and "larger than" in huge["message"]
+    with services_of(client).db.session() as session:
+        rows = session.execute(select(StoredFile.id, StoredFile.filename)).all()
+    assert sorted(row.filename for row in rows) == sorted([*kept.values(), "full.jsonl"])
+    files_dir = services_of(client).settings.resolved_files_dir  # no bytes left of a refusal
+    assert sorted(p.name for p in files_dir.iterdir() if p.is_file()) == sorted(
+        row.id for row in rows)
