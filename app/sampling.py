@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from app.errors import InvalidRequest
 
@@ -59,7 +59,7 @@ class SamplingFields(BaseModel):
         None, ge=-2.0, le=2.0, allow_inf_nan=False,
         description="OpenAI's presence penalty: lowers the logit of every token already in the "
                     "output by this much.")
-    ignore_eos: bool | None = Field(
+    ignore_eos: StrictBool | None = Field(
         None, description="Keep generating past the end-of-sequence token, up to max_tokens.")
     min_tokens: int | None = Field(
         None, ge=0, description="Generate at least this many tokens before EOS or a stop token "

@@ -120,12 +120,15 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
 
 def _wait_for_all(svc: Services, submitted: list[InferenceRequest],
                   hold: Hold) -> list[InferenceRequest]:
-    """The finished rows of a call's choices, in order. One that fails or times out ends the
-    call: the others are cancelled (nobody would read them)."""
+    """The finished rows of a call's choices, in order. One that fails ends the call and the
+    others are cancelled (nobody would read them); after a timeout (504) all go on, as a single
+    request does."""
     finished: list[InferenceRequest] = []
     try:
         for choice in submitted:
             finished.append(_wait_until_finished(svc, choice.id, hold))
+    except GatewayTimeout:
+        raise
     except BaseException:
         for choice in submitted[len(finished) + 1:]:
             cancel_quietly(svc, choice.id, hold.team_id)
