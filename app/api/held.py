@@ -123,7 +123,6 @@ class _TeamSlots:
         self._lock = threading.Lock()
         self._local: Counter[str] = Counter()
 
-
     def take(self, team_id: str, cap: int) -> tuple[str, bool] | None:
         """A new slot (its id, and whether it is counted in Redis); None when the team is full."""
         slot = uuid.uuid4().hex

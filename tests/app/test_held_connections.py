@@ -93,6 +93,7 @@ def serve(settings: Settings) -> Iterator[Api]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+        app.extensions["blockq"].db.dispose()
 
 
 @pytest.fixture
