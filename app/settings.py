@@ -345,8 +345,9 @@ class Settings(BaseSettings):
         "batch creation.",
     )
     max_batch_file_bytes: int = Field(
-        200 * 1024 * 1024, gt=0, description="Largest batch input file (OpenAI: 200 MB): a "
-        "larger upload with purpose batch gets HTTP 413, a batch on a larger file HTTP 400.",
+        200 * 1024 * 1024, gt=0, description="Largest batch input file (OpenAI: 200 MB; an "
+        "upload is also bound by max_file_bytes): a larger upload with purpose batch gets HTTP "
+        "413, a batch on a larger file HTTP 400.",
     )
     max_batch_in_flight: int = Field(
         256, gt=0, description="Batch requests released to the pipeline and not finished yet, "
