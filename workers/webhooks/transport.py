@@ -32,7 +32,7 @@ RESPONSE_READ_LIMIT = 4096
 
 #: getaddrinfo has no timeout of its own: it runs here, and the attempt waits at most its
 #: deadline for it.
-_resolvers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="webhook-dns")
+_resolvers = ThreadPoolExecutor(max_workers=16, thread_name_prefix="webhook-dns")
 
 
 class DestinationRefused(Exception):
