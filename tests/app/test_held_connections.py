@@ -268,6 +268,14 @@ def test_a_team_named_in_the_caps_gets_its_own(settings: Settings) -> None:
         hold.release()
 
 
+def test_team_caps_reach_the_processes_of_the_local_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`blockq serve` hands its settings to its processes as environment variables."""
+    env = Settings(held_connections_team_caps={"bench": 200}).as_env()
+    monkeypatch.setenv("BLOCKQ_HELD_CONNECTIONS_TEAM_CAPS",
+                       env["BLOCKQ_HELD_CONNECTIONS_TEAM_CAPS"])
+    assert Settings().held_connections_team_caps == {"bench": 200}
+
+
 def test_the_process_cap_leaves_the_reserved_threads(settings: Settings) -> None:
     caps = HeldConnections(
         settings.model_copy(update={"api_threads": 3, "api_reserved_threads": 1,
