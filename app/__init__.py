@@ -34,6 +34,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         metrics,
         openai,
         openapi,
+        request_text,
         requests,
     )
     from app.services import Services  # noqa: PLC0415
@@ -48,6 +49,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     errors.init_app(app)
     held.init_app(app, settings, services.fleet.redis)
     auth.init_app(app, settings)
+    request_text.init_app(app)  # after auth: a caller without a key learns nothing more
     for blueprint in (requests.bp, instances.bp, health.bp, openai.bp, files.bp, batches.bp,
                       admin.bp, metrics.bp, openapi.bp):
         app.register_blueprint(blueprint)

@@ -21,7 +21,8 @@ from typing import Any
 
 from app.errors import InvalidRequest
 
-__all__ = ["MAX_DEPTH", "parse_json", "parse_json_object", "nesting_depth", "check_value"]
+__all__ = ["MAX_DEPTH", "parse_json", "parse_json_object", "nesting_depth", "check_value",
+           "text_problem", "visible"]
 
 #: Deepest nesting of arrays and objects accepted (OpenAI's bodies need fewer than 10 levels).
 MAX_DEPTH = 64
@@ -123,24 +124,31 @@ def _decode(raw: bytes, subject: str) -> str:
                              code="invalid_json") from None
 
 
-def _check_text(text: str, path: tuple[str, ...], kind: str) -> None:
+def text_problem(text: str) -> str | None:
+    """What in `text` PostgreSQL cannot store ("the NUL character (\\u0000), ..."), or None."""
     found = _UNSTORABLE.search(text)
     if found is None:
-        return
+        return None
     char = found.group()
-    what = ("the NUL character (\\u0000), which text may not contain" if char == "\x00"
+    return ("the NUL character (\\u0000), which text may not contain" if char == "\x00"
             else f"a lone surrogate (\\u{ord(char):04x}), which is not Unicode text")
-    where = (*path, text) if kind == "key" else path
-    raise _at(where, f"the {kind} contains {what}")
+
+
+def _check_text(text: str, path: tuple[str, ...], kind: str) -> None:
+    what = text_problem(text)
+    if what is not None:
+        where = (*path, text) if kind == "key" else path
+        raise _at(where, f"the {kind} contains {what}")
 
 
 def _at(path: tuple[str, ...], problem: str) -> InvalidRequest:
-    param = _visible(".".join(path))[:_MAX_PARAM_CHARS] or None
+    param = visible(".".join(path))[:_MAX_PARAM_CHARS] or None
     message = f"Invalid value for '{param}': {problem}." if param else f"Invalid value: {problem}."
     return InvalidRequest(message, param=param, code="invalid_value")
 
 
-def _visible(text: str) -> str:
+def visible(text: str) -> str:
+    """`text` with what `text_problem` finds written as JSON escapes (safe to quote, to store)."""
     return _UNSTORABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 

@@ -254,3 +254,26 @@ def test_hostile_file_names_and_sizes(fresh_services: Settings) -> None:
     files_dir = services_of(client).settings.resolved_files_dir  # no bytes left of a refusal
     assert sorted(p.name for p in files_dir.iterdir() if p.is_file()) == sorted(
         row.id for row in rows)
+
+
+def test_nul_in_the_url_path_query_and_idempotency_key(client: FlaskClient) -> None:
+    """Outside the body: a lookup by id, a cursor or a filter holding NUL failed its query."""
+    batch_id = client.post("/v1/batches", json={
+        "input_file_id": upload(client).get_json()["id"], "endpoint": "/v1/completions",
+        "completion_window": "24h"}).get_json()["id"]
+    for method, url in [("get", "/v1/requests/req_%00"), ("post", "/v1/requests/req_%00/cancel"),
+                        ("get", "/v1/files/file-%00"), ("get", "/v1/files/file-%00/content"),
+                        ("delete", "/v1/files/file-%00"), ("get", "/v1/batches/batch_%00"),
+                        ("post", "/v1/batches/batch_%00/cancel")]:
+        error = _refused(getattr(client, method)(url))
+        assert error["code"] == "invalid_path" and "NUL character" in error["message"], url
+    for url, param in [("/v1/files?after=%00", "after"), ("/v1/files?purpose=a%00", "purpose"),
+                       ("/v1/batches?after=batch_%00", "after"), ("/v1/files?%00=1", "\\u0000")]:
+        error = _refused(client.get(url))
+        assert (error["code"], error["param"]) == ("invalid_value", param), url
+    error = _refused(client.post("/v1/requests", json={"prompt": "x"},
+                                 headers={"Idempotency-Key": "k\x00"}))
+    assert error["param"] == "Idempotency-Key" and "NUL character" in error["message"]
+    assert client.get(f"/v1/batches/{batch_id}").status_code == 200
+    with services_of(client).db.session() as session:
+        assert session.scalar(select(func.count()).select_from(InferenceRequest)) == 0
