@@ -14,7 +14,8 @@ from app.teams import Principal, principal_of
 __all__ = ["init_app", "current_principal"]
 
 #: Endpoints anyone may call (probes, and the metrics scraper: keep /metrics off the internet).
-OPEN_ENDPOINTS = frozenset({"health.healthz", "health.readyz", "metrics.scrape", "static"})
+OPEN_ENDPOINTS = frozenset({"health.healthz", "health.readyz", "metrics.scrape", "static",
+                            "openapi.document", "openapi.docs"})
 
 
 def current_principal() -> Principal:

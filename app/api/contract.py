@@ -20,6 +20,7 @@ __all__ = [
     "CompletionObject", "ChatCompletionObject", "CompletionChunk", "ChatCompletionChunk",
     "FileObject", "FileList", "FileDeleted", "FileUpload", "BatchObject", "BatchList",
     "InstanceList", "InstanceControl", "QueuesObject", "RoutingState", "RoutingPolicyBody",
+    "TeamWebhookSecretObject",
     "Healthz", "Readyz",
 ]
 
@@ -92,6 +93,10 @@ class RequestObject(_Strict):
     started_at: str | None
     first_token_at: str | None
     finished_at: str | None
+    sampling: dict[str, Any] | None = Field(
+        None, description="Sampling parameters the client set beyond the columns above.")
+    logprobs: dict[str, Any] | None = Field(
+        None, description="Log probabilities the engine returned, when asked for.")
     events: list[RequestEventObject] | None = None
 
 
@@ -208,13 +213,12 @@ class ChatCompletionChunk(_Strict):
 
 # --- files ----------------------------------------------------------------------------------
 
-class FileUpload(BaseModel):
+class FileUpload(_Strict):
     """The multipart/form-data body of POST /v1/files."""
 
     file: bytes = Field(json_schema_extra={"contentMediaType": "application/octet-stream"},
                         description="The file (a batch input file: JSON Lines).")
-    purpose: str = Field(description="Why it is uploaded: 'batch'.",
-                         json_schema_extra={"examples": ["batch"]})
+    purpose: Literal["batch"] = Field(description="Why it is uploaded (batch input files).")
 
 
 class FileObject(_Strict):
@@ -370,6 +374,17 @@ class InstanceControl(_Strict):
     alive: bool
     accepting: bool
     control: str | None
+
+
+class TeamWebhookSecretObject(_Strict):
+    """A team's new webhook signing secret, returned once by a rotation."""
+
+    object: Literal["team.webhook_secret"]
+    team_id: str
+    secret: str = Field(description="`whsec_<base64>`: shown only in this answer.")
+    previous_valid_until: int | None = Field(
+        description="Unix time until which the previous secret also signs the team's events "
+        "(null: the team had none).")
 
 
 class QueueDepth(_Strict):

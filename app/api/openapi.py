@@ -173,6 +173,11 @@ OPERATIONS: dict[str, Operation] = {
     "admin.switch_routing": Operation(
         "Switch the routing policy", ADMIN, c.RoutingState, body=c.RoutingPolicyBody,
         errors=(400, 403, 413)),
+    "admin.rotate_webhook_secret": Operation(
+        "Rotate a team's webhook signing secret", ADMIN, c.TeamWebhookSecretObject,
+        errors=(403, 404),
+        description="A new secret, returned once; the previous one also signs the team's "
+                    "events for `webhook_secret_grace_s`."),
     # --- probes, metrics and this document
     "health.healthz": Operation("Liveness", "Probes", c.Healthz, open=True),
     "health.readyz": Operation("Readiness (database and broker)", "Probes", c.Readyz,
@@ -213,6 +218,21 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": SCHEMA_REF.format(model=model.__name__)}
 
 
+def _event_schema(chunk: type[BaseModel]) -> dict[str, Any]:
+    """One server-sent event: `data:` is a chunk's JSON, the error object's (a failure mid-way),
+    or `[DONE]` at the end."""
+    return {
+        "type": "object", "required": ["data"],
+        "description": "`data: <chunk JSON>` events, then `data: [DONE]`; a failure mid-way "
+                       "is one `data: <ErrorResponse JSON>`.",
+        "properties": {"event": {"type": "string"}, "data": {"anyOf": [
+            {"const": "[DONE]"},
+            {"type": "string", "contentMediaType": "application/json",
+             "contentSchema": {"anyOf": [_ref(chunk), _ref(c.ErrorResponse)]}},
+        ]}},
+    }
+
+
 def _success(op: Operation) -> dict[str, Any]:
     if isinstance(op.response, str):
         schema: dict[str, Any] = ({"type": "object"} if op.response == "application/json"
@@ -221,11 +241,8 @@ def _success(op: Operation) -> dict[str, Any]:
     else:
         content = {"application/json": {"schema": _ref(op.response)}}
     if op.stream is not None:
-        content["text/event-stream"] = {
-            "schema": {"type": "string", "description": "`data: <chunk JSON>` events, then "
-                       "`data: [DONE]`; a failure mid-way is one `data: <ErrorResponse>`."},
-            "x-event-data": _ref(op.stream),
-        }
+        content["text/event-stream"] = {"schema": _event_schema(op.stream),
+                                        "x-event-data": _ref(op.stream)}
     success: dict[str, Any] = {"description": op.summary, "content": content}
     if op.links:
         success["links"] = op.links
