@@ -9,10 +9,12 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from flask.testing import FlaskClient
 from openai import OpenAI
 from sqlalchemy import select, update
 
+from app.cli import main
 from app.errors import BlockqError
 from app.models import StoredFile, Team, utcnow
 from app.retention import purge
@@ -157,3 +159,16 @@ def test_two_uploads_at_once_cannot_both_pass_the_quota(client: FlaskClient) -> 
                                filename="a", size_bytes=2 * len(LINE)))
     thread.join(timeout=20)
     assert len(outcome) == 1 and isinstance(outcome[0], StorageQuotaExceeded)
+
+
+def test_blockq_teams_create_sets_a_teams_own_quota(fresh_services: Settings,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DATABASE_URL", fresh_services.resolved_database_url)
+    result = CliRunner().invoke(main, ["teams", "create", "small", "--storage-quota", "100",
+                                       "--no-key"])
+    assert result.exit_code == 0, result.output
+    client = api_client(fresh_services, team="small")
+    with services_of(client).db.session() as session:
+        assert session.scalar(select(Team.storage_quota_bytes).where(Team.name == "small")) == 100
+    assert upload(client).status_code == 200  # 76 bytes of 100
+    assert error_body(upload(client), 403)["code"] == "storage_quota_exceeded"
