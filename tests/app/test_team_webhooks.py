@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 from flask.testing import FlaskClient
 
+from app.api.contract import TeamWebhookSecretObject
 from app.cli import main as cli
 from app.settings import Settings
 from app.team_secrets import secrets_in_force
@@ -75,7 +76,7 @@ def test_the_admin_api_rotates_a_team_secret_keeping_the_old_one_for_the_grace(
     response = client.post(f"/v1/admin/teams/{team_id}/webhook_secret/rotate", headers=admin)
 
     assert response.status_code == 200, response.get_data(as_text=True)
-    body = response.get_json()
+    body = TeamWebhookSecretObject.model_validate(response.get_json()).model_dump()
     assert body["object"] == "team.webhook_secret" and body["team_id"] == team_id
     assert body["secret"].startswith("whsec_") and body["secret"] != before
     grace = services_of(client).settings.webhook_secret_grace_s
