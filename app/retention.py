@@ -15,6 +15,9 @@ Safety, each by construction:
   transaction: select its keys with `FOR UPDATE SKIP LOCKED`, delete them, commit.
 - **Idempotent, safe to run twice at once.** A second purge skips the rows the first has locked
   and finds nothing left of what the first deleted. (SQLite has one writer at a time anyway.)
+- **Bounded runs.** Given `max_run_s`, a run stops between two chunks once that time is spent
+  and the next run goes on from there, so the first purge of a large history never holds a
+  worker thread for hours.
 
 The outbox is not purged: an entry there is a message not sent yet, and the health worker's
 relay drains it; deleting one would lose the message.
@@ -23,6 +26,7 @@ relay drains it; deleting one would lose the message.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -92,10 +96,14 @@ class Purge:
         self.files = files
         self.policy = policy
         self.chunk_rows = chunk_rows
+        self._deadline: float | None = None
 
-    def run(self, now: datetime | None = None) -> dict[str, int]:
-        """Rows deleted per table (files: rows, each with its bytes)."""
+    def run(self, now: datetime | None = None, *,
+            max_run_s: float | None = None) -> dict[str, int]:
+        """Rows deleted per table (files: rows, each with its bytes); with `max_run_s`, what
+        was deleted until that time was spent (the tables not reached yet report 0)."""
         now = now or utcnow()
+        self._deadline = None if max_run_s is None else time.monotonic() + max_run_s
         p = self.policy
         steps: list[tuple[str, timedelta | None, Callable[[datetime], Select[tuple[object]]],
                           int]] = [
@@ -119,21 +127,22 @@ class Purge:
         column = keys.selected_columns[0]
         table = column.table
         deleted = 0
-        while True:
+        while not self._out_of_time():
             with self.db.session() as session:
                 ids = _lock(session, keys, chunk)
                 if ids:
                     session.execute(delete(table).where(column.in_(ids)))
             deleted += len(ids)
             if len(ids) < chunk:
-                return deleted
+                break
+        return deleted
 
     def _delete_expired_files(self, now: datetime) -> int:
         """Files past expires_at: bytes first, then the row, in the transaction holding the
         row's lock (a crash in between leaves a row without bytes, which the next run
         deletes; never bytes without a row, which nothing would find again)."""
         deleted = 0
-        while True:
+        while not self._out_of_time():
             with self.db.session() as session:
                 ids = _lock(session, _expired_files(now), self.chunk_rows)
                 for file_id in ids:
@@ -142,7 +151,11 @@ class Purge:
                     session.execute(delete(StoredFile).where(StoredFile.id.in_(ids)))
             deleted += len(ids)
             if len(ids) < self.chunk_rows:
-                return deleted
+                break
+        return deleted
+
+    def _out_of_time(self) -> bool:
+        return self._deadline is not None and time.monotonic() > self._deadline
 
 
 def _lock(session: Session, keys: Select[tuple[object]], chunk: int) -> list[object]:
@@ -201,10 +214,11 @@ def _expired_files(now: datetime) -> Select[tuple[object]]:
     return select(f.id).where(f.expires_at < now, ~batch_input)
 
 
-def purge(settings: Settings, db: Database, now: datetime | None = None) -> dict[str, int]:
+def purge(settings: Settings, db: Database, now: datetime | None = None, *,
+          max_run_s: float | None = None) -> dict[str, int]:
     """One purge run with the settings' policy (the health worker's task, `blockq purge`)."""
     report = Purge(db, file_store(settings), RetentionPolicy.of(settings),
-                   chunk_rows=settings.purge_chunk_rows).run(now)
+                   chunk_rows=settings.purge_chunk_rows).run(now, max_run_s=max_run_s)
     if any(report.values()):
         logger.info("retention purge deleted %s", ", ".join(
             f"{count} {name}" for name, count in report.items() if count), extra=report)

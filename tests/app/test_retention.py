@@ -264,6 +264,16 @@ def test_two_purges_at_once_delete_every_row_exactly_once(settings: Settings,
     assert count(db, RequestEvent) == 0
 
 
+def test_a_bounded_run_stops_between_chunks_and_the_next_goes_on(settings: Settings,
+                                                                  db: Database) -> None:
+    add_samples(db, ago(8), 10)
+    first = purge(settings, db, NOW, max_run_s=0)
+    assert first["engine_step_samples"] <= settings.purge_chunk_rows
+    assert count(db, EngineStepSample) >= 10 - settings.purge_chunk_rows
+    purge(settings, db, NOW)
+    assert count(db, EngineStepSample) == 0
+
+
 def test_the_health_worker_runs_it_on_the_beat_schedule(settings: Settings, db: Database) -> None:
     from workers import runtime
     from workers.health import tasks

@@ -17,8 +17,10 @@ from workers.locks import held
 
 logger = logging.getLogger(__name__)
 
-#: A purge taking longer leaves the next one free to start (each skips the other's rows).
-PURGE_LOCK_TTL_S = 3600.0
+#: One scheduled purge stops after this long (the next goes on), so it holds one of the health
+#: worker's threads for at most that; the lock outlives it, so purges never run side by side.
+PURGE_MAX_RUN_S = 600.0
+PURGE_LOCK_TTL_S = 2 * PURGE_MAX_RUN_S
 
 
 @shared_task(name=dispatch.TASK_REQUEUE_ORPHANS)
@@ -57,8 +59,9 @@ def relay_outbox() -> int:
 
 @shared_task(name=dispatch.TASK_PURGE)
 def purge() -> dict[str, int]:
-    """Delete what is older than its retention (app.retention). Safe beside another run (rows
-    are taken with SKIP LOCKED); the lock only spares a second run the same scans."""
+    """Delete what is older than its retention (app.retention), for at most PURGE_MAX_RUN_S.
+    Two runs would be safe side by side (rows are taken with SKIP LOCKED); the lock keeps a
+    second one from taking the health worker's other thread, which the sweep and relay need."""
     rt = runtime.get()
     with held(rt.redis, "blockq:lock:retention-purge", ttl_s=PURGE_LOCK_TTL_S) as mine:
-        return retention.purge(rt.settings, rt.db) if mine else {}
+        return retention.purge(rt.settings, rt.db, max_run_s=PURGE_MAX_RUN_S) if mine else {}
