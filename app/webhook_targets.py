@@ -10,6 +10,7 @@ resolves to and connects only to a checked one (workers/webhooks/transport.py).
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
@@ -83,11 +84,16 @@ def url_problem(url: str) -> str | None:
 
 
 def literal_address(url: str) -> IPAddress | None:
-    """The IP address a URL names literally, or None when it names a host."""
+    """The IP address a URL names literally, or None when it names a host. IPv4 in the forms
+    the resolver takes as addresses too (`2130706433`, `0x7f.1`, `127.1`)."""
     host = urlsplit(url).hostname or ""
     try:
         return ipaddress.ip_address(host)
     except ValueError:
+        pass
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))  # parses only: no lookup
+    except OSError:
         return None
 
 

@@ -117,11 +117,15 @@ def test_the_cli_shows_a_new_team_its_secret_once_and_rotates_it(
     assert missing.exit_code != 0 and "No team named 'nobody'" in missing.output
 
 
+@pytest.mark.parametrize(("url", "named"), [
+    ("http://169.254.169.254/latest/meta-data/", "link-local"),
+    ("http://0x7f.1:5432/", "127.0.0.1: it is a loopback address"),  # the resolver's forms too
+    ("http://2130706433/", "127.0.0.1: it is a loopback address"),
+])
 def test_the_cli_refuses_an_internal_team_webhook_url(
-    fresh_services: Settings, monkeypatch: pytest.MonkeyPatch,
+    fresh_services: Settings, monkeypatch: pytest.MonkeyPatch, url: str, named: str,
 ) -> None:
     monkeypatch.setenv("DATABASE_URL", fresh_services.resolved_database_url)
     monkeypatch.setenv("BLOCKQ_WEBHOOK_ALLOWED_NETWORKS", "")
-    refused = CliRunner().invoke(cli, ["teams", "create", "sneaky", "--webhook-url",
-                                       "http://169.254.169.254/latest/meta-data/"])
-    assert refused.exit_code != 0 and "link-local" in refused.output
+    refused = CliRunner().invoke(cli, ["teams", "create", "sneaky", "--webhook-url", url])
+    assert refused.exit_code != 0 and named in refused.output, refused.output
