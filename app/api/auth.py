@@ -4,7 +4,7 @@ endpoint, the caller's team in `flask.g.principal`, and a per-team request rate 
 from __future__ import annotations
 
 from flask import Flask, g, request
-from flask_limiter import Limiter
+from flask_limiter import HeaderNames, Limiter
 
 from app.api.services import services
 from app.errors import Unauthorized
@@ -63,6 +63,9 @@ def init_app(app: Flask, settings: Settings) -> Limiter:
         storage_uri=settings.redis_url,
         strategy="moving-window",
         headers_enabled=True,
+        # The limiter would set Retry-After on every response, overwriting the one a 503 or a
+        # held-connection 429 gives; a rate-limit 429 gets its own (app.api.errors).
+        header_name_mapping={HeaderNames.RETRY_AFTER: "X-RateLimit-Retry-After"},
         key_prefix="blockq:ratelimit",
         in_memory_fallback_enabled=True,
     )

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import redis
-from flask import Flask, has_request_context, jsonify, request
+from flask import Flask, current_app, has_request_context, jsonify, request
 from flask.typing import ResponseReturnValue
+from flask_limiter import RateLimitExceeded
 from werkzeug.exceptions import HTTPException
 
 from app.db import TRANSIENT_ERRORS
@@ -33,7 +35,17 @@ def _handle_http_exception(error: HTTPException) -> ResponseReturnValue:
             429: "rate_limit_exceeded"}.get(status)
     message = _too_large_message() if status == 413 else error.description
     body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    if isinstance(error, RateLimitExceeded):
+        return jsonify(body), status, {"Retry-After": _rate_limit_retry_after()}
     return jsonify(body), status
+
+
+def _rate_limit_retry_after() -> str:
+    """Seconds until the team's rate-limit window lets a call through again."""
+    for limiter in current_app.extensions.get("limiter", ()):
+        if (limit := limiter.current_limit) is not None:
+            return str(max(1, int(limit.reset_at - time.time())))
+    return "1"
 
 
 def _too_large_message() -> str:

@@ -137,7 +137,7 @@ def test_a_team_over_its_cap_gets_429_while_another_team_and_healthz_go_on(api: 
     eventually(lambda: api.held("a") == 2)
 
     status, headers, body = answer_of(api.open_completion("a"))
-    assert status == 429 and int(headers["retry-after"]) >= 1
+    assert status == 429 and headers["retry-after"] == "1"
     assert body["error"]["type"] == "requests"
     assert body["error"]["code"] == "concurrency_limit_exceeded"
     assert "2 completions open at once" in body["error"]["message"]
@@ -148,7 +148,7 @@ def test_a_team_over_its_cap_gets_429_while_another_team_and_healthz_go_on(api: 
 
     # The process's three slots are taken: one more gets 503, and the probes still answer.
     status, headers, body = answer_of(api.open_completion("b"))
-    assert status == 503 and int(headers["retry-after"]) >= 1
+    assert status == 503 and headers["retry-after"] == "1"
     assert body["error"]["code"] == "server_busy"
     assert "3 open completions" in body["error"]["message"]
     assert httpx.get(f"{api.url}/healthz", timeout=5).json() == {"status": "ok"}
