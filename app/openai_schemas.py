@@ -9,7 +9,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from app.errors import InvalidRequest, NotFound
 from app.sampling import MAX_LOGPROBS, SamplingFields, TokenId, is_token_ids
-from app.schemas import ChatMessage, stop_as_list
+from app.schemas import SEED_LIMIT, ChatMessage, stop_as_list
 
 __all__ = ["CompletionBody", "ChatCompletionBody", "OpenAIBody", "body_model_for", "check_model",
            "native_body", "native_bodies", "MAX_CHOICES"]
@@ -35,7 +35,7 @@ class _Common(SamplingFields):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, lt=2**63, description=(
+    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT, description=(
         "Sampling seed; with n > 1, choice j of a prompt uses seed + j."))
     stop: list[str] | None = Field(None, max_length=4)
     stream: bool = False
@@ -204,7 +204,7 @@ def native_bodies(body: OpenAIBody, *, priority: str = "interactive") -> list[di
             if isinstance(body, CompletionBody):
                 native["prompt"] = prompt
             if body.seed is not None:
-                native["seed"] = (body.seed + choice) % 2**63
+                native["seed"] = (body.seed + choice) % SEED_LIMIT
             natives.append(native)
     return natives
 

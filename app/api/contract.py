@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.models import BatchStatus, FilePurpose, Priority, RequestStatus
+from app.storage_policy import MAX_EXPIRES_AFTER_S, MIN_EXPIRES_AFTER_S
 
 __all__ = [
     "ErrorResponse", "SubmittedRequest", "RequestObject", "ModelObject", "ModelList",
@@ -219,6 +220,11 @@ class FileUpload(_Strict):
     file: bytes = Field(json_schema_extra={"contentMediaType": "application/octet-stream"},
                         description="The file (a batch input file: JSON Lines).")
     purpose: Literal["batch"] = Field(description="Why it is uploaded (batch input files).")
+    expires_after_anchor: Literal["created_at"] | None = Field(
+        None, alias="expires_after[anchor]", description="OpenAI's `expires_after.anchor`.")
+    expires_after_seconds: int | None = Field(
+        None, alias="expires_after[seconds]", ge=MIN_EXPIRES_AFTER_S, le=MAX_EXPIRES_AFTER_S,
+        description="The file expires this many seconds after its creation (with the anchor).")
 
 
 class FileObject(_Strict):

@@ -40,10 +40,11 @@ AUTH_ERRORS = (401, 429, 503)
 _DESCRIPTIONS = {
     400: "Bad input: the message names the parameter and the problem.",
     401: "Missing or unknown API key.",
-    403: "The key is not an admin key.",
+    403: "Not allowed: the key is not an admin key, or the team's storage quota is full.",
     404: "No such object for this team (another team's objects are not found either).",
     409: "The object is in a state that does not allow this.",
     413: "The body is larger than the limit.",
+    415: "The body is not JSON (a form, text).",
     422: "The request cannot be served (e.g. prompt longer than the model's context).",
     429: "The team's rate limit is reached; retry later.",
     503: "The database or the broker is unavailable, or no worker answered; retry shortly.",
@@ -130,7 +131,7 @@ OPERATIONS: dict[str, Operation] = {
     # --- files
     "files.upload": Operation(
         "Upload a file", "Files", c.FileObject, body=c.FileUpload, multipart=True,
-        errors=(400, 413),
+        errors=(400, 403, 413),
         links={"GetFile": _link("files_show", file_id=_BODY_ID),
                "GetFileContent": _link("files_content", file_id=_BODY_ID),
                "DeleteFile": _link("files_delete", file_id=_BODY_ID),
@@ -182,8 +183,10 @@ OPERATIONS: dict[str, Operation] = {
     "health.healthz": Operation("Liveness", "Probes", c.Healthz, open=True),
     "health.readyz": Operation("Readiness (database and broker)", "Probes", c.Readyz,
                                open=True, other={503: c.Readyz}),
-    "metrics.scrape": Operation("Prometheus metrics", "Probes",
-                                "text/plain; version=0.0.4; charset=utf-8", open=True),
+    "metrics.scrape": Operation(
+        "Prometheus metrics", "Probes", "text/plain; version=0.0.4; charset=utf-8", open=True,
+        errors=(401,), description="No API key; with BLOCKQ_METRICS_TOKEN set, "
+        "`Authorization: Bearer <metrics token>`."),
     "openapi.document": Operation("This OpenAPI document", "Documentation",
                                   "application/json", open=True),
     "openapi.docs": Operation("This document as a page", "Documentation", "text/html",
@@ -255,6 +258,8 @@ def _operation(endpoint: str, op: Operation, path_params: Iterable[str]) -> dict
     params += [{"name": p.name, "in": p.where, "required": False, "schema": p.schema,
                 "description": p.description} for p in op.params]
     errors = sorted(set(op.errors) | (set() if op.open else set(AUTH_ERRORS)))
+    if op.body is not None and not op.multipart:
+        errors = sorted(set(errors) | {400, 413, 415})
     if any(p["in"] == "path" for p in params):
         errors = sorted(set(errors) | {404})
     responses: dict[str, Any] = {str(op.status): _success(op)}

@@ -28,7 +28,7 @@ from tests.app.api_fuzz import (
     fuzz_links,
     fuzz_operations,
 )
-from tests.app.flask_client import JSONL, error_body
+from tests.app.flask_client import JSONL, api_client, error_body
 
 #: Cases per operation and generation mode (positive, negative); scripts/fuzz_api.py runs more.
 EXAMPLES = int(os.environ.get("BLOCKQ_FUZZ_EXAMPLES", "45"))
@@ -94,6 +94,35 @@ def test_fuzz_every_operation_and_the_links(fuzzed: Fuzzed) -> None:
     failures = "\n\n".join(f"{label}:\n" + "\n".join(found[:2])
                              for label, found in result.failures.items())
     assert not failures, failures
+
+
+def test_a_sync_completion_without_an_engine_is_the_documented_504(
+        fresh_services: Settings) -> None:
+    """What the fuzz run avoids with its engine stand-in: no engine answers, the wait ends at
+    `sync_timeout_s` with a documented 504 error object (the request goes on)."""
+    client = api_client(fresh_services.model_copy(update={"sync_timeout_s": 0.5}))
+    response = client.post("/v1/completions", json={
+        "model": fresh_services.model_name, "prompt": "hi", "max_tokens": 2})
+    assert error_body(response, 504)["code"] == "timeout"
+    documented = {path: operation for _, path, operation in _documented(client)}
+    assert "504" in documented["/v1/completions"]["responses"]
+
+
+def test_a_seed_past_the_database_integer_is_a_400_naming_it(fuzzed: Fuzzed) -> None:
+    """Found by the fuzz run: seed 2**63 - 1 was accepted and failed the insert (500)."""
+    client, headers = fuzzed.client, fuzzed.alpha
+    with fuzzed.app.app_context():
+        model = services().settings.model_name
+    for path, body in (("/v1/requests", {"prompt": "hi"}),
+                       ("/v1/completions", {"model": model, "prompt": "hi"}),
+                       ("/v1/chat/completions", {"model": model,
+                                                 "messages": [{"role": "user", "content": "hi"}]})):
+        for seed in (2**31, 2**63 - 1):
+            error = error_body(client.post(path, headers=headers, json={**body, "seed": seed}), 400)
+            assert error["param"] == "seed" and "2147483648" in error["message"], error
+    accepted = client.post("/v1/requests", headers=headers,
+                           json={"prompt": "hi", "seed": 2**31 - 1})
+    assert accepted.status_code == 202, accepted.text
 
 
 def _documented(client: FlaskClient) -> list[tuple[str, str, dict[str, Any]]]:
