@@ -121,6 +121,9 @@ class CompletionBody(_Common):
         if self.max_tokens == 0 and not self.echo:
             raise InvalidRequest("max_tokens must be at least 1 (0 only with echo, to score the "
                                  "prompt).", param="max_tokens", code="invalid_value")
+        if self.echo and self.stream:
+            raise InvalidRequest("echo is not available with stream: set stream to false.",
+                                 param="echo", code="invalid_value")
         if self.best_of is not None and self.best_of != self.n:
             raise InvalidRequest("best_of other than n is not supported.", param="best_of",
                                  code="invalid_value")

@@ -69,6 +69,7 @@ class SamplingFields(BaseModel):
         description="Token ids that end the output when generated (they are not shown).")
     logit_bias: dict[TokenIdKey, Bias] | None = Field(
         None, max_length=MAX_LOGIT_BIAS,
+        json_schema_extra={"propertyNames": {"pattern": "^[0-9]+$"}},
         description="Token id (a string key, as in OpenAI's API) -> bias in [-100, 100] added to "
                     "that token's logit before sampling.")
 

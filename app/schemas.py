@@ -24,11 +24,38 @@ def stop_as_list(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
+class TextPart(BaseModel):
+    """One content part of a chat message, as OpenAI's clients send them (text only)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"] = Field(description="Only text parts are supported.")
+    text: str
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: str | list[TextPart] = Field(description=(
+        "The text, or a list of text parts (joined; `vllm bench serve` sends these)."))
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content_form(cls, value: Any) -> Any:
+        """A clear refusal (pydantic's union errors name its internal types)."""
+        if isinstance(value, str) or (isinstance(value, list) and all(
+                isinstance(part, dict) and part.get("type") == "text"
+                and isinstance(part.get("text"), str) and set(part) == {"type", "text"}
+                for part in value)):
+            return value
+        raise ValueError('content must be a string or a list of text parts '
+                         '({"type": "text", "text": "..."}); other parts are not supported')
+
+    @field_validator("content")
+    @classmethod
+    def _joined(cls, value: str | list[TextPart]) -> str:
+        return value if isinstance(value, str) else "".join(part.text for part in value)
 
 
 class CreateRequest(SamplingFields):

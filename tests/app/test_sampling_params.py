@@ -11,7 +11,10 @@ import pytest
 from sqlalchemy import select
 
 from app import openai_format as fmt
+from app.errors import InvalidRequest
 from app.models import InferenceRequest
+from app.openai_schemas import CompletionBody, native_body
+from app.schemas import parse_body
 from app.settings import Settings
 from tests.app.flask_client import api_client, error_body, services_of
 
@@ -67,6 +70,10 @@ _REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
     ("/v1/requests", {"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias.abc.[key]",
      "integer"),
     ("/v1/requests", {"prompt": "x", "logit_bias": {"99999": 1}}, "logit_bias", "vocabulary"),
+    ("/v1/requests", {"prompt": "x", "logit_bias": {str(i): 1 for i in range(301)}},
+     "logit_bias", "300"),
+    ("/v1/requests", {"prompt": "x", "stop_token_ids": list(range(65))}, "stop_token_ids",
+     "64"),
     ("/v1/requests", {"prompt": "x", "logprobs": 21}, "logprobs", "20"),
     ("/v1/requests", {"prompt": [1, 99999]}, "prompt", "vocabulary"),
     ("/v1/requests", {"prompt": [1, -3]}, "prompt", "token ids"),
@@ -80,12 +87,16 @@ _REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
     ("/v1/completions", {"prompt": [], "max_tokens": 2}, "prompt", "a list of token ids"),
     ("/v1/completions", {"prompt": [[1, 2], "x"]}, "prompt", "a list of strings"),
     ("/v1/completions", {"prompt": ["x", ""]}, "prompt", "empty"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, "messages.0.content",
+     "text parts"),
     ("/v1/completions", {"prompt": [[1, 99999]]}, "prompt", "vocabulary"),
     ("/v1/completions", {"prompt": ["a", "b"], "n": 65}, "n", "at most 128"),
     ("/v1/completions", {"prompt": "x", "n": 0}, "n", "greater than or equal to 1"),
     ("/v1/completions", {"prompt": "x", "n": 2, "stream": True}, "n", "stream"),
     ("/v1/completions", {"prompt": ["a", "b"], "stream": True}, "prompt", "stream"),
     ("/v1/completions", {"prompt": "x", "logprobs": 2, "stream": True}, "logprobs", "stream"),
+    ("/v1/completions", {"prompt": "x", "echo": True, "stream": True}, "echo", "stream"),
     ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs", "20"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens", "echo"),
     ("/v1/completions", {"prompt": "x", "best_of": 3}, "best_of", "n"),
@@ -218,3 +229,16 @@ def test_chat_renders_logprobs_with_bytes_and_top_logprobs() -> None:
         "top_logprobs"] == []
     assert fmt.chat_completion_object(_row("req_g"), "m")["choices"][0]["logprobs"] is None
 
+
+
+def test_a_batch_line_runs_one_choice() -> None:
+    """A batch line is one request (its output line is one response): several prompts or n > 1
+    fail that line with a 400 naming the parameter."""
+    for body, param in (({"prompt": "x", "n": 2}, "n"), ({"prompt": ["a", "b"]}, "prompt"),
+                        ({"prompt": [[1, 2], [3]]}, "prompt")):
+        parsed = parse_body(CompletionBody, {"model": "m", **body})
+        with pytest.raises(InvalidRequest) as refused:
+            native_body(parsed, priority="batch")
+        assert refused.value.param == param and "one choice" in refused.value.message
+    assert native_body(parse_body(CompletionBody, {"model": "m", "prompt": [[5, 6]]}),
+                       priority="batch")["prompt"] == [5, 6]

@@ -56,8 +56,8 @@ def test_models_completions_and_errors(start_stack: Callable[..., Stack]) -> Non
         client.completions.create(model="gpt-4", prompt="x")
     assert missing_model.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as bad:
-        client.chat.completions.create(model=model, n=2, messages=[{"role": "user",
-                                                                    "content": "x"}])
+        client.chat.completions.create(model=model, n=129, messages=[{"role": "user",
+                                                                      "content": "x"}])
     assert bad.value.body["param"] == "n"  # type: ignore[index]
     with pytest.raises(openai.UnprocessableEntityError):
         client.completions.create(model=model, prompt="word " * 5000, max_tokens=4)
