@@ -56,13 +56,15 @@ _SETTINGS = dict(deadline=None, database=None, derandomize=True, print_blob=Fals
 @dataclass(frozen=True)
 class Known:
     """Objects of the fuzzing team that most positive cases aim at (a random id only finds
-    nothing): the served model, a request, an input file, a batch, and fresh files to delete."""
+    nothing): the served model, a request, an input file, a batch, fresh files to delete and
+    fresh requests to cancel."""
 
     model: str
     request_id: str
     file_id: str
     batch_id: str
     new_file: Callable[[], str]
+    new_request: Callable[[], str]
 
 
 def _aim(case: Any, known: Known | None, pick: int) -> None:
@@ -95,6 +97,8 @@ def _aim_path(case: Any, known: Known) -> None:
             params[name] = value
     if "file_id" in params:
         params["file_id"] = known.new_file() if case.method == "DELETE" else known.file_id
+    if "request_id" in params and case.path.endswith("/cancel"):
+        params["request_id"] = known.new_request()  # queued: the cancel itself is exercised
 
 
 @dataclass

@@ -63,7 +63,14 @@ class Fuzzed:
         ids = self.objects(self.alpha)
         with self.app.app_context():
             model = services().settings.model_name
-        return Known(model=model, new_file=lambda: self.new_file(self.alpha), **ids)
+        return Known(model=model, new_file=lambda: self.new_file(self.alpha),
+                     new_request=lambda: self.new_request(self.alpha), **ids)
+
+    def new_request(self, headers: dict[str, str]) -> str:
+        response = self.client.post("/v1/requests", json={"prompt": "hi", "max_tokens": 2},
+                                    headers=headers)
+        assert response.status_code == 202, response.text
+        return response.json["id"]
 
 
 @pytest.fixture
