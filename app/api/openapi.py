@@ -46,8 +46,10 @@ _DESCRIPTIONS = {
     413: "The body is larger than the limit.",
     415: "The body is not JSON (a form, text).",
     422: "The request cannot be served (e.g. prompt longer than the model's context).",
-    429: "The team's rate limit is reached; retry later.",
-    503: "The database or the broker is unavailable, or no worker answered; retry shortly.",
+    429: "The team's rate limit, or its cap on held completions, is reached; retry later "
+         "(Retry-After).",
+    503: "The database or the broker is unavailable, no worker answered, or the API process "
+         "has no thread to spare; retry shortly.",
     504: "The request did not finish within the sync timeout; it goes on "
          "(GET /v1/requests/{id}).",
 }
