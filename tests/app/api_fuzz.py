@@ -65,6 +65,9 @@ class Known:
     batch_id: str
     new_file: Callable[[], str]
     new_request: Callable[[], str]
+    instance_id: str | None = None  # a published engine instance (drained, never paused:
+    # pause and resume ask the Celery workers, and none runs in-process: 503)
+    team_id: str | None = None
 
 
 def _aim(case: Any, known: Known | None, pick: int) -> None:
@@ -99,6 +102,10 @@ def _aim_path(case: Any, known: Known) -> None:
         params["file_id"] = known.new_file() if case.method == "DELETE" else known.file_id
     if "request_id" in params and case.path.endswith("/cancel"):
         params["request_id"] = known.new_request()  # queued: the cancel itself is exercised
+    if "instance_id" in params and case.path.endswith("/drain") and known.instance_id:
+        params["instance_id"] = known.instance_id
+    if "team_id" in params and known.team_id:
+        params["team_id"] = known.team_id
 
 
 @dataclass

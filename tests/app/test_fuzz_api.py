@@ -20,7 +20,7 @@ from flask.testing import FlaskClient
 from app import create_app
 from app.api.services import services
 from app.settings import Settings
-from app.teams import ensure_team_key, revoke_key
+from app.teams import ensure_team_key, revoke_key, team_by_name
 from tests.app.api_fuzz import (
     WAITING_OPERATIONS,
     Known,
@@ -29,6 +29,7 @@ from tests.app.api_fuzz import (
     fuzz_operations,
 )
 from tests.app.flask_client import JSONL, api_client, error_body
+from tests.engine_states import engine_state
 
 #: Cases per operation and generation mode (positive, negative); scripts/fuzz_api.py runs more.
 EXAMPLES = int(os.environ.get("BLOCKQ_FUZZ_EXAMPLES", "45"))
@@ -60,11 +61,16 @@ class Fuzzed:
         return response.json["id"]
 
     def known(self) -> Known:
+        """Alpha's objects, and an engine instance published as a worker would."""
         ids = self.objects(self.alpha)
         with self.app.app_context():
-            model = services().settings.model_name
-        return Known(model=model, new_file=lambda: self.new_file(self.alpha),
-                     new_request=lambda: self.new_request(self.alpha), **ids)
+            svc = services()
+            svc.fleet.publish("gpu.0", engine_state())
+            with svc.db.session() as session:
+                team_id = team_by_name(session, "alpha").id
+        return Known(model=svc.settings.model_name, new_file=lambda: self.new_file(self.alpha),
+                     new_request=lambda: self.new_request(self.alpha), instance_id="gpu.0",
+                     team_id=team_id, **ids)
 
     def new_request(self, headers: dict[str, str]) -> str:
         response = self.client.post("/v1/requests", json={"prompt": "hi", "max_tokens": 2},
