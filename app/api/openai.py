@@ -122,11 +122,12 @@ def _wait_for_all(svc: Services, submitted: list[InferenceRequest],
                   hold: Hold) -> list[InferenceRequest]:
     """The finished rows of a call's choices, in order. One that fails ends the call and the
     others are cancelled (nobody would read them); after a timeout (504) all go on, as a single
-    request does."""
+    request does. One deadline covers the whole call, however many choices it has."""
+    deadline = time.monotonic() + svc.settings.sync_timeout_s
     finished: list[InferenceRequest] = []
     try:
         for choice in submitted:
-            finished.append(_wait_until_finished(svc, choice.id, hold))
+            finished.append(_wait_until_finished(svc, choice.id, hold, deadline))
     except GatewayTimeout:
         raise
     except BaseException:
@@ -136,13 +137,15 @@ def _wait_for_all(svc: Services, submitted: list[InferenceRequest],
     return finished
 
 
-def _wait_until_finished(svc: Services, request_id: str, hold: Hold) -> InferenceRequest:
+def _wait_until_finished(svc: Services, request_id: str, hold: Hold,
+                         deadline: float) -> InferenceRequest:
     """Block until the request is terminal (its stream's last entry, or its row), then return
     the row; an unfinished request after `sync_timeout_s` answers 504 and keeps running. While
     Redis is unreachable the row is polled instead: the request was accepted, so the client must
     get its answer, not an error that would make it submit again. A client that leaves meanwhile
     has its request cancelled (nobody would read the answer)."""
-    deadline = time.monotonic() + svc.settings.sync_timeout_s
+    if (row := _terminal_row(svc, request_id)) is not None:  # e.g. a choice that finished first
+        return _succeeded_or_raise(row)
     try:
         for event in read_stream(svc.fleet.redis, request_id):
             row = _terminal_row(svc, request_id) if event is None or event.kind != "text" else None

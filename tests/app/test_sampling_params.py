@@ -4,6 +4,8 @@ the `openai` package, evaluation harnesses), on the native and OpenAI endpoints,
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -161,6 +163,38 @@ def test_openai_calls_make_one_request_per_choice_in_openai_order(
         assert scored.max_tokens == 1 and scored.sampling == {"logprobs": 1, "echo": True,
                                                               "prompt_only": True}
         assert len(rows) == 6
+
+
+def test_one_deadline_covers_every_choice_of_a_call(fresh_services: Settings) -> None:
+    """A call's choices share one sync_timeout_s: the first three finish 2.5 s after they are
+    stored (written here, no engine runs), the last never does; the call answers 504 about 3 s
+    after they were stored, not 3 s after the first three finished."""
+    client = api_client(fresh_services.model_copy(update={"sync_timeout_s": 3.0}))
+    db = services_of(client).db
+    stored_at: list[float] = []
+
+    def finish_all_but_the_last() -> None:
+        choices: list[InferenceRequest] = []
+        while len(choices) < 4:
+            with db.session() as session:
+                choices = list(session.scalars(select(InferenceRequest)
+                                               .order_by(InferenceRequest.created_at)))
+        stored_at.append(time.monotonic())
+        time.sleep(2.5)
+        with db.session() as session:
+            for row in choices[:-1]:
+                row = session.merge(row)
+                row.status, row.output_text, row.output_tokens = "succeeded", " ok", 1
+                row.finish_reason = "length"
+
+    finisher = threading.Thread(target=finish_all_but_the_last)
+    finisher.start()
+    answer = client.post("/v1/completions", json={"model": fresh_services.model_name,
+                                                  "prompt": "Hi", "n": 4, "max_tokens": 2})
+    answered_after = time.monotonic() - stored_at[0]
+    finisher.join()
+    assert answer.status_code == 504
+    assert answered_after < 4.75  # one deadline: 3-4 s (1 s polls); one per choice: 5.5-6.5 s
 
 
 def _row(request_id: str, *, prompt: str = "Hi you", output: str = " there", prompt_tokens: int = 3,
