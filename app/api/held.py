@@ -16,6 +16,7 @@ socket (gunicorn and werkzeug's server put it in the WSGI environ) for the end o
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import threading
 import time
@@ -89,12 +90,18 @@ def client_gone(sock: socket.socket | None) -> bool:
     """Whether the peer of `sock` has closed its end (a read would return end-of-stream).
 
     Data waiting to be read (a pipelined request) is no sign of leaving; a socket this cannot
-    look at (none, TLS) never counts as gone."""
+    look at (none, TLS, closed) never counts as gone. Readability is polled first: a socket
+    with a timeout (gunicorn's) ignores MSG_DONTWAIT, and its recv would wait out the timeout
+    and raise TimeoutError, which is no sign of leaving either."""
     if sock is None:
         return False
     try:
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except BlockingIOError:  # open, nothing to read
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        if not poller.poll(0):
+            return False  # open, nothing to read
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except (BlockingIOError, TimeoutError):
         return False
     except ValueError:  # TLS sockets take no flags; a closed socket has no descriptor
         return False

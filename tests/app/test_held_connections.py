@@ -313,6 +313,22 @@ def test_a_client_that_closed_its_socket_is_seen_as_gone() -> None:
     assert not held.client_gone(None)
 
 
+def test_a_live_client_on_a_socket_with_a_timeout_is_not_gone() -> None:
+    """gunicorn's sockets carry a timeout, which makes recv ignore MSG_DONTWAIT: the check must
+    neither wait it out nor take the TimeoutError for a client that left."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        with socket.create_connection(listener.getsockname()) as client:
+            server_side, _ = listener.accept()
+            with server_side:
+                server_side.settimeout(0.5)
+                assert not held.client_gone(server_side)
+                client.close()
+                time.sleep(0.05)
+                assert held.client_gone(server_side)
+
+
 # --- under gunicorn, as `blockq serve` and the API image run it --------------------------------
 
 

@@ -49,7 +49,7 @@ def test_metrics_add_up_every_process_and_move(
     start_stack: Callable[..., Stack],
 ) -> None:
     stack = start_stack(2, engine_kind="emulated", emulated_time_scale=0.05,
-                        routing_policy="block")
+                        routing_policy="block", metrics_counts_cache_s=0)  # counts move at once
     before = scrape(stack)
     num_requests = 20
     with stack.client() as client, ThreadPoolExecutor(8) as pool:
