@@ -43,6 +43,10 @@ logger = logging.getLogger(__name__)
 #: How often a sync completion polls its row while Redis is unreachable.
 ROW_POLL_S = 0.5
 
+#: The blockq request ids of a completion (one per choice), sent before any event: a stream
+#: cut before its first chunk still tells its client which request to look up.
+REQUEST_ID_HEADER = "X-Request-Id"
+
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 
 
@@ -106,7 +110,8 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
                            hold)
             response = Response(stream_with_context(relay.events()),
                                 mimetype="text/event-stream",
-                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                         REQUEST_ID_HEADER: submitted[0].id})
             response.call_on_close(hold.release)
             handed_over = True
             return response
@@ -115,7 +120,8 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
         if not handed_over:
             hold.release()
     render = fmt.chat_completion_object if kind == fmt.KIND_CHAT else fmt.completion_object
-    return jsonify(render(finished, svc.settings.model_name, n=parsed.n))
+    return (jsonify(render(finished, svc.settings.model_name, n=parsed.n)),
+            {REQUEST_ID_HEADER: ", ".join(choice.id for choice in finished)})
 
 
 def _wait_for_all(svc: Services, submitted: list[InferenceRequest],

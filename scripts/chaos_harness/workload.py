@@ -244,6 +244,8 @@ class Workload:
                 return
             self._count("200")
             outcome.accepted, outcome.text = True, ""
+            # Known before any event: a stream cut before its first chunk is still checked.
+            outcome.request_id = stream.response.headers.get("x-request-id")
             self._read_stream(outcome, kind, stream)
 
         _until_accepted(outcome, attempt, self.deadline, Counter())

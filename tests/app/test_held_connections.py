@@ -195,6 +195,8 @@ def test_a_waiting_stream_sends_keep_alive_comments_and_a_client_that_leaves_can
         headers={"Authorization": f"Bearer {api.keys['a']}"},
     ) as response:
         assert response.status_code == 200
+        # The request's id comes before any event: a client cut off early can still look it up.
+        assert response.headers["x-request-id"] == api.requests_of("a")[0].id
         lines = response.iter_lines()
         assert next(lines).startswith("data: ")  # the assistant role chunk
         seen = [next(lines) for _ in range(4)]
