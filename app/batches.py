@@ -39,6 +39,7 @@ from app.pagination import Page, PageQuery, cursor_page
 from app.schemas import parse_body
 from app.services import Services
 from app.storage import file_store
+from app.storage_policy import MAX_EXPIRES_AFTER_S, MIN_EXPIRES_AFTER_S
 
 __all__ = ["CreateBatch", "OutputExpiresAfter", "LineCounts", "create_batch", "get_batch",
            "list_batches", "cancel_batch", "line_counts", "batch_to_dict", "new_batch_id",
@@ -54,8 +55,6 @@ TERMINAL_BATCH_STATUSES = frozenset({BatchStatus.COMPLETED, BatchStatus.FAILED,
 EVENT_TYPES = {status: f"batch.{status}" for status in TERMINAL_BATCH_STATUSES}
 COMPLETION_WINDOWS = ("24h",)
 MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
-#: OpenAI's bounds of `output_expires_after.seconds`: one hour to 30 days.
-MIN_OUTPUT_EXPIRY_S, MAX_OUTPUT_EXPIRY_S = 3600, 30 * 24 * 3600
 
 
 def new_batch_id() -> str:
@@ -69,7 +68,7 @@ class OutputExpiresAfter(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     anchor: Literal["created_at"]
-    seconds: int = Field(ge=MIN_OUTPUT_EXPIRY_S, le=MAX_OUTPUT_EXPIRY_S, strict=True)
+    seconds: int = Field(ge=MIN_EXPIRES_AFTER_S, le=MAX_EXPIRES_AFTER_S, strict=True)
 
 
 class CreateBatch(BaseModel):

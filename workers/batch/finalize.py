@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import delete, select, update
 
@@ -29,6 +29,7 @@ from app.models import (
     utcnow,
 )
 from app.storage import FileStore, file_store
+from app.storage_policy import expires_at_of
 from workers.batch.locks import LOCK_TTL_S, batch_lock_name
 from workers.batch.output import LineRow, result_of
 from workers.locks import held
@@ -164,9 +165,7 @@ def _close(rt: Runtime, batch: Batch, final: BatchStatus, written: list[_Written
 def _output_expiry(batch: Batch, created_at: datetime) -> datetime | None:
     """When an output or error file expires: OpenAI's `output_expires_after` counts from the
     file's creation."""
-    if batch.output_expires_after_s is None:
-        return None
-    return created_at + timedelta(seconds=batch.output_expires_after_s)
+    return expires_at_of(created_at, batch.output_expires_after_s)
 
 
 class _Superseded(Exception):
