@@ -168,10 +168,17 @@ class Settings(BaseSettings):
     )
 
     # --- length prediction ---------------------------------------------------------------------
-    length_predictor: Literal["learned", "baseline"] = Field(
+    length_predictor: Literal["learned", "baseline", "table"] = Field(
         "learned",
         description="Output-length predictor: 'learned' (MiniLM encoder + prompt features, "
-        "workers/predict) or 'baseline' (the running mean of observed lengths).",
+        "workers/predict), 'baseline' (the running mean of observed lengths) or 'table' (fixed "
+        "predictions per prompt from length_predictions_path, e.g. a benchmark's oracle).",
+    )
+    length_predictions_path: Path | None = Field(
+        None,
+        description="JSONL of fixed length predictions (`prompt`, `predicted_tokens` per line) "
+        "for length_predictor 'table'. A prompt missing from it is predicted as the table's "
+        "mean, recorded with predictor 'table.missing'.",
     )
     length_model_path: Path | None = Field(
         None,

@@ -25,6 +25,7 @@ from workers.predict.baseline import RunningMeanPredictor
 from workers.predict.batcher import MicroBatcher
 from workers.predict.features import Prompt
 from workers.predict.history import LengthHistory
+from workers.predict.table import PredictionTable
 from workers.registry import Registry
 from workers.runtime import Runtime
 
@@ -74,6 +75,22 @@ class BaselineLengths:
     def predict(self, query: LengthQuery) -> LengthAnswer:
         tokens = self.model.predict(self.history.stats(), max_tokens=query.max_tokens)
         return LengthAnswer(tokens, None, self.model.name)
+
+
+@LENGTH_PREDICTORS.register("table")
+class TableLengths:
+    """Fixed predictions per prompt from Settings.length_predictions_path (workers/predict/table:
+    a benchmark's oracle, mean or noise-model lengths), not scaled by the bias correction."""
+
+    def __init__(self, rt: Runtime) -> None:
+        path = rt.settings.length_predictions_path
+        if path is None:
+            raise ValueError("length_predictor 'table' needs length_predictions_path")
+        self.table = PredictionTable.from_jsonl(path)
+
+    def predict(self, query: LengthQuery) -> LengthAnswer:
+        tokens, name = self.table.lookup(query.prompt, max_tokens=query.max_tokens)
+        return LengthAnswer(tokens, None, name)
 
 
 @LENGTH_PREDICTORS.register("learned")
