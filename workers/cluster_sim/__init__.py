@@ -19,11 +19,15 @@ from .workload import (
     AZURE_CODE,
     AZURE_CONV,
     SHAREGPT,
+    ReplayPrompt,
     Workload,
     fit_to_model,
     load_azure_trace,
     load_length_trace,
+    load_replay_prompts,
     poisson_unit_arrivals,
+    replay_sequence,
+    replay_workload,
 )
 
 __all__ = [
@@ -37,6 +41,7 @@ __all__ = [
     "LogNormalPredictor",
     "MeanPredictor",
     "OraclePredictor",
+    "ReplayPrompt",
     "RunResult",
     "SimulatedRequest",
     "Workload",
@@ -44,8 +49,11 @@ __all__ = [
     "fit_to_model",
     "load_azure_trace",
     "load_length_trace",
+    "load_replay_prompts",
     "poisson_unit_arrivals",
     "predictor_from_spec",
+    "replay_sequence",
+    "replay_workload",
     "saturation_rate",
     "simulate",
 ]

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -19,11 +21,15 @@ __all__ = [
     "AZURE_CODE",
     "AZURE_CONV",
     "SHAREGPT",
+    "ReplayPrompt",
     "Workload",
     "fit_to_model",
     "load_azure_trace",
     "load_length_trace",
+    "load_replay_prompts",
     "poisson_unit_arrivals",
+    "replay_sequence",
+    "replay_workload",
 ]
 
 #: Trace files, relative to the shared data directory.
@@ -42,11 +48,16 @@ class Workload:
     num_prompt_tokens: tuple[int, ...]
     #: True output lengths (what the instances generate).
     num_output_tokens: tuple[int, ...]
+    #: A real predictor's lengths for these requests (the `learned` predictor), if known.
+    predicted_output_tokens: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.unit_arrival_s)
         if not n or len(self.num_prompt_tokens) != n or len(self.num_output_tokens) != n:
             raise ValueError("a workload needs as many arrival times as lengths, at least one")
+        predicted = self.predicted_output_tokens
+        if predicted is not None and (len(predicted) != n or min(predicted) < 1):
+            raise ValueError("predicted lengths: one positive length per request")
         if any(b < a for a, b in zip(self.unit_arrival_s, self.unit_arrival_s[1:], strict=False)):
             raise ValueError("arrival times must be ascending")
         if min(self.num_prompt_tokens) < 1 or min(self.num_output_tokens) < 1:
@@ -66,8 +77,10 @@ class Workload:
         if num_requests >= len(self):
             return self
         times = self.unit_arrival_s[:num_requests]
+        predicted = self.predicted_output_tokens
         return Workload(self.name, _unit_rate(times), self.num_prompt_tokens[:num_requests],
-                        self.num_output_tokens[:num_requests])
+                        self.num_output_tokens[:num_requests],
+                        None if predicted is None else predicted[:num_requests])
 
     @property
     def mean_output_tokens(self) -> float:
@@ -127,6 +140,105 @@ def load_azure_trace(path: str | Path, *, max_model_len: int,
     order = order[:n]
     return Workload(Path(path).stem, _unit_rate([times[i] for i in order]),
                     tuple(prompts[i] for i in order), tuple(outputs[i] for i in order))
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayPrompt:
+    """One row of a replay workload (``scripts/make_live_workload.py`` writes them).
+
+    A real prompt held out from the length model's training, with one real answer's length.
+    """
+
+    prompt: str
+    #: The model whose real answer gave `output_tokens`.
+    source_model: str
+    #: The real answer's length (Qwen tokens): the true length an emulated engine generates.
+    output_tokens: int
+    #: Prompt tokens as the emulated engine's default counter sees them (`approx_token_count`).
+    prompt_tokens: int
+    #: The held-out length model's prediction for this prompt and the serving model name.
+    predicted_tokens: int
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("prompt", "source_model", "output_tokens",
+                                         "prompt_tokens", "predicted_tokens")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prompt, str) or not self.prompt.strip():
+            raise ValueError("a replay prompt needs a non-empty prompt text")
+        for name in ("output_tokens", "prompt_tokens", "predicted_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> ReplayPrompt:
+        missing = [name for name in cls.FIELDS if name not in raw]
+        if missing:
+            raise ValueError(f"replay row lacks {', '.join(missing)}")
+        return cls(str(raw["prompt"]), str(raw["source_model"]), raw["output_tokens"],
+                   raw["prompt_tokens"], raw["predicted_tokens"])
+
+    def to_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+
+def load_replay_prompts(path: str | Path) -> list[ReplayPrompt]:
+    """The rows of a replay workload's ``requests.jsonl``, in file order.
+
+    Raises ValueError naming the line of a malformed row; blank lines are skipped.
+    """
+    prompts = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+                if not isinstance(raw, dict):
+                    raise ValueError("not a JSON object")
+                prompts.append(ReplayPrompt.from_dict(raw))
+            except ValueError as error:  # json.JSONDecodeError is one
+                raise ValueError(f"{path}:{number}: {error}") from None
+    if not prompts:
+        raise ValueError(f"{path}: no replay prompts")
+    return prompts
+
+
+def replay_sequence(prompts: Sequence[ReplayPrompt], num_requests: int,
+                    seed: int = 0) -> list[ReplayPrompt]:
+    """`num_requests` requests drawn from `prompts`: seeded shuffles, concatenated.
+
+    Every prompt comes once before any comes twice (a prompt repeats only when `num_requests`
+    exceeds the number of prompts); the live and the simulated benchmark call this with the same
+    seed to replay the same request sequence.
+    """
+    if num_requests < 1 or not prompts:
+        raise ValueError("need at least one prompt and one request")
+    rng = np.random.default_rng([seed, 11])
+    sequence: list[ReplayPrompt] = []
+    while len(sequence) < num_requests:
+        sequence += [prompts[i] for i in rng.permutation(len(prompts))]
+    return sequence[:num_requests]
+
+
+def replay_workload(prompts: Sequence[ReplayPrompt], *, num_requests: int, max_model_len: int,
+                    seed: int = 0, name: str = "conversations") -> Workload:
+    """Replay prompts as a workload: `replay_sequence` order, Poisson arrivals (`seed`).
+
+    Lengths are fitted to the model as `fit_to_model` does (prompts of max_model_len tokens or
+    more dropped, outputs capped); the held-out model's predictions ride along for the
+    ``learned`` predictor, capped like the live predictor caps them (at the output room).
+    """
+    sequence = [p for p in replay_sequence(prompts, num_requests, seed)
+                if p.prompt_tokens < max_model_len]
+    if not sequence:
+        raise ValueError(f"no replay prompt is shorter than max_model_len {max_model_len}")
+    room = [max_model_len - p.prompt_tokens for p in sequence]
+    return Workload(name, poisson_unit_arrivals(len(sequence), seed),
+                    tuple(p.prompt_tokens for p in sequence),
+                    tuple(min(p.output_tokens, r) for p, r in zip(sequence, room, strict=True)),
+                    tuple(min(p.predicted_tokens, r)
+                          for p, r in zip(sequence, room, strict=True)))
 
 
 def _seconds(timestamp: str) -> float:
