@@ -1,0 +1,173 @@
+"""Live routing benchmark: the real stack (API, PostgreSQL, Redis, Celery predict and route
+workers) in front of emulated Qwen2-7B/A30 instances in scaled time, a workload replayed
+through the API, TTFT and end-to-end latency per policy, and the capacity at a TTFT p99 SLO.
+
+Method, settings and results: docs/benchmarks_live.md. Every latency and rate is in emulated
+time (wall / time scale). Each (policy, rate) point runs on a fresh stack, database and Redis
+database. Needs `scripts/make_live_workload.py` for the "conversations" workload.
+
+    .venv/bin/python scripts/bench_live.py --smoke                       # ~2-4 min
+    .venv/bin/python scripts/bench_live.py --json live.json              # full (hours)
+    .venv/bin/python scripts/bench_live.py --replot live.json            # tables + plots again
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from live_bench import workloads  # noqa: E402
+from live_bench.point import POLICIES, PointSpec, run_point  # noqa: E402
+from live_bench.report import plot, print_report  # noqa: E402
+from live_bench.stats import search_capacity  # noqa: E402
+
+WORKLOADS = ("conversations", "sharegpt-azure")
+DEFAULT_RATES = (30.0, 40.0, 50.0, 60.0, 70.0)
+SMOKE = {"instances": 4, "requests": 100, "policies": ["round_robin", "block"], "rates": [12.0],
+         "bisect": 0, "workloads": ["conversations"]}
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true",
+                        help="4 instances, 100 requests, round_robin and block, one rate")
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--policies", nargs="+", choices=list(POLICIES), default=list(POLICIES))
+    parser.add_argument("--rates", type=float, nargs="+", default=list(DEFAULT_RATES),
+                        help="emulated requests/s, tried in order until the SLO fails")
+    parser.add_argument("--bisect", type=int, default=2,
+                        help="bisection steps between the last passing and first failing rate")
+    parser.add_argument("--slo", type=float, default=3.0, help="TTFT p99 SLO, emulated s")
+    parser.add_argument("--instances", type=int, default=12)
+    parser.add_argument("--requests", type=int, default=2000, help="requests per point")
+    parser.add_argument("--time-scale", type=float, default=4.0,
+                        help="wall seconds per emulated second (>1: slow motion)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workload-dir", type=Path, default=ROOT / ".blockq" / "live_workload")
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--model-path", type=Path, default=ROOT / ".blockq" / "models" /
+                        "tiny-llama", help="served model directory (its tokenizer counts)")
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--bias-watch", action="store_true",
+                        help="keep the bias watch's fallback and correction as shipped "
+                             "(default: off, see docs/benchmarks_live.md)")
+    parser.add_argument("--database-url",
+                        default="postgresql+psycopg://postgres@127.0.0.1:5432/blockq_bench_live",
+                        help="dropped and created again for every point")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13",
+                        help="flushed for every point")
+    parser.add_argument("--api-port", type=int, default=8811)
+    parser.add_argument("--flower-port", type=int, default=5611)
+    parser.add_argument("--drain-timeout", type=float, default=900.0,
+                        help="wall s to wait for the last requests after the last arrival")
+    parser.add_argument("--json", type=Path, help="write the raw results here")
+    parser.add_argument("--replot", type=Path, help="tables and plots from a --json file")
+    parser.add_argument("--plot-dir", type=Path, default=ROOT / "docs" / "img")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        for name, value in SMOKE.items():
+            if parser.get_default(name) == getattr(args, name):
+                setattr(args, name, value)
+    return args
+
+
+def _load_workload(name: str, args: argparse.Namespace) -> workloads.LiveWorkload:
+    from app.prompts import PromptCodec  # noqa: PLC0415 - loads transformers
+
+    codec = PromptCodec(args.model_path)
+    if name == "conversations":
+        if not (args.workload_dir / "requests.jsonl").exists():
+            raise SystemExit(f"{args.workload_dir}/requests.jsonl missing: run "
+                             "scripts/make_live_workload.py first")
+        return workloads.conversations(args.workload_dir, num_requests=args.requests,
+                                       max_model_len=args.max_model_len, seed=args.seed,
+                                       count_tokens=codec.count)
+    return workloads.sharegpt_azure(args.data, num_requests=args.requests,
+                                    max_model_len=args.max_model_len, seed=args.seed,
+                                    decode=codec.decode, vocab_size=codec.vocab_size,
+                                    learned=None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    console = Console()
+    if args.replot:
+        raw = json.loads(args.replot.read_text())
+        print_report(raw, console)
+        for path in plot(raw, args.plot_dir, prefix="live_smoke" if raw.get("smoke") else "live"):
+            console.print(f"plot: {path}")
+        return 0
+    raw: dict[str, Any] = {
+        "smoke": args.smoke, "slo_s": args.slo, "workloads": args.workloads,
+        "policies": args.policies, "time_scale": args.time_scale, "instances": args.instances,
+        "requests": args.requests, "seed": args.seed, "bias_watch": args.bias_watch,
+        "command": " ".join(sys.argv), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                    time.gmtime()),
+        "points": [], "capacity": {},
+    }
+
+    def save() -> None:
+        if args.json:
+            args.json.write_text(json.dumps(raw, default=_json_default) + "\n")
+
+    for name in args.workloads:
+        workload = _load_workload(name, args)
+        console.print(f"[bold]{name}[/bold]: {len(workload.requests)} requests, mean output "
+                      f"{workload.mean_output_tokens:.0f} tokens, serving model "
+                      f"{workload.serving_model!r}; " + "; ".join(workload.notes))
+        for policy in args.policies:
+            if POLICIES[policy][1] == "learned" and not workload.learned_live and any(
+                    r.learned_tokens is None for r in workload.requests):
+                console.print(f"[yellow]{policy}: skipped, no learned predictions for "
+                              f"{name}[/yellow]")
+                continue
+
+            def measure(rate: float, policy: str = policy,
+                        workload: workloads.LiveWorkload = workload) -> float:
+                console.print(f"{workload.name} / {policy} @ {rate:g} req/s (emulated)")
+                started = time.time()
+                point = run_point(PointSpec(
+                    workload, policy, rate, args.time_scale, args.instances, args.database_url,
+                    args.redis_url, args.model_path, args.api_port, args.flower_port,
+                    args.max_model_len, args.drain_timeout, args.bias_watch),
+                    log=console.print)
+                point["wall"]["point_s"] = time.time() - started
+                raw["points"].append(point)
+                save()
+                console.print(
+                    f"  TTFT p50/p99 {point['ttft_s']['p50']:.3f}/{point['ttft_s']['p99']:.3f} s, "
+                    f"e2e p50/p99 {point['e2e_s']['p50']:.2f}/{point['e2e_s']['p99']:.2f} s "
+                    f"(emulated); {point['finished']}/{point['requests']} finished; load "
+                    f"{point['load']['loadavg_1m_mean']:.1f}; {point['wall']['point_s']:.0f} s")
+                p99 = point["ttft_s"]["p99"]
+                return math.inf if math.isnan(p99) else p99
+
+            result = search_capacity(measure, args.rates, args.slo, bisect_steps=args.bisect)
+            raw["capacity"].setdefault(name, {})[policy] = {
+                "capacity": result.capacity, "first_failing": result.first_failing}
+            save()
+    print_report(raw, console)
+    for path in plot(raw, args.plot_dir, prefix="live_smoke" if args.smoke else "live"):
+        console.print(f"plot: {path}")
+    return 0
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON: {type(value)}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

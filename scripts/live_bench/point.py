@@ -1,0 +1,309 @@
+"""One measured point: a fresh stack for one (workload, policy, rate), the workload replayed
+through the API, the requests' timestamps read back from PostgreSQL.
+
+Every point starts from nothing: the database is dropped and migrated again, the Redis database
+flushed (routing ledgers, round-robin ticket, bias watch, length history) and every process
+started anew with the point's settings, so no state leaks from one point into the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+import sqlalchemy as sa
+
+from app.cli.stack import Stack
+from app.migrate import recreate_database, upgrade
+from app.settings import Settings
+from live_bench.stats import emulated_s, percentile, summarize, wall_rate
+from live_bench.workloads import LiveWorkload, write_jsonl
+
+__all__ = ["POLICIES", "PointSpec", "policy_setup", "run_point"]
+
+#: Policy labels -> (routing policy, predictor): learned (the workload's learned predictions:
+#: the model in the predict worker, or its table), oracle, mean, or none (a table of the mean:
+#: the policy reads no prediction, the cheapest predictor keeps the control plane light).
+POLICIES: dict[str, tuple[str, str]] = {
+    "round_robin": ("round_robin", "none"),
+    "least_requests": ("least_requests", "none"),
+    "llumnix": ("llumnix", "none"),
+    "block": ("block", "learned"),
+    "block@oracle": ("block", "oracle"),
+    "block@mean": ("block", "mean"),
+}
+
+#: Control-plane processes of the stack (the rest are the emulated engines gpu.<k>).
+CONTROL_PLANE = ("api", "predict", "predict_bulk", "route", "health", "batches", "webhooks",
+                 "beat", "flower")
+
+_TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class PointSpec:
+    workload: LiveWorkload
+    policy: str
+    rate: float  # emulated requests per second
+    time_scale: float
+    instances: int
+    database_url: str
+    redis_url: str
+    model_path: Path
+    api_port: int
+    flower_port: int
+    max_model_len: int
+    #: Longest wait (wall s) for the last request after the last arrival.
+    drain_timeout_s: float
+    bias_watch: bool = False
+
+
+def policy_setup(policy: str, workload: LiveWorkload) -> tuple[str, str, str | None]:
+    """(routing policy, Settings.length_predictor, table mode or None) of a policy label."""
+    routing, predictor = POLICIES[policy]
+    if predictor == "learned":
+        if workload.learned_live:
+            return routing, "learned", None
+        if all(r.learned_tokens is not None for r in workload.requests):
+            return routing, "table", "learned"
+        raise ValueError(f"{policy}: workload {workload.name} has no learned predictions")
+    return routing, "table", "mean" if predictor == "none" else predictor
+
+
+def _settings(spec: PointSpec, data_dir: Path) -> Settings:
+    routing, predictor, table = policy_setup(spec.policy, spec.workload)
+    answers = write_jsonl(data_dir / "answers.jsonl", spec.workload.answers_rows())
+    extra: dict[str, Any] = {}
+    if table is not None:
+        extra["length_predictions_path"] = write_jsonl(data_dir / f"predictions_{table}.jsonl",
+                                                       spec.workload.table_rows(table))
+    if spec.workload.length_model_path is not None:
+        extra["length_model_path"] = spec.workload.length_model_path
+    if not spec.bias_watch:
+        # The benchmark measures each policy as configured: no round-robin fallback (no error
+        # exceeds the threshold), no correction factor (learned predictions stay the model's).
+        extra |= {"bias_threshold": 1e9, "bias_correction_rate": 0.0}
+    return Settings(
+        database_url=spec.database_url, redis_url=spec.redis_url, data_dir=data_dir,
+        model_path=spec.model_path, model_name=spec.workload.serving_model,
+        api_port=spec.api_port, flower_port=spec.flower_port,
+        num_instances=spec.instances, engine_kind="emulated",
+        emulated_exec_model="qwen2-7b-a30", emulated_num_blocks=7289, block_size=16,
+        max_num_seqs=48, max_num_batched_tokens=512, max_model_len=spec.max_model_len,
+        emulated_time_scale=spec.time_scale, emulated_output_lengths="answers",
+        emulated_answers_path=answers, engine_concurrency=256,
+        routing_policy=routing, length_predictor=predictor,
+        # No retraining, refitting or model swaps mid-run: the router simulates the configured
+        # exec model (the engines' ground truth) and the predictor keeps its model.
+        learn_retrain_interval_s=0, learn_refit_interval_s=0,
+        log_format="text", **extra)
+
+
+class _LoadSampler(threading.Thread):
+    """os.getloadavg() every few seconds while a point runs."""
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        super().__init__(daemon=True)
+        self.every_s, self.samples, self.stop = every_s, [os.getloadavg()[0]], threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every_s):
+            self.samples.append(os.getloadavg()[0])
+
+
+def _cpu_s(stack: Stack) -> dict[str, float]:
+    """CPU seconds (user + system) so far of each stack process and its children."""
+    try:
+        import psutil  # noqa: PLC0415 - optional: no CPU accounting without it
+    except ImportError:
+        return {}
+    out: dict[str, float] = {}
+    for name, process in stack.processes.items():
+        try:
+            parent = psutil.Process(process.pid)
+            total = 0.0
+            for p in [parent, *parent.children(recursive=True)]:
+                times = p.cpu_times()
+                total += times.user + times.system
+            out[name] = total
+        except psutil.Error:
+            continue
+    return out
+
+
+async def _send(base_url: str, api_key: str, workload: LiveWorkload,
+                wall_rate_per_s: float) -> list[dict[str, Any]]:
+    """POST every request at its arrival time (one task each: a slow answer never delays the
+    next arrival); returns per request the scheduled and actual send times and the answer."""
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=128)
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=120,
+                                 headers={"Authorization": f"Bearer {api_key}"}) as client:
+        start = time.time() + 0.5
+        loop_start = time.perf_counter() + 0.5
+
+        async def one(i: int) -> dict[str, Any]:
+            r = workload.requests[i]
+            due = workload.unit_arrival_s[i] / wall_rate_per_s
+            await asyncio.sleep(max(0.0, loop_start + due - time.perf_counter()))
+            sent = time.perf_counter() - loop_start
+            body = {"prompt": r.prompt, "max_tokens": r.max_tokens, "temperature": 0}
+            try:
+                answer = await client.post("/v1/requests", json=body)
+                status, rid = answer.status_code, answer.json().get("id")
+            except (httpx.HTTPError, ValueError) as error:
+                status, rid = 0, None
+                answer = error  # type: ignore[assignment]
+            return {"i": i, "due": due, "sent": sent, "answered": time.perf_counter() - loop_start,
+                    "status": status, "id": rid,
+                    "error": None if status == 202 or status == 200 else str(answer)[:200]}
+
+        results = await asyncio.gather(*(one(i) for i in range(len(workload.requests))))
+        for row in results:
+            row["sent_epoch"] = start + row["sent"]
+        return list(results)
+
+
+def _wait_done(database_url: str, num: int, deadline: float) -> int:
+    engine = sa.create_engine(database_url)
+    try:
+        while True:
+            with engine.connect() as conn:
+                done = conn.execute(sa.text(
+                    "SELECT count(*) FROM requests WHERE status IN :t").bindparams(
+                    sa.bindparam("t", expanding=True)), {"t": list(_TERMINAL)}).scalar_one()
+            if done >= num or time.time() > deadline:
+                return int(done)
+            time.sleep(1.0)
+    finally:
+        engine.dispose()
+
+
+def _rows(database_url: str) -> list[dict[str, Any]]:
+    engine = sa.create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text(
+                "SELECT id, status, prompt_tokens, output_tokens, predicted_output_tokens, "
+                "predictor, instance_id, policy, attempt, routing ? 'fallback' AS fallback, "
+                "extract(epoch FROM created_at) AS created, "
+                "extract(epoch FROM routed_at) AS routed, "
+                "extract(epoch FROM started_at) AS started, "
+                "extract(epoch FROM first_token_at) AS first_token, "
+                "extract(epoch FROM finished_at) AS finished "
+                "FROM requests"))
+            return [dict(row._mapping) for row in rows]
+    finally:
+        engine.dispose()
+
+
+def run_point(spec: PointSpec, log: Any = print) -> dict[str, Any]:
+    """Measure one point; the raw result (per-request samples included) as a dict."""
+    recreate_database(spec.database_url)
+    upgrade(spec.database_url)
+    redis.Redis.from_url(spec.redis_url).flushdb()
+    wall_per_s = wall_rate(spec.rate, spec.time_scale)
+    workload = spec.workload
+    with tempfile.TemporaryDirectory(prefix="blockq-live-") as tmp:
+        settings = _settings(spec, Path(tmp))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKQ_")}
+        stack = Stack(settings, env={**env, **settings.as_env()})
+        started = time.time()
+        try:
+            stack.start()
+            stack.wait_ready(num_instances=spec.instances, timeout_s=600)
+            ready_s = time.time() - started
+            log(f"  stack ready in {ready_s:.0f} s; sending {len(workload.requests)} requests "
+                f"at {spec.rate:g}/s emulated ({wall_per_s:.2f}/s wall)")
+            sampler = _LoadSampler()
+            sampler.start()
+            cpu_before, t0 = _cpu_s(stack), time.time()
+            assert stack.api_key is not None
+            sends = asyncio.run(_send(stack.api_url, stack.api_key, workload, wall_per_s))
+            sent_s = time.time() - t0
+            accepted = sum(1 for s in sends if s["id"] is not None)
+            done = _wait_done(spec.database_url, accepted, time.time() + spec.drain_timeout_s)
+            window_s = time.time() - t0
+            cpu_after = _cpu_s(stack)
+            sampler.stop.set()
+        finally:
+            stack.stop(timeout_s=20)
+    rows = _rows(spec.database_url)
+    return _result(spec, sends, rows, done, ready_s, sent_s, window_s, sampler.samples,
+                   {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after})
+
+
+def _result(spec: PointSpec, sends: list[dict[str, Any]], rows: list[dict[str, Any]], done: int,
+            ready_s: float, sent_s: float, window_s: float, load: list[float],
+            cpu: dict[str, float]) -> dict[str, Any]:
+    scale = spec.time_scale
+    by_id = {r["id"]: r for r in rows}
+    index = {s["id"]: s["i"] for s in sends if s["id"] is not None}
+    inf = float("inf")
+    ttft, e2e, overhead, samples = [], [], [], []
+    for rid, i in index.items():
+        row = by_id.get(rid)
+        ok = row is not None and row["status"] == "succeeded" and row["first_token"] is not None
+        t = float(row["first_token"] - row["created"]) if ok else inf
+        e = float(row["finished"] - row["created"]) if ok and row["finished"] else inf
+        o = (float(row["routed"] - row["created"])
+             if row is not None and row["routed"] is not None else inf)
+        ttft.append(t)
+        e2e.append(e)
+        overhead.append(o)
+        truth = spec.workload.requests[i].output_tokens
+        samples.append([i, round(emulated_s(t, scale), 4), round(emulated_s(e, scale), 4),
+                        row and row["prompt_tokens"], row and row["output_tokens"], truth,
+                        row and row["predicted_output_tokens"], row and row["instance_id"]])
+    rel_errors = [abs(s[6] - s[5]) / s[5] for s in samples if s[6] is not None and s[5]]
+    predictors: dict[str, int] = {}
+    for row in rows:
+        predictors[str(row["predictor"])] = predictors.get(str(row["predictor"]), 0) + 1
+    lags = [s["sent"] - s["due"] for s in sends]
+    post_s = [s["answered"] - s["sent"] for s in sends]
+    control = sum(v for k, v in cpu.items() if k in CONTROL_PLANE)
+    engines = sum(v for k, v in cpu.items() if k not in CONTROL_PLANE)
+    n = len(sends)
+    return {
+        "workload": spec.workload.name, "policy": spec.policy, "rate": spec.rate,
+        "time_scale": scale, "instances": spec.instances,
+        "setup": dict(zip(("routing_policy", "length_predictor", "table"),
+                          policy_setup(spec.policy, spec.workload), strict=True)),
+        "bias_watch": spec.bias_watch,
+        "requests": n, "accepted": len(index), "finished": done,
+        "succeeded": sum(1 for r in rows if r["status"] == "succeeded"),
+        "failed": sum(1 for r in rows if r["status"] == "failed"),
+        "rerouted": sum(1 for r in rows if (r["attempt"] or 0) > 1),
+        "fallback_routed": sum(1 for r in rows if r["fallback"]),
+        "predictors": predictors,
+        "table_misses": predictors.get("table.missing", 0),
+        "http_errors": sorted({s["error"] for s in sends if s["error"]})[:5],
+        "ttft_s": summarize(ttft, scale).as_dict(),
+        "e2e_s": summarize(e2e, scale).as_dict(),
+        "accept_to_routed_s": summarize(overhead, scale).as_dict(),
+        "accept_to_routed_wall_ms": {"p50": percentile(overhead, 50) * 1000,
+                                     "p99": percentile(overhead, 99) * 1000},
+        "prediction_median_rel_error": percentile(rel_errors, 50) if rel_errors else None,
+        "client": {"lag_p99_ms": percentile(lags, 99) * 1000,
+                   "post_p99_ms": percentile(post_s, 99) * 1000,
+                   "send_wall_s": sent_s},
+        "wall": {"stack_ready_s": ready_s, "window_s": window_s},
+        "throughput_rps": (len([t for t in ttft if t != inf]) / emulated_s(window_s, scale)
+                           if window_s else None),
+        "load": {"loadavg_1m_mean": sum(load) / len(load), "loadavg_1m_max": max(load),
+                 "cpus": os.cpu_count()},
+        "cpu_s": {k: round(v, 2) for k, v in sorted(cpu.items())},
+        "cpu_ms_per_request": {"control_plane": control * 1000 / n if n else None,
+                               "engines": engines * 1000 / n if n else None},
+        "notes": spec.workload.notes,
+        # [index, ttft, e2e (emulated s), prompt tokens, output tokens, true output tokens,
+        #  predicted tokens, instance] per accepted request
+        "samples": samples,
+    }

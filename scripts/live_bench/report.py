@@ -1,0 +1,109 @@
+"""Tables (rich) and plots (matplotlib) of the live benchmark's raw results."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["print_report", "plot"]
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return "inf" if math.isinf(value) else f"{value:.{digits}f}"
+
+
+def _capacity(points: list[dict[str, Any]], slo: float) -> tuple[float | None, float | None]:
+    """Highest rate tried whose TTFT p99 met the SLO, lowest whose did not."""
+    ok = [p["rate"] for p in points if p["ttft_s"]["p99"] <= slo]
+    bad = [p["rate"] for p in points if p["ttft_s"]["p99"] > slo]
+    passing = max((r for r in ok if not bad or r < min(bad)), default=None)
+    return passing, min(bad, default=None)
+
+
+def print_report(raw: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    slo = raw["slo_s"]
+    for workload in raw["workloads"]:
+        points = [p for p in raw["points"] if p["workload"] == workload]
+        if not points:
+            continue
+        scale = points[0]["time_scale"]
+        table = Table(title=f"Live, {workload}: {points[0]['instances']} emulated "
+                            f"qwen2-7b-a30 instances, time scale {scale:g} (latencies in "
+                            f"emulated s; accept->routed also wall ms)")
+        for column in ("policy", "rate/s", "TTFT p50", "TTFT p99", "e2e p50", "e2e p99",
+                       "accept->routed p50/p99 ms", "done", "len err", "fallbk", "load 1m",
+                       "ctl CPU ms/req"):
+            table.add_column(column, justify="right")
+        for p in sorted(points, key=lambda p: (raw["policies"].index(p["policy"]), p["rate"])):
+            wall = p["accept_to_routed_wall_ms"]
+            err = p["prediction_median_rel_error"]
+            table.add_row(
+                p["policy"], f"{p['rate']:g}", _f(p["ttft_s"]["p50"]), _f(p["ttft_s"]["p99"]),
+                _f(p["e2e_s"]["p50"], 1), _f(p["e2e_s"]["p99"], 1),
+                f"{_f(wall['p50'], 0)}/{_f(wall['p99'], 0)}",
+                f"{p['finished']}/{p['requests']}", _f(err), str(p["fallback_routed"]),
+                f"{p['load']['loadavg_1m_mean']:.1f}/{p['load']['cpus']}",
+                _f(p["cpu_ms_per_request"]["control_plane"], 1))
+        console.print(table)
+        cap = Table(title=f"Capacity at TTFT p99 <= {slo:g} s (emulated), {workload}")
+        for column in ("policy", "capacity req/s", "first failing", "x round_robin"):
+            cap.add_column(column, justify="right")
+        capacities = {policy: _capacity([p for p in points if p["policy"] == policy], slo)
+                      for policy in raw["policies"] if any(p["policy"] == policy for p in points)}
+        base = capacities.get("round_robin", (None, None))[0]
+        for policy, (capacity, failing) in capacities.items():
+            ratio = capacity / base if capacity and base else None
+            cap.add_row(policy, _f(capacity, 1) if capacity else "< lowest tried",
+                        _f(failing, 1) if failing else "none failed", _f(ratio))
+        console.print(cap)
+        for note in points[0]["notes"]:
+            console.print(f"  note: {note}")
+        trouble = [p for p in points if p["table_misses"] or p["failed"] or p["rerouted"]
+                   or p["http_errors"]]
+        for p in trouble:
+            console.print(f"  [yellow]{p['policy']} @ {p['rate']:g}: table misses "
+                          f"{p['table_misses']}, failed {p['failed']}, rerouted {p['rerouted']}, "
+                          f"HTTP errors {p['http_errors']}[/yellow]")
+
+
+def plot(raw: dict[str, Any], out_dir: Path, prefix: str = "live") -> list[Path]:
+    """TTFT p99 against the rate, one line per policy, per workload."""
+    import matplotlib  # noqa: PLC0415 - only when plotting
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for workload in raw["workloads"]:
+        points = [p for p in raw["points"] if p["workload"] == workload]
+        if not points:
+            continue
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for policy in raw["policies"]:
+            mine = sorted((p["rate"], p["ttft_s"]["p99"]) for p in points
+                          if p["policy"] == policy)
+            if mine:
+                ax.plot([r for r, _ in mine], [min(v, 4 * raw["slo_s"]) for _, v in mine],
+                        marker="o", label=policy)
+        ax.axhline(raw["slo_s"], color="grey", linestyle="--", label=f"SLO {raw['slo_s']:g} s")
+        ax.set_xlabel("arrival rate (requests per emulated second)")
+        ax.set_ylabel("TTFT p99 (emulated s; capped at 4x SLO)")
+        ax.set_title(f"Live stack, {workload}, {points[0]['instances']} emulated A30 "
+                     f"(time scale {points[0]['time_scale']:g})"
+                     + (" [SMOKE]" if raw.get("smoke") else ""), fontsize=9)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        path = out_dir / f"{prefix}_{workload}_p99_ttft.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths

@@ -1,0 +1,107 @@
+"""Pure parts of the live benchmark: time conversion, latency summaries, the capacity search.
+
+Times: the emulated engines run in scaled time, `time_scale` wall seconds per emulated second
+(Settings.emulated_time_scale). Every latency the benchmark reports is in emulated seconds (wall
+seconds / time_scale), every rate in emulated requests per second (wall rate x time_scale), so
+that they compare with the paper's GPUs and with the discrete-event benchmark.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["LatencySummary", "CapacityResult", "emulated_s", "wall_rate", "percentile",
+           "summarize", "search_capacity"]
+
+
+def emulated_s(wall_s: float, time_scale: float) -> float:
+    """A duration measured in wall seconds, in emulated seconds."""
+    if time_scale <= 0:
+        raise ValueError(f"time_scale must be positive, got {time_scale}")
+    return wall_s / time_scale
+
+
+def wall_rate(emulated_rate: float, time_scale: float) -> float:
+    """Requests per wall second that make `emulated_rate` requests per emulated second."""
+    if time_scale <= 0:
+        raise ValueError(f"time_scale must be positive, got {time_scale}")
+    return emulated_rate / time_scale
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile with numpy's default (linear) interpolation; a value of inf (a
+    request that never got its first token) ranks last, and a percentile that reaches one is
+    inf. nan for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(float(v) for v in values)
+    position = q / 100 * (len(ordered) - 1)
+    low, high = math.floor(position), math.ceil(position)
+    if math.isinf(ordered[high]):
+        return math.inf
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@dataclass(frozen=True, slots=True)
+class LatencySummary:
+    """p50/p99 of one latency, emulated seconds."""
+
+    p50: float
+    p99: float
+    count: int
+
+    def as_dict(self) -> dict[str, float]:
+        return {"p50": self.p50, "p99": self.p99, "count": self.count}
+
+
+def summarize(wall_latencies_s: Sequence[float], time_scale: float) -> LatencySummary:
+    """Wall-second latencies (inf: never happened) as an emulated-second summary."""
+    values = [emulated_s(v, time_scale) for v in wall_latencies_s]
+    return LatencySummary(percentile(values, 50), percentile(values, 99), len(values))
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityResult:
+    """Highest rate that met the SLO (None: not even the lowest tried) and the lowest that did
+    not (None: none failed), with every rate tried and its measure."""
+
+    capacity: float | None
+    first_failing: float | None
+    tried: dict[float, float]
+
+
+def search_capacity(measure: Callable[[float], float], rates: Sequence[float], slo: float, *,
+                    bisect_steps: int = 2, resolution: float = 0.0) -> CapacityResult:
+    """The highest rate whose `measure(rate)` (TTFT p99) is at most `slo`.
+
+    Tries `rates` in ascending order and stops at the first that fails (latency grows with the
+    rate: higher ones would fail too); then bisects `bisect_steps` times between the highest
+    passing and the lowest failing rate, stopping early once they are `resolution` apart.
+    """
+    ordered = sorted(set(rates))
+    if not ordered:
+        raise ValueError("need at least one rate")
+    tried: dict[float, float] = {}
+    passing: float | None = None
+    failing: float | None = None
+    for rate in ordered:
+        tried[rate] = measure(rate)
+        if tried[rate] <= slo:
+            passing = rate
+        else:
+            failing = rate
+            break
+    if passing is None or failing is None:
+        return CapacityResult(passing, failing, tried)
+    for _ in range(bisect_steps):
+        if failing - passing <= resolution:
+            break
+        rate = round((passing + failing) / 2, 6)
+        tried[rate] = measure(rate)
+        if tried[rate] <= slo:
+            passing = rate
+        else:
+            failing = rate
+    return CapacityResult(passing, failing, tried)

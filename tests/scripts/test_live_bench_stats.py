@@ -1,0 +1,85 @@
+"""Pure parts of the live benchmark (scripts/live_bench): time conversion, percentiles with
+requests that never finished, the capacity search."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _stats() -> ModuleType:
+    scripts = str(ROOT / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    return importlib.import_module("live_bench.stats")
+
+
+def test_wall_times_and_rates_convert_to_emulated_ones() -> None:
+    stats = _stats()
+    assert stats.emulated_s(12.0, 4.0) == 3.0  # 4 wall s per emulated s: slow motion
+    assert stats.emulated_s(0.3, 0.1) == pytest.approx(3.0)
+    assert stats.wall_rate(60.0, 4.0) == 15.0
+    with pytest.raises(ValueError):
+        stats.emulated_s(1.0, 0.0)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 100, 1001])
+def test_percentiles_match_numpy(n: int) -> None:
+    values = list(np.random.default_rng(n).exponential(1.0, n))
+    for q in (0, 50, 99, 100):
+        assert _stats().percentile(values, q) == pytest.approx(np.percentile(values, q))
+
+
+def test_a_request_that_never_finished_counts_as_infinitely_late() -> None:
+    stats = _stats()
+    values = [1.0] * 99 + [math.inf]
+    assert stats.percentile(values, 50) == 1.0
+    assert math.isinf(stats.percentile(values, 99.5))
+    assert math.isinf(stats.percentile([1.0, math.inf], 99))
+    assert math.isnan(stats.percentile([], 50))
+    summary = stats.summarize([4.0, 8.0, math.inf], time_scale=4.0)
+    assert summary.p50 == 2.0 and math.isinf(summary.p99) and summary.count == 3
+
+
+def _fake_measure(capacity: float):  # type: ignore[no-untyped-def]
+    calls: list[float] = []
+
+    def measure(rate: float) -> float:
+        calls.append(rate)
+        return 1.0 if rate <= capacity else 10.0
+
+    return measure, calls
+
+
+def test_the_capacity_search_stops_at_the_first_failure_then_bisects() -> None:
+    measure, calls = _fake_measure(capacity=47.0)
+    result = _stats().search_capacity(measure, [60.0, 30.0, 40.0, 50.0, 70.0], slo=3.0,
+                                      bisect_steps=2)
+    assert calls == [30.0, 40.0, 50.0, 45.0, 47.5]  # ascending, 60 and 70 never run
+    assert (result.capacity, result.first_failing) == (45.0, 47.5)
+    assert result.tried[50.0] == 10.0
+
+
+def test_the_capacity_search_when_all_pass_or_none_does() -> None:
+    stats = _stats()
+    measure, calls = _fake_measure(capacity=100.0)
+    result = stats.search_capacity(measure, [10.0, 20.0], slo=3.0, bisect_steps=3)
+    assert (result.capacity, result.first_failing, calls) == (20.0, None, [10.0, 20.0])
+    measure, calls = _fake_measure(capacity=5.0)
+    result = stats.search_capacity(measure, [10.0, 20.0], slo=3.0, bisect_steps=3)
+    assert (result.capacity, result.first_failing, calls) == (None, 10.0, [10.0])
+
+
+def test_the_bisection_stops_at_the_resolution() -> None:
+    measure, calls = _fake_measure(capacity=41.0)
+    result = _stats().search_capacity(measure, [40.0, 42.0], slo=3.0, bisect_steps=5,
+                                      resolution=1.0)
+    assert calls == [40.0, 42.0, 41.0] and result.capacity == 41.0
