@@ -43,9 +43,11 @@ from .predictors import LengthPredictor
 from .workload import Workload
 
 __all__ = [
+    "GROUND_TRUTHS",
     "ClusterSetup",
     "RunResult",
     "capacity_bounds",
+    "ground_truth_class",
     "saturation_rate",
     "simulate",
 ]
@@ -69,6 +71,9 @@ class ClusterSetup:
     #: Give up a run once more than 1 % of its requests wait longer than this for a first
     #: token (TTFT p99 is then known to exceed it); None: never.
     abort_ttft_s: float | None = 20.0
+    #: Whose scheduler drives the instances: "ours" (`workers.sim.Scheduler`) or "vllm"
+    #: (the installed vLLM's own scheduler class; see `vllm_ground_truth`, far slower).
+    ground_truth: str = "ours"
 
     def __post_init__(self) -> None:
         if self.num_instances < 1:
@@ -77,6 +82,22 @@ class ClusterSetup:
             raise ValueError("publish_interval_s and exec_noise_sigma must not be negative")
         if self.config.enable_prefix_caching:
             raise ValueError("the cluster simulation does not model prefix caching")
+        if self.ground_truth not in GROUND_TRUTHS:
+            raise ValueError(f"ground_truth must be one of {GROUND_TRUTHS}")
+
+
+#: The instances' schedulers `ClusterSetup.ground_truth` can name.
+GROUND_TRUTHS = ("ours", "vllm")
+
+
+def ground_truth_class(name: str) -> type[GroundTruthInstance]:
+    """The instance class of a ground truth; "vllm" imports vLLM (slow, only when asked)."""
+    if name == "ours":
+        return GroundTruthInstance
+    if name == "vllm":
+        from .vllm_ground_truth import VllmGroundTruthInstance
+        return VllmGroundTruthInstance
+    raise ValueError(f"unknown ground truth {name!r}; one of {GROUND_TRUTHS}")
 
 
 # -- one run -----------------------------------------------------------------------------
@@ -127,8 +148,9 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
     config = setup.config
     arrival_times = workload.arrival_times(rate)
     predicted = predictor.predict(workload, seed)
-    engines = [GroundTruthInstance(f"gpu.{k}", config, setup.exec_model, setup.exec_noise_sigma,
-                                   seed=[seed, 1, k]) for k in range(setup.num_instances)]
+    instance_class = ground_truth_class(setup.ground_truth)
+    engines = [instance_class(f"gpu.{k}", config, setup.exec_model, setup.exec_noise_sigma,
+                              seed=[seed, 1, k]) for k in range(setup.num_instances)]
     by_id = {e.instance_id: e for e in engines}
     router_rng = random.Random(seed)
     interval = setup.publish_interval_s

@@ -1,0 +1,144 @@
+"""The independent ground truth: instances driven by the installed vLLM's own scheduler."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from workers.cluster_sim import ClusterSetup, GroundTruthInstance, SimulatedRequest  # noqa: E402
+from workers.cluster_sim.predictors import OraclePredictor  # noqa: E402
+from workers.cluster_sim.simulation import ground_truth_class, simulate  # noqa: E402
+from workers.cluster_sim.vllm_ground_truth import (  # noqa: E402
+    VllmGroundTruthInstance,
+    make_vllm_scheduler,
+)
+from workers.cluster_sim.workload import Workload, poisson_unit_arrivals  # noqa: E402
+from workers.sim import ExecModel, InstanceConfig, bundled_model  # noqa: E402
+
+
+
+def _random_config(rng: random.Random) -> InstanceConfig:
+    block_size = rng.choice([1, 4, 16])
+    max_model_len = rng.choice([64, 128, 256])
+    min_blocks = -(-max_model_len // block_size) + 1
+    return InstanceConfig(rng.randint(min_blocks, 3 * min_blocks), block_size,
+                          rng.randint(1, 8), rng.randint(8, 64), max_model_len,
+                          watermark=rng.choice([0.0, 0.05]),
+                          reserve_full_input=rng.random() < 0.8)
+
+
+def test_the_scheduler_gets_the_instance_settings_without_a_model() -> None:
+    for blocks in (1052, 7289):
+        config = InstanceConfig(blocks, 16, 48, 512, 4096, watermark=0.01)
+        scheduler = make_vllm_scheduler(config)
+        assert scheduler.max_num_running_reqs == 48
+        assert scheduler.max_num_scheduled_tokens == 512
+        assert scheduler.max_model_len == 4096 and scheduler.block_size == 16
+        assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == blocks - 1
+        assert scheduler.kv_cache_manager.watermark_blocks == config.num_watermark_blocks
+        assert not scheduler.cache_config.enable_prefix_caching
+    with pytest.raises(ValueError, match="prefix caching"):
+        make_vllm_scheduler(InstanceConfig(1052, 16, 48, 512, 4096, enable_prefix_caching=True))
+    assert ground_truth_class("vllm") is VllmGroundTruthInstance
+    assert ground_truth_class("ours") is GroundTruthInstance
+
+
+def test_every_request_finishes_at_its_true_length_with_consistent_latencies() -> None:
+    # A burst on a small KV cache: vLLM preempts (recompute) and still finishes each
+    # request with exactly its true number of output tokens. (All arrive at once: `add`
+    # runs the steps before an arrival itself, out of this test's sight.)
+    config = InstanceConfig(num_total_blocks=300, block_size=16, max_num_seqs=48,
+                            max_num_batched_tokens=512, max_model_len=4096)
+    rng = random.Random(3)
+    instance = VllmGroundTruthInstance("v", config, bundled_model("qwen2-7b-a30"),
+                                       noise_sigma=0.1, seed=5)
+    requests = []
+    for i in range(60):
+        prompt = rng.randint(1, 1500)
+        request = SimulatedRequest(f"r{i}", 0.0, prompt, rng.randint(1, 600), 100)
+        requests.append(request)
+        instance.add(request, 0.0)
+    sampled: dict[str, int] = {}
+    finished: list[str] = []
+    while instance.has_work:
+        before = instance.now_s
+        step = instance.step()
+        assert instance.now_s > before
+        assert sum(step.output.num_scheduled_tokens.values()) <= config.max_num_batched_tokens
+        for request_id in step.sampled_ids:
+            sampled[request_id] = sampled.get(request_id, 0) + 1
+        finished += step.finished_ids
+    assert instance.num_preemptions > 0
+    assert sorted(finished) == sorted(r.request_id for r in requests)
+    for request in requests:
+        # A recomputed request resamples nothing: its tokens are its true length.
+        assert sampled[request.request_id] == request.max_output_tokens, request.request_id
+        assert request.arrival_s < request.first_token_s <= request.finish_s
+        assert (request.first_token_s == request.finish_s) == (request.max_output_tokens == 1)
+    assert instance.num_free_blocks == config.num_usable_blocks
+    assert not instance.snapshot().requests
+
+
+def test_steps_snapshots_and_times_agree_with_our_scheduler(toy_model: ExecModel) -> None:
+    num_preemptions = 0
+    for case in range(30):
+        rng = random.Random(case)
+        config = _random_config(rng)
+        ours = GroundTruthInstance("g", config, toy_model, noise_sigma=0.1, seed=case)
+        theirs = VllmGroundTruthInstance("g", config, toy_model, noise_sigma=0.1, seed=case)
+        arrivals: dict[int, list[tuple[str, int, int]]] = {}
+        for i in range(rng.randint(1, 16)):
+            prompt = rng.randint(1, config.max_model_len - 1)
+            arrivals.setdefault(rng.randint(0, 30), []).append(
+                (f"r{i}", prompt, rng.randint(1, config.max_model_len - prompt)))
+        pairs = []
+        for step in range(5000):
+            for request_id, prompt, output in arrivals.pop(step, []):
+                pair = (SimulatedRequest(request_id, 0.0, prompt, output, output // 2 + 1),
+                        SimulatedRequest(request_id, 0.0, prompt, output, output // 2 + 1))
+                ours.add(pair[0], 0.0)
+                theirs.add(pair[1], 0.0)
+                pairs.append(pair)
+            assert ours.has_work == theirs.has_work, (case, step)
+            if not ours.has_work:
+                if not arrivals:
+                    break
+                continue
+            expected, got = ours.step(), theirs.step()
+            assert got.output.num_scheduled_tokens == expected.output.num_scheduled_tokens, (
+                case, step)
+            assert got.output.stats == expected.output.stats
+            assert set(got.output.preempted_ids) == set(expected.output.preempted_ids)
+            assert (got.sampled_ids, got.finished_ids) == (expected.sampled_ids,
+                                                           expected.finished_ids)
+            assert theirs.now_s == ours.now_s
+            assert theirs.snapshot() == ours.snapshot(), (case, step)
+        assert not theirs.has_work and theirs.num_preemptions == ours.num_preemptions
+        num_preemptions += ours.num_preemptions
+        for mine, vllm in pairs:
+            assert (vllm.first_token_s, vllm.finish_s) == (mine.first_token_s, mine.finish_s)
+    assert num_preemptions > 50  # the cases exercise recompute preemption
+
+
+def test_a_routed_cluster_run_is_the_same_on_either_ground_truth() -> None:
+    rng = random.Random(7)
+    n = 300
+    workload = Workload("toy", tuple(poisson_unit_arrivals(n, 7)),
+                        tuple(rng.randint(1, 1200) for _ in range(n)),
+                        tuple(rng.randint(1, 400) for _ in range(n)))
+    config = InstanceConfig(num_total_blocks=600, block_size=16, max_num_seqs=48,
+                            max_num_batched_tokens=512, max_model_len=4096)
+    results = {}
+    for ground_truth in ("ours", "vllm"):
+        setup = ClusterSetup(3, config, bundled_model("qwen2-7b-a30"),
+                             ground_truth=ground_truth)
+        results[ground_truth] = simulate(workload, 6.0, setup, "least_requests",
+                                         OraclePredictor(), seed=1, keep_samples=True)
+    ours, vllm = results["ours"], results["vllm"]
+    assert vllm.num_preemptions == ours.num_preemptions > 0
+    assert vllm.ttft_s == ours.ttft_s and vllm.e2e_s == ours.e2e_s
+    with pytest.raises(ValueError, match="ground_truth"):
+        ClusterSetup(3, config, bundled_model("qwen2-7b-a30"), ground_truth="other")

@@ -1,0 +1,218 @@
+"""An independent ground truth: instances scheduled by the installed vLLM's own scheduler.
+
+`VllmGroundTruthInstance` has `GroundTruthInstance`'s interface, but its steps come from
+``vllm.v1.core.sched.scheduler.Scheduler`` (with vLLM's `KVCacheManager` and block pool),
+not from our copy of its rules (`workers.sim.Scheduler`). There is no model and no GPU: the
+scheduler gets the instance's vLLM settings (``max_num_seqs``, the chunked-prefill token
+budget, block size, ``max_model_len``, the KV blocks, the watermark, prefix caching off), and
+each step's "model runner output" is made up: one token for every request whose scheduled
+chunk reaches the end of its tokens (decodes and final prefill chunks), none for a partial
+prefill. Each request is sent with ``max_tokens`` = its true output length and
+``ignore_eos``, so vLLM finishes it at that length. Each step is priced like
+`GroundTruthInstance`'s: the execution-time model of the step's batch times the same seeded
+noise sequence, so the two ground truths see identical inputs and differ only in scheduling.
+
+vLLM's scheduler is pure Python but does far more bookkeeping per step than ours (about
+10-20x slower); importing vLLM takes seconds (torch). Benchmark-only: nothing in production
+imports this module, and `workers.cluster_sim` does not import it unless asked for
+(`ground_truth_class("vllm")`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from types import SimpleNamespace
+
+# NOTE: vLLM logs a platform banner and CPU-backend hints at import; the scheduler needs
+# none of them. Set before the first vLLM import (a caller's explicit setting wins).
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+import torch  # noqa: E402
+from vllm.config import CacheConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+)
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+
+from workers.sim import (  # noqa: E402
+    BatchStats,
+    ExecModel,
+    InstanceConfig,
+    InstanceSnapshot,
+    SchedulerOutput,
+    SimRequest,
+    StepResult,
+)
+
+from .ground_truth import GroundTruthInstance, SimulatedRequest  # noqa: E402
+
+__all__ = ["VllmGroundTruthInstance", "make_vllm_scheduler"]
+
+#: The token every made-up step samples (never a stop token: requests ignore EOS).
+SAMPLED_TOKEN_ID = 7
+#: The token the made-up prompts consist of (no prefix caching, so content is irrelevant).
+PROMPT_TOKEN_ID = 1
+
+
+class _AcceptAll:
+    """Structured-output manager stand-in: no request uses a grammar."""
+
+    def accept_tokens(self, request: Request, tokens: list[int]) -> bool:
+        return True
+
+
+def _model_config(max_model_len: int) -> SimpleNamespace:
+    # NOTE: what the scheduler reads of a ModelConfig (a decoder-only text model that
+    # samples); a real ModelConfig needs a model's files, which a scheduler does not.
+    return SimpleNamespace(uses_mrope=False, is_encoder_decoder=False,
+                           max_model_len=max_model_len, runner_type="generate",
+                           is_diffusion=False, supports_multimodal_inputs=False,
+                           return_sampling_mask=False, multimodal_config=None)
+
+
+def make_vllm_scheduler(config: InstanceConfig) -> VllmScheduler:
+    """vLLM's scheduler with `config`'s settings, built without a model or a device.
+
+    As vLLM's own scheduler tests do (``tests/v1/core/utils.py: create_scheduler``): a
+    SchedulerConfig, a CacheConfig with ``num_gpu_blocks`` set, and a KVCacheConfig of one
+    full-attention group; the model config is a stand-in with the fields it reads.
+    """
+    if config.enable_prefix_caching:
+        raise ValueError("the vLLM ground truth runs with prefix caching off")
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=config.max_model_len,
+        enable_chunked_prefill=True,
+        is_encoder_decoder=False,
+        watermark=config.watermark,
+        scheduler_reserve_full_isl=config.reserve_full_input,
+    )
+    cache_config = CacheConfig(block_size=config.block_size, enable_prefix_caching=False)
+    vllm_config = VllmConfig(scheduler_config=scheduler_config, cache_config=cache_config)
+    object.__setattr__(vllm_config, "model_config", _model_config(config.max_model_len))
+    cache_config.num_gpu_blocks = config.num_total_blocks
+    kv_cache_config = KVCacheConfig(
+        num_blocks=config.num_total_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
+            block_size=config.block_size, num_kv_heads=1, head_size=1,
+            dtype=torch.float32))],
+    )
+    scheduler = VllmScheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                              structured_output_manager=_AcceptAll(),
+                              block_size=config.block_size, log_stats=False)
+    # The settings must have reached the scheduler unchanged (a platform may adjust them).
+    assert scheduler.max_num_running_reqs == config.max_num_seqs
+    assert scheduler.max_num_scheduled_tokens == config.max_num_batched_tokens
+    assert scheduler.max_model_len == config.max_model_len
+    assert scheduler.block_size == config.block_size
+    assert (scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+            == config.num_usable_blocks)
+    return scheduler
+
+
+class VllmGroundTruthInstance(GroundTruthInstance):
+    """One vLLM instance scheduled by vLLM's `Scheduler`; steps priced as the parent's."""
+
+    def __init__(self, instance_id: str, config: InstanceConfig, exec_model: ExecModel,
+                 noise_sigma: float = 0.0, seed: int | Sequence[int] = 0) -> None:
+        super().__init__(instance_id, config, exec_model, noise_sigma, seed)
+        self.vllm_scheduler = make_vllm_scheduler(config)
+        self._num_preemptions = 0
+
+    @property
+    def has_work(self) -> bool:
+        # NOTE: not `has_requests()`, which stays true until an (empty, untimed) step has
+        # told the workers about the last finished requests.
+        return self.vllm_scheduler.has_unfinished_requests()
+
+    @property
+    def num_preemptions(self) -> int:
+        return self._num_preemptions
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.vllm_scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def add(self, request: SimulatedRequest, at_s: float) -> None:
+        """Queue `request` arriving at `at_s` (not before the instance's present)."""
+        if request.num_prompt_tokens + request.max_output_tokens > self.config.max_model_len:
+            # NOTE: vLLM would stop it at max_model_len, short of its true length.
+            raise ValueError(f"{request.request_id}: longer than max_model_len")
+        self.run_until(at_s)
+        if not self.has_work:
+            self.now_s = max(self.now_s, at_s)
+        request.instance_id = self.instance_id
+        self._requests[request.request_id] = request
+        params = SamplingParams(max_tokens=request.max_output_tokens, ignore_eos=True)
+        self.vllm_scheduler.add_request(Request(
+            request.request_id, [PROMPT_TOKEN_ID] * request.num_prompt_tokens, params, None,
+            arrival_time=request.arrival_s))
+
+    def snapshot(self) -> InstanceSnapshot:
+        """What the engine publishes now (lengths as predicted, not the true ones)."""
+        scheduler = self.vllm_scheduler
+        requests = [self._published_vllm(r, True) for r in scheduler.running]
+        requests += [self._published_vllm(r, False) for r in scheduler.kv_holding_waiting]
+        requests += [self._published_vllm(r, False) for r in scheduler.waiting]
+        return InstanceSnapshot(self.config, self.num_free_blocks, tuple(requests))
+
+    def step(self) -> StepResult:
+        """One vLLM scheduler step with a made-up model output, priced; records outcomes."""
+        scheduler = self.vllm_scheduler
+        output = scheduler.schedule()
+        num_scheduled = output.num_scheduled_tokens
+        assert num_scheduled, f"{self.instance_id}: a step with work scheduled nothing"
+        self._num_preemptions += len(output.preempted_req_ids)
+        vllm_requests = scheduler.requests
+        chunks = []
+        sampled_ids: list[str] = []
+        sampled_token_ids: list[list[int]] = []
+        for request_id, num_new in num_scheduled.items():
+            # `schedule()` already advanced num_computed_tokens past this chunk.
+            vllm_request = vllm_requests[request_id]
+            computed = vllm_request.num_computed_tokens
+            num_tokens = vllm_request.num_tokens
+            chunks.append((num_new, computed - num_new, num_tokens))
+            if computed >= num_tokens:
+                sampled_ids.append(request_id)
+                sampled_token_ids.append([SAMPLED_TOKEN_ID])
+            else:
+                sampled_token_ids.append([])
+        request_ids = list(num_scheduled)
+        model_output = ModelRunnerOutput(
+            req_ids=request_ids,
+            req_id_to_index={request_id: i for i, request_id in enumerate(request_ids)},
+            sampled_token_ids=sampled_token_ids)
+        engine_outputs = scheduler.update_from_output(output, model_output)
+        finished_ids = tuple(o.request_id for outputs in engine_outputs.values()
+                             for o in outputs.outputs if o.finish_reason is not None)
+        stats = BatchStats.of_chunks(chunks)
+        duration_ms = self.exec_model.step_ms(stats)
+        self.now_s += duration_ms * self._next_noise() / 1000.0
+        self.num_steps += 1
+        now_s = self.now_s
+        requests = self._requests
+        for request_id in sampled_ids:
+            request = requests[request_id]
+            if request.first_token_s is None:
+                request.first_token_s = now_s
+        for request_id in finished_ids:
+            request = requests.pop(request_id)
+            request.finish_s = now_s
+        result_output = SchedulerOutput(dict(num_scheduled), stats,
+                                        tuple(sorted(output.preempted_req_ids)))
+        return StepResult(result_output, tuple(sampled_ids), finished_ids)
+
+    def _published_vllm(self, request: Request, is_running: bool) -> SimRequest:
+        predicted = self._requests[request.request_id].predicted_output_tokens
+        return SimRequest(request.request_id, request.num_prompt_tokens,
+                          request.num_computed_tokens, request.num_output_tokens, predicted,
+                          is_running)
