@@ -2,6 +2,12 @@
 transaction, sent right after the commit, and deleted once sent. What a crash or a broker outage
 leaves behind, the relay (run by the health worker every `outbox_relay_interval_s`) sends later.
 
+The deletes of sent entries are off the sender's path: a thread of the process deletes them in
+batches (one statement for every entry sent meanwhile, committed without waiting for the WAL
+flush), so that an accepted request costs its sender one transaction, not two. An entry whose
+delete is lost (crash, database outage) is sent again by the relay once it is
+`outbox_relay_after_s` old: the same at-least-once delivery as a crash between send and delete.
+
 Delivery is at least once (a crash between the send and the delete sends again), so every
 consumer is idempotent: status transitions are conditional, completions check the attempt, and
 webhook events carry one id across every attempt.
@@ -10,13 +16,16 @@ webhook events carry one id across every attempt.
 from __future__ import annotations
 
 import logging
+import os
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from celery import Celery
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session
 
 from app import faults
@@ -27,6 +36,11 @@ from app.models import OutboxEntry, utcnow
 __all__ = ["Outbox", "OutboxTransaction"]
 
 logger = logging.getLogger(__name__)
+
+#: How long the delete thread lets sent entries gather before one delete takes them all.
+FORGET_LINGER_S = 0.02
+#: Most entries one delete statement takes.
+FORGET_BATCH = 1000
 
 
 @dataclass
@@ -49,6 +63,12 @@ class Outbox:
     def __init__(self, db: Database, celery: Celery) -> None:
         self.db = db
         self.celery = celery
+        self._forgetter = _Forgetter(db)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until the entries this process sent are deleted (or their delete failed);
+        whether that happened within `timeout_s`."""
+        return self._forgetter.flush(timeout_s)
 
     @contextmanager
     def transaction(self) -> Iterator[OutboxTransaction]:
@@ -71,22 +91,13 @@ class Outbox:
                                type(exc).__name__, len(entries) - len(sent))
                 break
             sent.append(entry.id)
-        self._forget(sent)
-
-    def _forget(self, entry_ids: list[int]) -> None:
-        if not entry_ids:
-            return
-        try:
-            with self.db.session() as session:
-                session.execute(delete(OutboxEntry).where(OutboxEntry.id.in_(entry_ids)))
-        except Exception as exc:  # noqa: BLE001 - the relay sends them again: consumers dedupe
-            logger.warning("could not delete %d sent outbox entries (%s)", len(entry_ids),
-                           type(exc).__name__)
+        self._forgetter.add(sent)
 
     def relay(self, *, older_than_s: float, limit: int = 1000) -> int:
         """Send entries staged more than `older_than_s` ago (their own sender crashed or met a
         broker outage), oldest first; returns how many were sent. Concurrent relays skip each
         other's rows."""
+        self.flush()  # what this process sent is not sent again
         cutoff = utcnow() - timedelta(seconds=older_than_s)
         sent: list[int] = []
         with self.db.session() as session:
@@ -108,6 +119,7 @@ class Outbox:
 
     def pending_request_ids(self) -> set[str]:
         """First arguments of the staged messages: the requests (or batches) they concern."""
+        self.flush()
         with self.db.session() as session:
             rows = session.scalars(select(OutboxEntry.args)).all()
         return {args[0] for args in rows if args and isinstance(args[0], str)}
@@ -116,3 +128,62 @@ class Outbox:
 def _message(entry: OutboxEntry) -> Message:
     return Message(entry.task, entry.queue, tuple(entry.args), dict(entry.kwargs),
                    entry.priority)
+
+
+class _Forgetter:
+    """Deletes sent entries from a daemon thread of its own, in batches (module docstring)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._cond = threading.Condition()
+        # --- guarded by _cond ---
+        self._ids: list[int] = []
+        self._busy = False  # a delete is running
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def add(self, entry_ids: list[int]) -> None:
+        if not entry_ids:
+            return
+        with self._cond:
+            self._ids.extend(entry_ids)
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                # NOTE: started on first use, and again in a forked child (threads do not fork).
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="outbox-forget",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def flush(self, timeout_s: float) -> bool:
+        with self._cond:
+            if self._thread is None or self._pid != os.getpid():
+                return not self._ids
+            return self._cond.wait_for(lambda: not self._ids and not self._busy, timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._ids))
+            # Let entries sent right after these join their delete.
+            time.sleep(FORGET_LINGER_S)
+            with self._cond:
+                batch, self._ids = self._ids[:FORGET_BATCH], self._ids[FORGET_BATCH:]
+                self._busy = True
+            try:
+                self._delete(batch)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _delete(self, entry_ids: list[int]) -> None:
+        try:
+            with self.db.session() as session:
+                if session.get_bind().dialect.name == "postgresql":
+                    # A lost delete is only a resend (consumers dedupe): no WAL flush to wait.
+                    session.execute(text("SET LOCAL synchronous_commit TO OFF"))
+                session.execute(delete(OutboxEntry).where(OutboxEntry.id.in_(entry_ids)))
+        except Exception as exc:  # noqa: BLE001 - the relay sends them again: consumers dedupe
+            logger.warning("could not delete %d sent outbox entries (%s)", len(entry_ids),
+                           type(exc).__name__)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -54,10 +55,40 @@ def new_id() -> str:
 def test_a_committed_message_is_sent_then_forgotten(fresh_services: Settings,
                                                     db: Database) -> None:
     request_id = new_id()
-    with outbox_of(fresh_services, db).transaction() as tx:
+    outbox = outbox_of(fresh_services, db)
+    with outbox.transaction() as tx:
         tx.post(dispatch.predict(request_id, priority=0))
+    assert in_predict_queue(fresh_services) == {request_id}  # sent at once
+    assert outbox.flush()  # the delete runs on the outbox's own thread
     assert staged(db) == 0
-    assert in_predict_queue(fresh_services) == {request_id}
+
+
+def test_senders_do_not_wait_for_deletes_which_go_together(fresh_services: Settings,
+                                                            db: Database) -> None:
+    """A delete that stalls holds no sender back; what they sent meanwhile goes in the next
+    delete, all together."""
+    outbox = outbox_of(fresh_services, db)
+    forgetter = outbox._forgetter
+    release, batches = threading.Event(), []
+    delete_now = forgetter._delete
+
+    def stalled_delete(entry_ids: list[int]) -> None:
+        batches.append(len(entry_ids))
+        if len(batches) == 1:
+            assert release.wait(30)
+        delete_now(entry_ids)
+
+    forgetter._delete = stalled_delete  # type: ignore[method-assign]
+    request_ids = [new_id() for _ in range(20)]
+    for request_id in request_ids:
+        with outbox.transaction() as tx:
+            tx.post(dispatch.predict(request_id, priority=0))
+    assert in_predict_queue(fresh_services) == set(request_ids)  # all sent, the delete stalled
+    assert staged(db) > 0
+    release.set()
+    assert outbox.flush()
+    assert staged(db) == 0
+    assert len(batches) == 2 and sum(batches) == 20
 
 
 def test_a_rolled_back_transaction_sends_nothing(fresh_services: Settings, db: Database) -> None:
