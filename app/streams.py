@@ -40,7 +40,13 @@ class StreamEvent:
 
 class StreamWriter:
     """Batches text deltas from the engine thread and appends them from a background thread
-    (the engine loop must not wait for Redis); `end`/`fail` flush a request's text first."""
+    (the engine loop must not wait for Redis); `end`/`fail` flush a request's text first.
+
+    The background thread writes every `flush_interval_s`, one pipeline for every request with
+    new text, except that a request's first text wakes it at once: the time to first token is
+    not held back by the batching, while later deltas (one per request per engine step) are
+    still written together, a round trip per interval rather than per step.
+    """
 
     def __init__(self, client: redis.Redis, *, flush_interval_s: float = 0.02) -> None:
         self.redis = client
@@ -54,6 +60,8 @@ class StreamWriter:
         self._write_lock = threading.Lock()
         self._pending: dict[str, list[str]] = defaultdict(list)
         self._attempts: dict[str, int] = {}
+        self._started: set[str] = set()  # followed requests whose text has begun
+        self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stream-writer", daemon=True)
 
@@ -62,6 +70,7 @@ class StreamWriter:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=5)
         self.flush()
 
@@ -75,12 +84,18 @@ class StreamWriter:
         if text and request_id in self._attempts:
             with self._lock:
                 self._pending[request_id].append(text)
+                first = request_id not in self._started
+                if first:
+                    self._started.add(request_id)
+            if first:
+                self._wake.set()  # the first token goes out now, not at the next interval
 
     def discard(self, request_id: str) -> None:
         """Stop following a request that ended elsewhere (cancelled, or another attempt won)."""
         with self._lock:
             self._pending.pop(request_id, None)
             self._attempts.pop(request_id, None)
+            self._started.discard(request_id)
 
     def end(self, request_id: str, attempt: int, finish_reason: str) -> None:
         self._close(request_id, {"end": finish_reason, "a": attempt})
@@ -93,6 +108,7 @@ class StreamWriter:
             with self._lock:
                 chunks = self._pending.pop(request_id, [])
                 followed_attempt = self._attempts.pop(request_id, None)
+                self._started.discard(request_id)
             with self.redis.pipeline(transaction=False) as pipe:
                 if chunks and followed_attempt is not None:
                     pipe.xadd(stream_key(request_id),
@@ -116,7 +132,11 @@ class StreamWriter:
                 pipe.execute()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.flush_interval_s):
+        while not self._stop.is_set():
+            self._wake.wait(self.flush_interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.flush()
             except redis.RedisError:  # NOTE: text is lost for streaming readers only
