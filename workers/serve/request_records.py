@@ -8,7 +8,6 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import dispatch, metrics, store
@@ -101,10 +100,11 @@ class RequestRecords:
                 finished_at=_utc(result.finished_at),
             )
             if done:
+                # NOTE: one read of the completed row (the history's); the lookups after it
+                # come from the session's identity map, not the database.
                 history.record_outcome(session, result.request_id, model_name=self.model_name)
-                predicted = session.scalar(select(InferenceRequest.predicted_output_tokens)
-                                           .where(InferenceRequest.id == result.request_id))
                 finished = session.get(InferenceRequest, result.request_id)
+                predicted = finished.predicted_output_tokens if finished is not None else None
                 if finished is not None and finished.webhook_url:
                     tx.post(dispatch.webhook(result.request_id, "request.succeeded"))
         if not done:
