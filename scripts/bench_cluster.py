@@ -149,7 +149,8 @@ def model_setup(model: str, args: argparse.Namespace) -> ClusterSetup:
                             max_num_batched_tokens=512, max_model_len=4096)
     return ClusterSetup(args.num_instances, config, bundled_model(model),
                         publish_interval_s=args.publish_interval, exec_noise_sigma=args.exec_noise,
-                        abort_ttft_s=args.abort_ttft)
+                        abort_ttft_s=args.abort_ttft,
+                        ground_truth=getattr(args, "ground_truth", "ours"))
 
 
 def make_job(workload: Workload, setup: ClusterSetup, args: argparse.Namespace, cfg: Config,
@@ -501,6 +502,9 @@ def main() -> None:
                         help="sigma of the lognormal noise on ground-truth step times")
     parser.add_argument("--abort-ttft", type=float, default=20.0,
                         help="give up a run once 1%% of requests waited this long")
+    parser.add_argument("--ground-truth", default="ours", choices=["ours", "vllm"],
+                        help="the instances' scheduler: ours (workers.sim) or the installed "
+                             "vLLM's own Scheduler class (about 10x slower)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot-dir", type=Path, default=DEFAULT_PLOT_DIR)
