@@ -1,0 +1,193 @@
+"""Our scheduler model against vLLM's own as the cluster benchmark's ground truth.
+
+Runs the discrete-event cluster benchmark (`workers.cluster_sim.simulate`) twice on identical
+inputs (same requests, arrivals, predicted lengths, step-time noise, router draws): once with
+instances driven by `workers.sim.Scheduler` ("ours"), once by the installed vLLM's own
+``vllm.v1.core.sched.scheduler.Scheduler`` ("vllm", `workers.cluster_sim.vllm_ground_truth`).
+Prints per configuration and rate the largest per-request TTFT and end-to-end differences,
+TTFT p99 on each, the capacity at the SLO on each, and the wall time (vLLM's scheduler is
+pure Python too, but does far more per step); then the cost of one scheduler step.
+
+    .venv/bin/python scripts/bench_ground_truth.py --model llama-2-7b-a30 --rates 24:34:2
+    .venv/bin/python scripts/bench_ground_truth.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from workers.cluster_sim import (  # noqa: E402
+    LENGTH_PREDICTORS,
+    SHAREGPT,
+    ClusterSetup,
+    GroundTruthInstance,
+    RunResult,
+    SimulatedRequest,
+    capacity_bounds,
+    load_length_trace,
+    predictor_from_spec,
+    simulate,
+)
+from workers.cluster_sim.simulation import ground_truth_class  # noqa: E402
+from workers.sim import InstanceConfig, bundled_model  # noqa: E402
+
+DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data"
+NUM_BLOCKS = {"llama-2-7b-a30": 1052, "qwen2-7b-a30": 7289}
+DEFAULT_RATES = {"llama-2-7b-a30": "24:34:2", "qwen2-7b-a30": "52:72:4"}
+DEFAULT_CONFIGS = ("round_robin", "least_requests", "llumnix", "block", "block@oracle")
+GROUND_TRUTHS = ("ours", "vllm")
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    config: str
+    rate: float
+    runs: dict[str, RunResult]
+
+    def max_abs_diff(self, attribute: str) -> float:
+        ours, vllm = (getattr(self.runs[g], attribute) for g in GROUND_TRUTHS)
+        if not ours or not vllm:
+            return math.nan
+        return float(np.max(np.abs(np.array(ours) - np.array(vllm))))
+
+    def num_differing(self) -> int:
+        ours, vllm = self.runs["ours"], self.runs["vllm"]
+        if not ours.e2e_s or not vllm.e2e_s:
+            return -1
+        return sum(a != b for a, b in zip(ours.e2e_s, vllm.e2e_s, strict=True))
+
+
+def instance_config(model: str) -> InstanceConfig:
+    """The Block paper's vLLM settings on one A30."""
+    return InstanceConfig(num_total_blocks=NUM_BLOCKS[model], block_size=16, max_num_seqs=48,
+                          max_num_batched_tokens=512, max_model_len=4096)
+
+
+def run_one(args: argparse.Namespace, spec: str, rate: float, ground_truth: str) -> RunResult:
+    workload = load_length_trace(args.data / SHAREGPT, max_model_len=4096,
+                                 num_requests=args.num_requests, seed=args.seed)
+    policy, _, predictor = spec.partition("@")
+    setup = ClusterSetup(args.num_instances, instance_config(args.model),
+                         bundled_model(args.model), publish_interval_s=args.publish_interval,
+                         exec_noise_sigma=args.exec_noise, abort_ttft_s=args.abort_ttft,
+                         ground_truth=ground_truth)
+    return simulate(workload, rate, setup, policy, predictor_from_spec(predictor or args.predictor),
+                    seed=args.seed, keep_samples=True)
+
+
+def _run_job(job: tuple[argparse.Namespace, str, float, str]) -> RunResult:
+    return run_one(*job)
+
+
+def step_cost(args: argparse.Namespace) -> dict[str, tuple[int, float]]:
+    """(steps, microseconds per step) of one instance draining a queue of requests."""
+    workload = load_length_trace(args.data / SHAREGPT, max_model_len=4096,
+                                 num_requests=args.step_cost_requests, seed=args.seed)
+    model = bundled_model(args.model)
+    cost = {}
+    for ground_truth in GROUND_TRUTHS:
+        cls = ground_truth_class(ground_truth)
+        instance: GroundTruthInstance = cls("cost", instance_config(args.model), model)
+        for i in range(len(workload)):
+            instance.add(SimulatedRequest(f"r{i}", 0.0, workload.num_prompt_tokens[i],
+                                          workload.num_output_tokens[i], 1), 0.0)
+        started = time.perf_counter()
+        instance.run_to_end()
+        wall_s = time.perf_counter() - started
+        cost[ground_truth] = (instance.num_steps, wall_s / instance.num_steps * 1e6)
+    return cost
+
+
+def parse_rates(text: str) -> list[float]:
+    low, high, step = (float(x) for x in text.split(":"))
+    return [round(low + k * step, 6) for k in range(int(round((high - low) / step)) + 1)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR)
+    parser.add_argument("--model", default="llama-2-7b-a30", choices=list(NUM_BLOCKS))
+    parser.add_argument("--num-requests", type=int, default=10_000)
+    parser.add_argument("--num-instances", type=int, default=12)
+    parser.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS),
+                        help="policy[@predictor] per configuration")
+    default_predictor = ("learned-errors" if "learned-errors" in LENGTH_PREDICTORS.names()
+                         else "lognormal:0.15")
+    parser.add_argument("--predictor", default=default_predictor,
+                        help="length predictor of configs that name none")
+    parser.add_argument("--rates", help="rate grid LO:HI:STEP (requests/s, whole fleet)")
+    parser.add_argument("--slo", type=float, default=3.0, help="TTFT p99 SLO (s)")
+    parser.add_argument("--publish-interval", type=float, default=0.1)
+    parser.add_argument("--exec-noise", type=float, default=0.1)
+    parser.add_argument("--abort-ttft", type=float, default=20.0)
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--step-cost-requests", type=int, default=300,
+                        help="requests one instance drains to time a step (0: skip)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="3 instances, 600 requests, 2 configs, 2 rates (a few minutes)")
+    args = parser.parse_args()
+    if args.smoke:
+        args.num_instances, args.num_requests = 3, 600
+        args.configs = ["least_requests", "block"]
+        args.step_cost_requests = min(args.step_cost_requests, 150)
+    rates = parse_rates(args.rates or DEFAULT_RATES[args.model])
+    if args.smoke and not args.rates:
+        rates = [r * args.num_instances / 12 for r in (rates[0], rates[-1])]
+    jobs = [(args, spec, rate, g) for spec in args.configs for rate in rates
+            for g in GROUND_TRUTHS]
+    started = time.perf_counter()
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            results = list(pool.map(_run_job, jobs))
+    else:
+        results = [_run_job(job) for job in jobs]
+    wall_s = time.perf_counter() - started
+    points = []
+    for index in range(0, len(results), 2):
+        _, spec, rate, _ = jobs[index]
+        points.append(Point(spec, rate, dict(zip(GROUND_TRUTHS, results[index:index + 2],
+                                                 strict=True))))
+    print(f"# {args.model}, {args.num_instances} instances, {args.num_requests} ShareGPT "
+          f"requests, predictor {args.predictor}, noise {args.exec_noise}, seed {args.seed}; "
+          f"{wall_s:.0f} s wall")
+    print("| config | rate | TTFT p99 ours / vLLM (s) | e2e p99 ours / vLLM (s) | "
+          "preemptions ours / vLLM | requests differing | max abs diff TTFT / e2e (s) | "
+          "wall ours / vLLM (s) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for p in points:
+        o, v = p.runs["ours"], p.runs["vllm"]
+        print(f"| {p.config} | {p.rate:g} | {o.ttft_p99_s:.3f} / {v.ttft_p99_s:.3f} | "
+              f"{o.e2e_p99_s:.2f} / {v.e2e_p99_s:.2f} | {o.num_preemptions} / "
+              f"{v.num_preemptions} | {p.num_differing()} | "
+              f"{p.max_abs_diff('ttft_s'):.2g} / {p.max_abs_diff('e2e_s'):.2g} | "
+              f"{o.wall_s:.1f} / {v.wall_s:.1f} |")
+    print(f"\n| config | capacity at TTFT p99 <= {args.slo:g} s, ours | vLLM |")
+    print("|---|---|---|")
+    for spec in args.configs:
+        bounds = {}
+        for g in GROUND_TRUTHS:
+            by_rate = {p.rate: p.runs[g].ttft_p99_s for p in points if p.config == spec}
+            low, high = capacity_bounds(by_rate, args.slo)
+            bounds[g] = f"{low if low is not None else '<'}..{high if high is not None else '>'}"
+        print(f"| {spec} | {bounds['ours']} | {bounds['vllm']} |")
+    if args.step_cost_requests:
+        cost = step_cost(args)
+        print(f"\nOne instance draining {args.step_cost_requests} requests: "
+              + "; ".join(f"{g} {n} steps, {us:.0f} us/step" for g, (n, us) in cost.items())
+              + f" (vLLM / ours: {cost['vllm'][1] / cost['ours'][1]:.1f}x)")
+
+
+if __name__ == "__main__":
+    main()
