@@ -65,6 +65,11 @@ def create_request(
         id=new_request_id(), status=RequestStatus.QUEUED, idempotency_key=idempotency_key, **fields
     )
     request.events.append(RequestEvent(status=RequestStatus.QUEUED, at=request.created_at))
+    if idempotency_key is None:
+        # Nothing to collide with: inserted with the rest of the transaction at its commit (no
+        # savepoint, and the rows of several requests go in one statement).
+        session.add(request)
+        return request, True
     try:
         with session.begin_nested():
             session.add(request)

@@ -132,8 +132,11 @@ def _wait_for_all(svc: Services, submitted: list[InferenceRequest],
     deadline = time.monotonic() + svc.settings.sync_timeout_s
     finished: list[InferenceRequest] = []
     try:
-        for choice in submitted:
-            finished.append(_wait_until_finished(svc, choice.id, hold, deadline))
+        for index, choice in enumerate(submitted):
+            # NOTE: the first choice was stored a moment ago: it cannot have finished yet, so
+            # its row is read once, at its end; a later one may have finished meanwhile.
+            finished.append(_wait_until_finished(svc, choice.id, hold, deadline,
+                                                 may_be_finished=index > 0))
     except GatewayTimeout:
         raise
     except BaseException:
@@ -143,14 +146,15 @@ def _wait_for_all(svc: Services, submitted: list[InferenceRequest],
     return finished
 
 
-def _wait_until_finished(svc: Services, request_id: str, hold: Hold,
-                         deadline: float) -> InferenceRequest:
+def _wait_until_finished(svc: Services, request_id: str, hold: Hold, deadline: float, *,
+                         may_be_finished: bool = True) -> InferenceRequest:
     """Block until the request is terminal (its stream's last entry, or its row), then return
     the row; an unfinished request after `sync_timeout_s` answers 504 and keeps running. While
     Redis is unreachable the row is polled instead: the request was accepted, so the client must
     get its answer, not an error that would make it submit again. A client that leaves meanwhile
-    has its request cancelled (nobody would read the answer)."""
-    if (row := _terminal_row(svc, request_id)) is not None:  # e.g. a choice that finished first
+    has its request cancelled (nobody would read the answer). `may_be_finished`: read the row
+    first (a choice that finished while an earlier one was waited for)."""
+    if may_be_finished and (row := _terminal_row(svc, request_id)) is not None:
         return _succeeded_or_raise(row)
     try:
         for event in read_stream(svc.fleet.redis, request_id):
