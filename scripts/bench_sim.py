@@ -12,10 +12,15 @@ normalised beforehand (`prepare` + `predict_what_if_prepared`, what a predictor 
 the several requests it routes between two snapshot publications). The step-by-step
 reference is timed on a few cases for comparison.
 
+``--future-rate R`` adds the expected-future-load term (`FutureLoad`): R requests per second
+of the trace's mean shape arrive during the new request's lifetime (the paper's 20-36 req/s
+over 12 instances is 1.7-3 req/s per instance).
+
 Usage::
 
     python scripts/bench_sim.py [--data DIR] [--model NAME] [--sizes 8 24 48]
-                                [--repeats N] [--reference-repeats N] [--seed S] [--markdown]
+                                [--repeats N] [--reference-repeats N] [--seed S]
+                                [--future-rate R] [--markdown]
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ from pathlib import Path
 
 from workers.sim import (
     ExecModel,
+    FutureLoad,
     InstanceConfig,
     InstanceSnapshot,
+    OverrunPolicy,
     SimRequest,
     WhatIf,
     bundled_model,
@@ -44,6 +51,7 @@ from workers.sim import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+NO_FUTURE_LOAD = FutureLoad()
 #: ``../shared/data`` next to the repository checkout.
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data"
 TRACE = Path("traces/vidur_opt_scheduler/sharegpt_val_10k_llama2.csv")
@@ -92,13 +100,13 @@ def make_case(rng: random.Random, lengths: list[tuple[int, int]], num_running: i
     return InstanceSnapshot(config, config.num_usable_blocks - held, tuple(requests)), new
 
 
-def time_us(predict: Callable[..., WhatIf], cases: list[tuple],
-            model: ExecModel) -> tuple[list[float], list[int]]:
-    """Microseconds per call of ``predict(*case, model)``, and the steps each simulated."""
+def time_us(predict: Callable[..., WhatIf], cases: list[tuple], model: ExecModel,
+            *extra: object) -> tuple[list[float], list[int]]:
+    """Microseconds per call of ``predict(*case, model, *extra)``, and the steps each simulated."""
     times, steps = [], []
     for case in cases:
         start = time.perf_counter_ns()
-        result = predict(*case, model)
+        result = predict(*case, model, *extra)
         times.append((time.perf_counter_ns() - start) / 1000.0)
         steps.append(result.num_steps)
     return times, steps
@@ -109,14 +117,16 @@ def p99(values: list[float]) -> float:
 
 
 def bench(size: int, lengths: list[tuple[int, int]], model: ExecModel, repeats: int,
-          reference_repeats: int, seed: int) -> Row:
+          reference_repeats: int, seed: int, future: FutureLoad = NO_FUTURE_LOAD) -> Row:
     rng = random.Random(seed + size)
     cases = [make_case(rng, lengths, size, A30_QWEN2_7B) for _ in range(repeats)]
     prepared = [(prepare(snapshot), new) for snapshot, new in cases]
-    time_us(predict_what_if, cases[:20], model)  # warm caches
-    times, steps = time_us(predict_what_if, cases, model)
-    prepared_times, _ = time_us(predict_what_if_prepared, prepared, model)
-    reference, _ = time_us(predict_what_if_stepwise, cases[:reference_repeats], model)
+    overrun = OverrunPolicy()
+    time_us(predict_what_if, cases[:20], model, overrun, future)  # warm caches
+    times, steps = time_us(predict_what_if, cases, model, overrun, future)
+    prepared_times, _ = time_us(predict_what_if_prepared, prepared, model, future)
+    reference, _ = time_us(predict_what_if_stepwise, cases[:reference_repeats], model, overrun,
+                           future)
     return Row(size, size // 4, statistics.median(times), p99(times),
                statistics.median(prepared_times), p99(prepared_times), statistics.fmean(steps),
                statistics.median(reference) if reference else float("nan"))
@@ -168,13 +178,23 @@ def main() -> None:
     parser.add_argument("--reference-repeats", type=int, default=10,
                         help="step-by-step predictions per size, for the speed-up column")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--future-rate", type=float, default=0.0,
+                        help="expected future arrivals per second (the trace's mean shape)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = parser.parse_args()
     lengths = load_lengths(args.data / TRACE, A30_QWEN2_7B.max_model_len)
     model = bundled_model(args.model)
-    rows = [bench(size, lengths, model, args.repeats, args.reference_repeats, args.seed)
+    future = NO_FUTURE_LOAD
+    if args.future_rate > 0:
+        future = FutureLoad(args.future_rate, statistics.fmean(p for p, _ in lengths),
+                            statistics.fmean(d for _, d in lengths))
+    rows = [bench(size, lengths, model, args.repeats, args.reference_repeats, args.seed, future)
             for size in args.sizes]
-    print_rows(rows, f"One what-if prediction, {args.model}, A30 Qwen2-7B instance", args.markdown)
+    title = f"One what-if prediction, {args.model}, A30 Qwen2-7B instance"
+    if future.active:
+        title += (f", future load {future.rate_per_s:g} req/s of {future.num_prompt_tokens:.0f}"
+                  f" + {future.num_output_tokens:.0f} tokens")
+    print_rows(rows, title, args.markdown)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS of this process: {peak_mb:.0f} MB")
 

@@ -4,6 +4,7 @@ from .block_pool import BlockPool
 from .exec_model import (BatchStats, ExecModel, bundled_model, bundled_model_names,
                          evaluate_on_step_samples, fit_from_step_samples,
                          step_sample)
+from .future_load import FutureLoad, estimate_future_load
 from .profiling import AttentionScale, fit_from_vidur_profile
 from .scheduler import Scheduler, SchedulerOutput, SeqState, SeqStatus, StepResult
 from .snapshot import (InstanceConfig, InstanceSnapshot, OverrunPolicy, PreparedInstance,
@@ -16,6 +17,7 @@ __all__ = [
     "BatchStats",
     "BlockPool",
     "ExecModel",
+    "FutureLoad",
     "InstanceConfig",
     "InstanceSnapshot",
     "OverrunPolicy",
@@ -31,6 +33,7 @@ __all__ = [
     "bundled_model",
     "bundled_model_names",
     "fit_from_step_samples",
+    "estimate_future_load",
     "evaluate_on_step_samples",
     "fit_from_vidur_profile",
     "predict_what_if",

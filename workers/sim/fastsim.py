@@ -18,6 +18,12 @@ and O(changed requests) per other step:
 * Other steps (prefill chunks, admissions, preemptions) run one by one, touching
   only the prefilling requests unless a decode must be preempted.
 
+Expected future arrivals (`FutureLoad`) join the waiting queue at the first step that starts
+at or after their arrival time. A stable decode phase is cut at that step only if the arrival
+could be admitted there (nothing waits ahead of it, a seat and its blocks are free); otherwise
+it only lengthens the queue's tail, which no step of the phase looks at, and it is queued when
+the phase ends.
+
 It relies on the shape vLLM's running list always has: decodes first, then the
 requests still prefilling (see `snapshot.prepare`), and on every running decode
 fitting in each step's token budget (``max_num_batched_tokens >= max_num_seqs``).
@@ -26,10 +32,12 @@ fitting in each step's token budget (``max_num_batched_tokens >= max_num_seqs``)
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 
 from .block_pool import BlockPool
 from .exec_model import ExecModel
+from .future_load import FUTURE_ID_PREFIX, NO_FUTURE_LOAD, FutureLoad
 from .result import WhatIf
 from .snapshot import PreparedInstance, SeqSpec
 
@@ -44,7 +52,8 @@ class _Seq:
 
     __slots__ = ("request_id", "num_prompt_tokens", "max_output_tokens", "num_output_tokens",
                  "num_computed_tokens", "num_shared_blocks", "num_owned_blocks", "is_target",
-                 "is_decoding", "anchor_step", "anchor_tokens", "residue", "serial")
+                 "is_decoding", "anchor_step", "anchor_tokens", "residue", "serial",
+                 "is_future")
 
     def __init__(self, spec: SeqSpec) -> None:
         self.request_id = spec.request_id
@@ -58,6 +67,7 @@ class _Seq:
         self.is_decoding = False
         self.anchor_step = self.anchor_tokens = self.residue = 0
         self.serial = -1  # identifies the current decode anchor in the finish heap
+        self.is_future = False  # an expected future arrival (`FutureLoad`)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -68,7 +78,7 @@ class FastSim:
     """One what-if run: load a prepared instance and the target, run until it finishes."""
 
     def __init__(self, instance: PreparedInstance, target: SeqSpec,
-                 exec_model: ExecModel) -> None:
+                 exec_model: ExecModel, future: FutureLoad = NO_FUTURE_LOAD) -> None:
         config = instance.config
         self.exec_model = exec_model
         self.block_size = config.block_size
@@ -91,6 +101,8 @@ class FastSim:
         self.next_serial = 0
         self.step = 0
         self.now_s = 0.0
+        #: Requests of the snapshot, and the target, not finished yet (expected future
+        #: arrivals are not counted: `WhatIf.delay_to_others_s` is about these).
         self.num_unfinished = len(instance.running) + len(self.waiting)
         self.num_preemptions = 0
         self.ttft_s: float | None = None
@@ -102,6 +114,13 @@ class FastSim:
             self.running.append(seq)
             if not spec.is_prefilling:
                 self._start_decoding(seq, 0)
+        self.future = future
+        self.num_arrived = 0
+        self.next_arrival_s = math.inf
+        if future.active:
+            self.future_spec = future.spec(config)
+            self.future_seq = _Seq(self.future_spec)  # a template, for admission checks
+            self.next_arrival_s = future.arrival_s(0)
 
     # -- driver -------------------------------------------------------------------------
     def run(self) -> WhatIf:
@@ -109,6 +128,8 @@ class FastSim:
         for _ in range(MAX_ITERATIONS):
             if self.e2e_s is not None:
                 break
+            if self.now_s >= self.next_arrival_s:
+                self._arrive()
             if not self._fast_forward():
                 self._single_step()
         else:  # pragma: no cover - invariant
@@ -116,6 +137,56 @@ class FastSim:
         assert self.ttft_s is not None and self.queueing_s is not None
         return WhatIf(self.ttft_s, self.e2e_s, self.queueing_s, self.delay_to_others_s,
                       self.step, self.num_preemptions)
+
+    # -- expected future arrivals -------------------------------------------------------
+    def _arrive(self) -> None:
+        """Queue every expected arrival due by now (behind everything waiting)."""
+        future = self.future
+        spec = self.future_spec
+        while self.next_arrival_s <= self.now_s:
+            seq = _Seq(spec)
+            seq.request_id = f"{FUTURE_ID_PREFIX}{self.num_arrived}"
+            seq.is_future = True
+            self.waiting.append(seq)
+            self.num_arrived += 1
+            self.next_arrival_s = future.arrival_s(self.num_arrived)
+
+    def _arrival_may_join(self, num_free: int) -> bool:
+        """Whether an arrival could be admitted in a decode-only phase: with `num_free`
+        blocks, nothing waiting ahead of it and a seat free (both hold through the phase)."""
+        if self.waiting or len(self.running) >= self.max_num_seqs:
+            return False
+        budget = self.token_budget - self.num_decoding
+        return budget > 0 and self._admission_plan(self.future_seq, budget, num_free) is not None
+
+    def _steps_before_arrival(self, context: int, max_steps: int) -> int:
+        """Decode-only steps (<= max_steps) to run before the next arrival joins.
+
+        The arrival joins the first step that starts at or after it: run the smallest n
+        whose n steps end at or after it (every one of them started before it).
+        """
+        due_ms = (self.next_arrival_s - self.now_s) * 1000.0
+        model = self.exec_model
+        num_decoding = self.num_decoding
+        sum_ms = model.sum_decode_steps_ms
+        if sum_ms(num_decoding, context, max_steps) < due_ms:
+            return max_steps
+        # The sum is quadratic in n (context grows each step): solve, then settle exactly
+        # on the same sums the phase will add up.
+        base = model.decode_base_ms(num_decoding)
+        slope = model.decode_context_ms
+        a = slope * num_decoding / 2.0
+        b = base + slope * (context - num_decoding / 2.0)
+        if a > 0.0:
+            estimate = (-b + math.sqrt(b * b + 4.0 * a * due_ms)) / (2.0 * a)
+        else:
+            estimate = due_ms / b if b > 0.0 else 1.0
+        n = min(max(1, math.ceil(estimate)), max_steps)
+        while n > 1 and sum_ms(num_decoding, context, n - 1) >= due_ms:
+            n -= 1
+        while n < max_steps and sum_ms(num_decoding, context, n) < due_ms:
+            n += 1
+        return n
 
     # -- implicit decodes -----------------------------------------------------------------
     def _start_decoding(self, seq: _Seq, step: int) -> None:
@@ -169,6 +240,10 @@ class FastSim:
         max_steps = self._next_finish_step() - step + 1
         if self._head_reuse_may_grow():
             max_steps = 1
+        elif (self.next_arrival_s != math.inf
+              and self._arrival_may_join(num_free - first_need)):
+            max_steps = self._steps_before_arrival(
+                self.decode_tokens_base + num_decoding * step, max_steps)
         num_steps, num_blocks = self._steps_within(num_free, max_steps)
         self._advance_decodes(num_steps, num_blocks)
         return True
@@ -248,7 +323,8 @@ class FastSim:
         seq.num_owned_blocks = 0
 
     def _finished(self, seq: _Seq) -> None:
-        self.num_unfinished -= 1
+        if not seq.is_future:
+            self.num_unfinished -= 1
         if seq.is_target:
             self.e2e_s = self.now_s
 

@@ -19,7 +19,8 @@ class WhatIf:
     queueing_s: float
     #: First-order delay it causes the instance's other requests, summed over them:
     #: for every step it runs in, the extra step time it adds times the number of
-    #: other unfinished requests (each of them finishes that much later).
+    #: other unfinished requests (each of them finishes that much later). Only the
+    #: snapshot's requests count, not expected future arrivals.
     delay_to_others_s: float
     #: Engine steps simulated.
     num_steps: int

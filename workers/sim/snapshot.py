@@ -16,6 +16,7 @@ __all__ = [
     "PreparedInstance",
     "SeqSpec",
     "SimRequest",
+    "normalise",
     "prepare",
     "shared_prefix_blocks",
     "target_output_tokens",
@@ -220,6 +221,12 @@ def target_output_tokens(request: SimRequest, config: InstanceConfig,
     # vLLM stops a request once prompt + output reaches max_model_len.
     total = min(total, config.max_model_len - request.num_prompt_tokens)
     return max(total, generated + 1)
+
+
+def normalise(request: SimRequest, config: InstanceConfig,
+              overrun: OverrunPolicy = OverrunPolicy()) -> SeqSpec:
+    """`request` as the simulators take it (what `prepare` does to each request)."""
+    return _normalise(request, config, overrun)
 
 
 def _normalise(request: SimRequest, config: InstanceConfig, overrun: OverrunPolicy) -> SeqSpec:

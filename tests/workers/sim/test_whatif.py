@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from workers.sim import (BatchStats, ExecModel, InstanceConfig, InstanceSnapshot, OverrunPolicy,
-                         SimRequest, WhatIf, bundled_model, predict_what_if,
-                         predict_what_if_prepared, predict_what_if_stepwise, prepare,
-                         target_output_tokens)
+from workers.sim import (BatchStats, ExecModel, FutureLoad, InstanceConfig, InstanceSnapshot,
+                         OverrunPolicy, SimRequest, WhatIf, bundled_model, estimate_future_load,
+                         predict_what_if, predict_what_if_prepared, predict_what_if_stepwise,
+                         prepare, target_output_tokens)
 
 from .cases import random_case
 
@@ -164,3 +164,87 @@ def test_misuse_is_rejected(toy_model: ExecModel) -> None:
 
 def _fields(config: InstanceConfig) -> dict:
     return {f: getattr(config, f) for f in config.__dataclass_fields__}
+
+
+# -- expected future load ------------------------------------------------------------------
+
+def random_future(rng: random.Random) -> FutureLoad:
+    return FutureLoad(rng.choice([2.0, 20.0, 200.0]), rng.uniform(1, 60),
+                      rng.uniform(1, 60), phase=rng.choice([0.0, 0.5, 1.0]))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_future_load_event_driven_equals_step_by_step(seed: int, toy_model: ExecModel) -> None:
+    rng = random.Random(1000 + seed)
+    arrived = 0
+    for _ in range(30):
+        snapshot, new = random_case(rng)
+        future = random_future(rng)
+        fast = predict_what_if(snapshot, new, toy_model, future=future)
+        assert_same(fast, predict_what_if_stepwise(snapshot, new, toy_model, future=future))
+        arrived += fast.e2e_s > future.arrival_s(0)
+    assert arrived > 10  # most cases see arrivals during the new request's lifetime
+
+
+@pytest.mark.parametrize("num_blocks", [7289, 600])
+def test_future_load_event_driven_equals_step_by_step_on_busy_a30_instances(
+        num_blocks: int) -> None:
+    model = bundled_model("qwen2-7b-a30")
+    config = InstanceConfig(**{**_fields(A30_QWEN), "num_total_blocks": num_blocks})
+    rng = random.Random(num_blocks)
+    for num_running, rate in ((8, 3.0), (24, 1.0), (48, 3.0), (48, 10.0)):
+        snapshot, new = sharegpt_like_case(rng, num_running, config)
+        future = FutureLoad(rate, 250.0, 330.0)
+        assert_same(predict_what_if(snapshot, new, model, future=future),
+                    predict_what_if_stepwise(snapshot, new, model, future=future))
+
+
+def test_zero_future_rate_leaves_the_what_if_unchanged(toy_model: ExecModel) -> None:
+    rng = random.Random(5)
+    for _ in range(50):
+        snapshot, new = random_case(rng)
+        plain = predict_what_if(snapshot, new, toy_model)
+        assert predict_what_if(snapshot, new, toy_model, future=FutureLoad()) == plain
+        assert predict_what_if(snapshot, new, toy_model,
+                               future=FutureLoad(0.0, 100.0, 50.0)) == plain
+        assert predict_what_if_stepwise(snapshot, new, toy_model, future=FutureLoad(
+            0.0, 100.0, 50.0)) == predict_what_if_stepwise(snapshot, new, toy_model)
+
+
+@pytest.mark.parametrize("num_running", [0, 8, 24, 48])
+def test_more_future_load_means_later_completion(num_running: int) -> None:
+    model = bundled_model("qwen2-7b-a30")
+    snapshot, new = sharegpt_like_case(random.Random(num_running), num_running, A30_QWEN)
+    instance = prepare(snapshot)
+    e2e = [predict_what_if_prepared(instance, new, model,
+                                    FutureLoad(rate, 250.0, 330.0)).e2e_s if rate else
+           predict_what_if_prepared(instance, new, model).e2e_s
+           for rate in (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)]
+    assert e2e == sorted(e2e)
+    assert e2e[-1] > 1.05 * e2e[0]
+
+
+def test_future_arrivals_queue_behind_the_new_request(toy_model: ExecModel) -> None:
+    # One seat: arrivals can only wait behind the new request, so nothing changes for it.
+    config = InstanceConfig(**{**_fields(A30_QWEN), "max_num_seqs": 1})
+    busy = (SimRequest("r0", 50, 59, 10, 40, True),)
+    snapshot = InstanceSnapshot(config, config.num_usable_blocks - 4, busy)
+    new = SimRequest("new", 10, predicted_output_tokens=5)
+    plain = predict_what_if(snapshot, new, toy_model)
+    loaded = predict_what_if(snapshot, new, toy_model, future=FutureLoad(1000.0, 100.0, 50.0))
+    assert loaded == plain
+
+
+def test_estimate_future_load_from_recent_arrivals() -> None:
+    arrivals = [(0.5, 100, 10), (9.0, 300, 30), (9.5, 200, None), (10.0, 999, 999)]
+    load = estimate_future_load(arrivals, now=10.0, window_s=2.0)
+    assert load.rate_per_s == pytest.approx(1.0)  # two in [8, 10); the one at 10 is not past
+    assert (load.num_prompt_tokens, load.num_output_tokens) == (250.0, 30.0)
+    # A router that began observing 1 s ago divides by what it saw.
+    assert estimate_future_load(arrivals, 10.0, 2.0, since=9.0).rate_per_s == pytest.approx(2.0)
+    assert not estimate_future_load(arrivals, 10.0, 0.0).active
+    assert not estimate_future_load(arrivals, 5.0, 2.0).active  # nothing recent
+    with pytest.raises(ValueError, match="positive rate"):
+        FutureLoad(1.0, 0.0, 10.0)
+    with pytest.raises(ValueError, match="rate_per_s"):
+        FutureLoad(-1.0)
