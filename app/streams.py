@@ -61,6 +61,7 @@ class StreamWriter:
         self._pending: dict[str, list[str]] = defaultdict(list)
         self._attempts: dict[str, int] = {}
         self._started: set[str] = set()  # followed requests whose text has begun
+        self._expiring: set[str] = set()  # followed requests whose stream has its TTL set
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stream-writer", daemon=True)
@@ -96,6 +97,7 @@ class StreamWriter:
             self._pending.pop(request_id, None)
             self._attempts.pop(request_id, None)
             self._started.discard(request_id)
+            self._expiring.discard(request_id)
 
     def end(self, request_id: str, attempt: int, finish_reason: str) -> None:
         self._close(request_id, {"end": finish_reason, "a": attempt})
@@ -109,6 +111,7 @@ class StreamWriter:
                 chunks = self._pending.pop(request_id, [])
                 followed_attempt = self._attempts.pop(request_id, None)
                 self._started.discard(request_id)
+                self._expiring.discard(request_id)
             with self.redis.pipeline(transaction=False) as pipe:
                 if chunks and followed_attempt is not None:
                     pipe.xadd(stream_key(request_id),
@@ -123,12 +126,17 @@ class StreamWriter:
                 batch = {rid: "".join(chunks) for rid, chunks in self._pending.items() if chunks}
                 attempts = {rid: self._attempts.get(rid, 0) for rid in batch}
                 self._pending.clear()
+                # NOTE: a stream's TTL is set with its first text and again with its end entry
+                # (`_close`), not renewed by every flush in between.
+                fresh = batch.keys() - self._expiring
+                self._expiring.update(rid for rid in fresh if rid in self._attempts)
             if not batch:
                 return
             with self.redis.pipeline(transaction=False) as pipe:
                 for request_id, text in batch.items():
                     pipe.xadd(stream_key(request_id), {"t": text, "a": attempts[request_id]})
-                    pipe.expire(stream_key(request_id), RETAIN_S)
+                    if request_id in fresh:
+                        pipe.expire(stream_key(request_id), RETAIN_S)
                 pipe.execute()
 
     def _run(self) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis
 
-from app.streams import StreamEvent, StreamWriter, read_stream
+from app.streams import RETAIN_S, StreamEvent, StreamWriter, read_stream
 
 pytestmark = pytest.mark.services
 
@@ -85,5 +85,25 @@ def test_text_added_while_the_end_is_written_is_not_lost_before_it(client: redis
             events = read_until_end(client, request_id)
             assert events[-1].kind == "end"
             assert "".join(e.value for e in events[:-1]) == "".join(deltas)
+    finally:
+        writer.stop()
+
+
+def test_a_first_token_is_written_at_once_and_later_ones_together(client: redis.Redis) -> None:
+    """The writer's interval (here far longer than the test) holds back no request's first
+    text; what follows it waits for the interval, every request's in one write."""
+    writer = StreamWriter(client, flush_interval_s=60)
+    writer.start()
+    try:
+        writer.follow("req_1", attempt=1)
+        writer.add("req_1", "first")
+        first = next(read_stream(client, "req_1", block_ms=10_000))
+        assert first == StreamEvent("text", "first", 1)
+        assert 0 < client.ttl("blockq:stream:req_1") <= RETAIN_S  # kept a while, not forever
+        writer.add("req_1", " second")
+        assert client.xlen("blockq:stream:req_1") == 1  # waits for the interval (or the end)
+        writer.end("req_1", 1, "stop")
+        events = read_until_end(client, "req_1")
+        assert [e.value for e in events] == ["first", " second", "stop"]
     finally:
         writer.stop()
