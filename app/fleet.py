@@ -5,6 +5,8 @@ Key layout (all under one prefix):
   <p>:instance:<id>:state        latest published state, JSON (kept after death, for the API)
   <p>:instance:<id>:alive        heartbeat, expires after heartbeat_ttl_s
   <p>:instance:<id>:assigned     hash request_id -> routed time: routed, not yet in the engine
+  <p>:instance:<id>:recent       sorted set of assignments by routed time, the last
+                                 recent_window_s (admitted or not): the expected future load
   <p>:cancel:<request_id>        set when a request is cancelled, read by engine workers
   <p>:instance:<id>:control      operator's hold on an instance: "drained" or "paused"
   <p>:routing:policy             operator's routing policy override (else the configured one)
@@ -14,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Iterable
 
 import redis
 
 from workers.sim.engine_state import EngineState
-from workers.sim.fleet_state import Assignment, InstanceStatus
+from workers.sim.fleet_state import Assignment, InstanceStatus, future_load_of
 
 __all__ = ["Fleet", "InstanceStatus"]
 
@@ -30,10 +33,13 @@ _CANCEL_TTL_S = 24 * 3600
 class Fleet:
     """Reads and writes instance states, heartbeats, assignments and cancellations."""
 
-    def __init__(self, client: redis.Redis, *, heartbeat_ttl_s: float, prefix: str = "blockq"):
+    def __init__(self, client: redis.Redis, *, heartbeat_ttl_s: float, prefix: str = "blockq",
+                 recent_window_s: float = 0.0):
         self.redis = client
         self.heartbeat_ttl_s = heartbeat_ttl_s
         self.prefix = prefix
+        # Routing history kept per instance for its expected future load (0: none kept).
+        self.recent_window_s = recent_window_s
 
     def _key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -81,9 +87,17 @@ class Fleet:
     ) -> None:
         """Record a routing decision so the next decision sees it before the engine shows it."""
         entry = Assignment(request_id, num_prompt_tokens, predicted_output_tokens, time.time())
-        self.redis.hset(
-            self._key("instance", instance_id, "assigned"), request_id, json.dumps(entry.to_json())
-        )
+        payload = json.dumps(entry.to_json())
+        if self.recent_window_s <= 0:
+            self.redis.hset(self._key("instance", instance_id, "assigned"), request_id, payload)
+            return
+        recent = self._key("instance", instance_id, "recent")
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(self._key("instance", instance_id, "assigned"), request_id, payload)
+            pipe.zadd(recent, {payload: entry.at})
+            pipe.zremrangebyscore(recent, "-inf", entry.at - self.recent_window_s)
+            pipe.expire(recent, math.ceil(self.recent_window_s))
+            pipe.execute()
 
     def next_round_robin(self) -> int:
         return int(self.redis.incr(self._key("round_robin")))
@@ -100,18 +114,28 @@ class Fleet:
         )
         if not ids:
             return []
+        window_s = self.recent_window_s
+        since = time.time() - window_s
         with self.redis.pipeline(transaction=False) as pipe:
             for instance_id in ids:
                 pipe.get(self._key("instance", instance_id, "state"))
                 pipe.exists(self._key("instance", instance_id, "alive"))
                 pipe.hvals(self._key("instance", instance_id, "assigned"))
                 pipe.get(self._key("instance", instance_id, "control"))
+                if window_s > 0:
+                    pipe.zrangebyscore(self._key("instance", instance_id, "recent"), since, "+inf")
             replies = pipe.execute()
         now = time.time()
-        return [
-            _status(instance_id, *replies[4 * i : 4 * i + 4], now=now)
-            for i, instance_id in enumerate(ids)
-        ]
+        width = 5 if window_s > 0 else 4
+        statuses = []
+        for i, instance_id in enumerate(ids):
+            status = _status(instance_id, *replies[width * i : width * i + 4], now=now)
+            if window_s > 0:
+                recent = (Assignment.from_json(json.loads(raw)) for raw in replies[width * i + 4])
+                status = dataclasses.replace(
+                    status, future_load=future_load_of(recent, now, window_s))
+            statuses.append(status)
+        return statuses
 
     def routable(self) -> list[InstanceStatus]:
         """Instances with a fresh heartbeat that accept new requests: routing candidates."""

@@ -250,6 +250,12 @@ class Settings(BaseSettings):
         "bundled in workers/sim/models (e.g. qwen2-7b-a30) or a path to a fitted model JSON. "
         "Unset: emulated_exec_model for emulated engines, qwen2-7b-a30 otherwise.",
     )
+    routing_future_window_s: float = Field(
+        0.0, ge=0, description="The block policies' what-ifs add the load expected to arrive "
+        "during the new request (each instance's arrival rate and mean prompt and predicted "
+        "length over the requests routed to it in this many seconds); 0: off, the what-if sees "
+        "only the published state and the requests routed since (docs/benchmarks_sim.md).",
+    )
     route_retry_s: float = Field(
         0.5, gt=0, description="Delay before routing is tried again when no instance is alive."
     )

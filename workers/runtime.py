@@ -48,7 +48,8 @@ class Runtime:
 
     @cached_property
     def fleet(self) -> Fleet:
-        return Fleet(self.redis, heartbeat_ttl_s=self.settings.heartbeat_ttl_s)
+        return Fleet(self.redis, heartbeat_ttl_s=self.settings.heartbeat_ttl_s,
+                     recent_window_s=self.settings.routing_future_window_s)
 
     @cached_property
     def bias_watch(self) -> BiasWatch:

@@ -94,3 +94,24 @@ def test_routing_through_redis_spreads_a_burst(fleet: Fleet) -> None:
                      predicted_output_tokens=300)
         chosen.append(plan.decision.instance_id)
     assert sorted(chosen) == ["gpu.0", "gpu.1"]
+
+
+def test_recent_routing_gives_each_instance_its_expected_future_load(
+        empty_redis: redis.Redis) -> None:
+    fleet = Fleet(empty_redis, heartbeat_ttl_s=5, recent_window_s=2.0)
+    fleet.publish("gpu.0", engine_state())
+    fleet.publish("gpu.1", engine_state())
+    for i, (prompt, output) in enumerate([(100, 10), (300, 30)]):
+        fleet.assign("gpu.0", f"req_{i}", num_prompt_tokens=prompt,
+                     predicted_output_tokens=output)
+    # Admission clears the assignment, not the history the rate comes from.
+    fleet.publish("gpu.0", engine_state(waiting_request("req_0", 100, 10), num_waiting=1))
+    loads = {s.instance_id: s.future_load for s in fleet.statuses()}
+    assert loads["gpu.0"].rate_per_s == pytest.approx(1.0)  # two in the last 2 s
+    assert (loads["gpu.0"].num_prompt_tokens, loads["gpu.0"].num_output_tokens) == (200, 20)
+    assert not loads["gpu.1"].active
+    # Without a window nothing is kept or estimated.
+    plain = Fleet(empty_redis, heartbeat_ttl_s=5)
+    plain.assign("gpu.1", "req_9", num_prompt_tokens=100, predicted_output_tokens=10)
+    assert not any(s.future_load.active for s in plain.statuses())
+    assert not empty_redis.exists("blockq:instance:gpu.1:recent")

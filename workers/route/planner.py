@@ -60,7 +60,7 @@ def plan_route(
             model = exec_model if isinstance(exec_model, ExecModel) else exec_model[
                 status.instance_id]
             prepared = prepare_published(snapshot, assigned)
-            what_if = predict_what_if_prepared(prepared, new_request, model)
+            what_if = predict_what_if_prepared(prepared, new_request, model, status.future_load)
             what_ifs[status.instance_id] = (what_if.ttft_s, what_if.e2e_s)
         views.append(instance_view(status.instance_id, snapshot, assigned, what_if))
     return Plan(decide(policy_name, request, views, ctx), what_ifs)

@@ -1,5 +1,6 @@
 """One instance as routers and the API see it: the engine's published state, its heartbeat, the
-requests routed to it that the state does not show yet, and the operator's hold.
+requests routed to it that the state does not show yet, the load expected to arrive next (from
+the requests routed to it recently), and the operator's hold.
 
 `app.fleet` reads these from Redis; the route planner decides on them. Pure: no I/O, nothing of
 ours outside workers.sim.
@@ -7,14 +8,15 @@ ours outside workers.sim.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .engine_state import EngineState
+from .future_load import NO_FUTURE_LOAD, FutureLoad, estimate_future_load
 from .snapshot import SimRequest
 
-__all__ = ["Assignment", "InstanceStatus"]
+__all__ = ["Assignment", "InstanceStatus", "future_load_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,9 @@ class InstanceStatus:
     # The operator's hold: "drained" (no new routing; its work finishes) or "paused" (no new
     # routing and its queue is not consumed), or None.
     control: str | None = None
+    # Requests expected to arrive next (rate and mean shape of those routed here recently,
+    # see `future_load_of`): what-ifs inject them. None expected when the window is off.
+    future_load: FutureLoad = NO_FUTURE_LOAD
 
     @property
     def num_assigned(self) -> int:
@@ -80,3 +85,10 @@ class InstanceStatus:
     @property
     def num_waiting(self) -> int:
         return self.state.num_waiting if self.state is not None else 0
+
+
+def future_load_of(recent: Iterable[Assignment], now: float, window_s: float) -> FutureLoad:
+    """The load expected at an instance from the requests routed to it in the last `window_s`
+    seconds before `now` (admitted or not): their rate, mean prompt and predicted length."""
+    return estimate_future_load(
+        ((a.at, a.num_prompt_tokens, a.predicted_output_tokens) for a in recent), now, window_s)

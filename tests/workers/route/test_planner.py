@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ import pytest
 from tests.engine_states import engine_state, waiting_request
 from workers.route.planner import Plan, plan_route
 from workers.route.policies import RequestView, RoutingContext
-from workers.sim import bundled_model
+from workers.sim import FutureLoad, bundled_model
 from workers.sim.engine_state import EngineState
 from workers.sim.fleet_state import Assignment, InstanceStatus
 
@@ -86,3 +87,14 @@ def test_the_published_blocks_are_the_usable_ones() -> None:
     plan = _plan("block", [_status("gpu.0", one_sequence)])
     ((ttft_s, e2e_s),) = plan.what_ifs.values()
     assert 0 < ttft_s < e2e_s
+
+
+def test_the_expected_future_load_lengthens_the_what_if() -> None:
+    """An instance that gets many requests looks busier than its published state alone."""
+    state = engine_state(*(waiting_request(f"r{i}", 300, 200) for i in range(4)), num_waiting=4)
+    plain = _status("gpu.0", state)
+    loaded = dataclasses.replace(_status("gpu.1", state),
+                                 future_load=FutureLoad(5.0, 300.0, 200.0))
+    plan = _plan("block", [plain, loaded])
+    assert plan.decision.instance_id == "gpu.0"
+    assert plan.what_ifs["gpu.1"][1] > plan.what_ifs["gpu.0"][1]
