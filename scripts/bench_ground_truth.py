@@ -1,12 +1,13 @@
 """Our scheduler model against vLLM's own as the cluster benchmark's ground truth.
 
-Runs the discrete-event cluster benchmark (`workers.cluster_sim.simulate`) twice on identical
-inputs (same requests, arrivals, predicted lengths, step-time noise, router draws): once with
-instances driven by `workers.sim.Scheduler` ("ours"), once by the installed vLLM's own
-``vllm.v1.core.sched.scheduler.Scheduler`` ("vllm", `workers.cluster_sim.vllm_ground_truth`).
-Prints per configuration and rate the largest per-request TTFT and end-to-end differences,
-TTFT p99 on each, the capacity at the SLO on each, and the wall time (vLLM's scheduler is
-pure Python too, but does far more per step); then the cost of one scheduler step.
+Runs the discrete-event cluster benchmark (`workers.cluster_sim.simulate`) on identical inputs
+(same requests, arrivals, predicted lengths, step-time noise, router draws) with instances
+driven by `workers.sim.Scheduler` ("ours"), by the installed vLLM's own
+``vllm.v1.core.sched.scheduler.Scheduler`` ("vllm") and by vLLM's ``AsyncScheduler`` with a
+batch queue of two, vLLM's default on one GPU ("vllm-async"; see
+`workers.cluster_sim.vllm_ground_truth`). Prints per configuration and rate TTFT and
+end-to-end p99, preemptions and wall time on each, how many requests' latencies differ from
+ours and by how much, the capacity at the SLO on each, then the cost of one scheduler step.
 
     .venv/bin/python scripts/bench_ground_truth.py --model llama-2-7b-a30 --rates 24:34:2
     .venv/bin/python scripts/bench_ground_truth.py --smoke
@@ -15,7 +16,6 @@ pure Python too, but does far more per step); then the cost of one scheduler ste
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -46,7 +46,6 @@ DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data"
 NUM_BLOCKS = {"llama-2-7b-a30": 1052, "qwen2-7b-a30": 7289}
 DEFAULT_RATES = {"llama-2-7b-a30": "24:34:2", "qwen2-7b-a30": "52:72:4"}
 DEFAULT_CONFIGS = ("round_robin", "least_requests", "llumnix", "block", "block@oracle")
-GROUND_TRUTHS = ("ours", "vllm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,17 +54,20 @@ class Point:
     rate: float
     runs: dict[str, RunResult]
 
-    def max_abs_diff(self, attribute: str) -> float:
-        ours, vllm = (getattr(self.runs[g], attribute) for g in GROUND_TRUTHS)
-        if not ours or not vllm:
-            return math.nan
-        return float(np.max(np.abs(np.array(ours) - np.array(vllm))))
+    def abs_diff(self, other: str, attribute: str) -> np.ndarray | None:
+        """|ours - other| per request (None when a run was aborted)."""
+        ours, theirs = getattr(self.runs["ours"], attribute), getattr(self.runs[other], attribute)
+        if not ours or not theirs:
+            return None
+        return np.abs(np.array(ours) - np.array(theirs))
 
-    def num_differing(self) -> int:
-        ours, vllm = self.runs["ours"], self.runs["vllm"]
-        if not ours.e2e_s or not vllm.e2e_s:
-            return -1
-        return sum(a != b for a, b in zip(ours.e2e_s, vllm.e2e_s, strict=True))
+    def diff_text(self, other: str) -> str:
+        ttft, e2e = self.abs_diff(other, "ttft_s"), self.abs_diff(other, "e2e_s")
+        if ttft is None or e2e is None:
+            return "aborted"
+        differing = int(np.count_nonzero(e2e > 1e-9))
+        return (f"{differing} ({differing / len(e2e):.0%}); {np.median(ttft):.2g} / "
+                f"{ttft.max():.2g}; {np.median(e2e):.2g} / {e2e.max():.2g}")
 
 
 def instance_config(model: str) -> InstanceConfig:
@@ -91,12 +93,12 @@ def _run_job(job: tuple[argparse.Namespace, str, float, str]) -> RunResult:
 
 
 def step_cost(args: argparse.Namespace) -> dict[str, tuple[int, float]]:
-    """(steps, microseconds per step) of one instance draining a queue of requests."""
+    """(steps, microseconds per step) of one instance draining a queue, per ground truth."""
     workload = load_length_trace(args.data / SHAREGPT, max_model_len=4096,
                                  num_requests=args.step_cost_requests, seed=args.seed)
     model = bundled_model(args.model)
     cost = {}
-    for ground_truth in GROUND_TRUTHS:
+    for ground_truth in args.ground_truths:
         cls = ground_truth_class(ground_truth)
         instance: GroundTruthInstance = cls("cost", instance_config(args.model), model)
         for i in range(len(workload)):
@@ -133,6 +135,9 @@ def main() -> None:
     parser.add_argument("--abort-ttft", type=float, default=20.0)
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--against", nargs="+", default=["vllm", "vllm-async"],
+                        choices=["vllm", "vllm-async"],
+                        help="ground truths to compare ours with")
     parser.add_argument("--step-cost-requests", type=int, default=300,
                         help="requests one instance drains to time a step (0: skip)")
     parser.add_argument("--smoke", action="store_true",
@@ -142,11 +147,13 @@ def main() -> None:
         args.num_instances, args.num_requests = 3, 600
         args.configs = ["least_requests", "block"]
         args.step_cost_requests = min(args.step_cost_requests, 150)
+    args.ground_truths = ["ours", *args.against]
     rates = parse_rates(args.rates or DEFAULT_RATES[args.model])
     if args.smoke and not args.rates:
         rates = [r * args.num_instances / 12 for r in (rates[0], rates[-1])]
+    width = len(args.ground_truths)
     jobs = [(args, spec, rate, g) for spec in args.configs for rate in rates
-            for g in GROUND_TRUTHS]
+            for g in args.ground_truths]
     started = time.perf_counter()
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
@@ -155,38 +162,42 @@ def main() -> None:
         results = [_run_job(job) for job in jobs]
     wall_s = time.perf_counter() - started
     points = []
-    for index in range(0, len(results), 2):
+    for index in range(0, len(results), width):
         _, spec, rate, _ = jobs[index]
-        points.append(Point(spec, rate, dict(zip(GROUND_TRUTHS, results[index:index + 2],
-                                                 strict=True))))
+        points.append(Point(spec, rate, dict(zip(args.ground_truths,
+                                                 results[index:index + width], strict=True))))
     print(f"# {args.model}, {args.num_instances} instances, {args.num_requests} ShareGPT "
           f"requests, predictor {args.predictor}, noise {args.exec_noise}, seed {args.seed}; "
           f"{wall_s:.0f} s wall")
-    print("| config | rate | TTFT p99 ours / vLLM (s) | e2e p99 ours / vLLM (s) | "
-          "preemptions ours / vLLM | requests differing | max abs diff TTFT / e2e (s) | "
-          "wall ours / vLLM (s) |")
-    print("|---|---|---|---|---|---|---|---|")
+    names = " / ".join(args.ground_truths)
+    print(f"| config | rate | TTFT p99, {names} (s) | e2e p99 (s) | preemptions | "
+          f"wall (s) | " + " | ".join(f"vs {g}: requests differing; abs diff TTFT "
+                                       f"p50 / max; e2e p50 / max (s)" for g in args.against)
+          + " |")
+    print("|---|---|---|---|---|---|" + "---|" * len(args.against))
     for p in points:
-        o, v = p.runs["ours"], p.runs["vllm"]
-        print(f"| {p.config} | {p.rate:g} | {o.ttft_p99_s:.3f} / {v.ttft_p99_s:.3f} | "
-              f"{o.e2e_p99_s:.2f} / {v.e2e_p99_s:.2f} | {o.num_preemptions} / "
-              f"{v.num_preemptions} | {p.num_differing()} | "
-              f"{p.max_abs_diff('ttft_s'):.2g} / {p.max_abs_diff('e2e_s'):.2g} | "
-              f"{o.wall_s:.1f} / {v.wall_s:.1f} |")
-    print(f"\n| config | capacity at TTFT p99 <= {args.slo:g} s, ours | vLLM |")
-    print("|---|---|---|")
+        runs = [p.runs[g] for g in args.ground_truths]
+        print(f"| {p.config} | {p.rate:g} | "
+              + " / ".join(f"{r.ttft_p99_s:.3f}" for r in runs) + " | "
+              + " / ".join(f"{r.e2e_p99_s:.2f}" for r in runs) + " | "
+              + " / ".join(str(r.num_preemptions) for r in runs) + " | "
+              + " / ".join(f"{r.wall_s:.0f}" for r in runs) + " | "
+              + " | ".join(p.diff_text(g) for g in args.against) + " |")
+    print(f"\n| config | capacity (req/s) at TTFT p99 <= {args.slo:g} s: "
+          + " | ".join(args.ground_truths) + " |")
+    print("|---|" + "---|" * width)
     for spec in args.configs:
-        bounds = {}
-        for g in GROUND_TRUTHS:
+        cells = []
+        for g in args.ground_truths:
             by_rate = {p.rate: p.runs[g].ttft_p99_s for p in points if p.config == spec}
             low, high = capacity_bounds(by_rate, args.slo)
-            bounds[g] = f"{low if low is not None else '<'}..{high if high is not None else '>'}"
-        print(f"| {spec} | {bounds['ours']} | {bounds['vllm']} |")
+            cells.append(f"{low if low is not None else '<'}..{high if high is not None else '>'}")
+        print(f"| {spec} | " + " | ".join(cells) + " |")
     if args.step_cost_requests:
         cost = step_cost(args)
         print(f"\nOne instance draining {args.step_cost_requests} requests: "
-              + "; ".join(f"{g} {n} steps, {us:.0f} us/step" for g, (n, us) in cost.items())
-              + f" (vLLM / ours: {cost['vllm'][1] / cost['ours'][1]:.1f}x)")
+              + "; ".join(f"{g} {n} steps, {us:.0f} us/step ({us / cost['ours'][1]:.1f}x)"
+                          for g, (n, us) in cost.items()))
 
 
 if __name__ == "__main__":

@@ -71,8 +71,9 @@ class ClusterSetup:
     #: Give up a run once more than 1 % of its requests wait longer than this for a first
     #: token (TTFT p99 is then known to exceed it); None: never.
     abort_ttft_s: float | None = 20.0
-    #: Whose scheduler drives the instances: "ours" (`workers.sim.Scheduler`) or "vllm"
-    #: (the installed vLLM's own scheduler class; see `vllm_ground_truth`, far slower).
+    #: Whose scheduler drives the instances: "ours" (`workers.sim.Scheduler`), "vllm" (the
+    #: installed vLLM's own scheduler class; see `vllm_ground_truth`, far slower) or
+    #: "vllm-async" (the same with vLLM's async scheduling, its default on one GPU).
     ground_truth: str = "ours"
 
     def __post_init__(self) -> None:
@@ -87,7 +88,7 @@ class ClusterSetup:
 
 
 #: The instances' schedulers `ClusterSetup.ground_truth` can name.
-GROUND_TRUTHS = ("ours", "vllm")
+GROUND_TRUTHS = ("ours", "vllm", "vllm-async")
 
 
 def ground_truth_class(name: str) -> type[GroundTruthInstance]:
@@ -97,6 +98,9 @@ def ground_truth_class(name: str) -> type[GroundTruthInstance]:
     if name == "vllm":
         from .vllm_ground_truth import VllmGroundTruthInstance
         return VllmGroundTruthInstance
+    if name == "vllm-async":
+        from .vllm_ground_truth import VllmAsyncGroundTruthInstance
+        return VllmAsyncGroundTruthInstance
     raise ValueError(f"unknown ground truth {name!r}; one of {GROUND_TRUTHS}")
 
 

