@@ -502,9 +502,10 @@ def main() -> None:
                         help="sigma of the lognormal noise on ground-truth step times")
     parser.add_argument("--abort-ttft", type=float, default=20.0,
                         help="give up a run once 1%% of requests waited this long")
-    parser.add_argument("--ground-truth", default="ours", choices=["ours", "vllm"],
+    parser.add_argument("--ground-truth", default="ours", choices=["ours", "vllm", "vllm-async"],
                         help="the instances' scheduler: ours (workers.sim) or the installed "
-                             "vLLM's own Scheduler class (about 10x slower)")
+                             "vLLM's own Scheduler class, synchronous or with async "
+                             "scheduling (about 10x slower)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot-dir", type=Path, default=DEFAULT_PLOT_DIR)
