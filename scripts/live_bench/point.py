@@ -46,6 +46,8 @@ CONTROL_PLANE = ("api", "predict", "predict_bulk", "route", "health", "batches",
                  "beat", "flower")
 
 _TERMINAL = ("succeeded", "failed", "cancelled")
+#: Wall seconds of idle CPU sampling before the requests are sent.
+IDLE_SAMPLE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,23 @@ class _LoadSampler(threading.Thread):
     def run(self) -> None:
         while not self.stop.wait(self.every_s):
             self.samples.append(os.getloadavg()[0])
+
+
+def _wait_workers_ready(stack: Stack, timeout_s: float) -> None:
+    """Until every Celery worker has logged '<name>@<host> ready.': the predictor loads its
+    length model before that (Stack.wait_ready waits for the API and the engines only)."""
+    deadline = time.time() + timeout_s
+    waiting = {name for name, command in stack.commands.items() if "worker" in command}
+    while waiting and time.time() < deadline:
+        stack.check_alive()
+        for name in list(waiting):
+            log = stack.log_dir / f"{name}.log"
+            if log.exists() and f"{name}@" in (text := log.read_text(errors="replace")) \
+                    and " ready." in text:
+                waiting.discard(name)
+        time.sleep(0.5)
+    if waiting:
+        raise RuntimeError(f"workers not ready after {timeout_s:.0f} s: {sorted(waiting)}")
 
 
 def _cpu_s(stack: Stack) -> dict[str, float]:
@@ -192,7 +211,8 @@ def _rows(database_url: str) -> list[dict[str, Any]]:
         with engine.connect() as conn:
             rows = conn.execute(sa.text(
                 "SELECT id, status, prompt_tokens, output_tokens, predicted_output_tokens, "
-                "predictor, instance_id, policy, attempt, routing ? 'fallback' AS fallback, "
+                "predictor, instance_id, policy, attempt, "
+                "(routing -> 'fallback') IS NOT NULL AS fallback, "
                 "extract(epoch FROM created_at) AS created, "
                 "extract(epoch FROM routed_at) AS routed, "
                 "extract(epoch FROM started_at) AS started, "
@@ -219,7 +239,15 @@ def run_point(spec: PointSpec, log: Any = print) -> dict[str, Any]:
         try:
             stack.start()
             stack.wait_ready(num_instances=spec.instances, timeout_s=600)
+            _wait_workers_ready(stack, timeout_s=600)
             ready_s = time.time() - started
+            # The stack's idle CPU (beat, sweeps, heartbeats, state publishing, polls), to tell
+            # the CPU the requests cost from what the stack burns anyway.
+            idle_before, idle_t0 = _cpu_s(stack), time.time()
+            time.sleep(IDLE_SAMPLE_S)
+            idle_after = _cpu_s(stack)
+            idle_cores = {k: (idle_after[k] - idle_before.get(k, 0.0)) / (time.time() - idle_t0)
+                          for k in idle_after}
             log(f"  stack ready in {ready_s:.0f} s; sending {len(workload.requests)} requests "
                 f"at {spec.rate:g}/s emulated ({wall_per_s:.2f}/s wall)")
             sampler = _LoadSampler()
@@ -236,8 +264,17 @@ def run_point(spec: PointSpec, log: Any = print) -> dict[str, Any]:
         finally:
             stack.stop(timeout_s=20)
     rows = _rows(spec.database_url)
-    return _result(spec, sends, rows, done, ready_s, sent_s, window_s, sampler.samples,
-                   {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after})
+    result = _result(spec, sends, rows, done, ready_s, sent_s, window_s, sampler.samples,
+                     {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after})
+    idle = {"control_plane": sum(v for k, v in idle_cores.items() if k in CONTROL_PLANE),
+            "engines": sum(v for k, v in idle_cores.items() if k not in CONTROL_PLANE)}
+    result["idle_cores"] = idle
+    n = result["requests"]
+    # CPU the requests cost: the window's CPU less the idle rate over the window.
+    result["cpu_ms_per_request_above_idle"] = {
+        group: ((result["cpu_cores"][group] - idle[group]) * window_s * 1000 / n if n else None)
+        for group in idle}
+    return result
 
 
 def _result(spec: PointSpec, sends: list[dict[str, Any]], rows: list[dict[str, Any]], done: int,
@@ -263,6 +300,12 @@ def _result(spec: PointSpec, sends: list[dict[str, Any]], rows: list[dict[str, A
                         row and row["prompt_tokens"], row and row["output_tokens"], truth,
                         row and row["predicted_output_tokens"], row and row["instance_id"]])
     rel_errors = [abs(s[6] - s[5]) / s[5] for s in samples if s[6] is not None and s[5]]
+    # The live learned predictions against the offline ones of the same model and serving name
+    # (make_live_workload.py): equal unless the name, the model or the predictor differ.
+    offline = [(s[6], spec.workload.requests[s[0]].learned_tokens) for s in samples
+               if s[6] is not None and spec.workload.requests[s[0]].learned_tokens is not None]
+    agreement = (sum(1 for live, off in offline if abs(live - off) <= 1) / len(offline)
+                 if offline else None)
     predictors: dict[str, int] = {}
     for row in rows:
         predictors[str(row["predictor"])] = predictors.get(str(row["predictor"]), 0) + 1
@@ -291,17 +334,19 @@ def _result(spec: PointSpec, sends: list[dict[str, Any]], rows: list[dict[str, A
         "accept_to_routed_wall_ms": {"p50": percentile(overhead, 50) * 1000,
                                      "p99": percentile(overhead, 99) * 1000},
         "prediction_median_rel_error": percentile(rel_errors, 50) if rel_errors else None,
+        "predictions_equal_offline_learned": agreement,
         "client": {"lag_p99_ms": percentile(lags, 99) * 1000,
                    "post_p99_ms": percentile(post_s, 99) * 1000,
                    "send_wall_s": sent_s},
         "wall": {"stack_ready_s": ready_s, "window_s": window_s},
-        "throughput_rps": (len([t for t in ttft if t != inf]) / emulated_s(window_s, scale)
-                           if window_s else None),
         "load": {"loadavg_1m_mean": sum(load) / len(load), "loadavg_1m_max": max(load),
                  "cpus": os.cpu_count()},
         "cpu_s": {k: round(v, 2) for k, v in sorted(cpu.items())},
+        # CPU of the stack's processes over the window (first send to last completion), idle
+        # polling included: per request (meaningful near capacity) and in cores (out of cpus).
         "cpu_ms_per_request": {"control_plane": control * 1000 / n if n else None,
                                "engines": engines * 1000 / n if n else None},
+        "cpu_cores": {"control_plane": control / window_s, "engines": engines / window_s},
         "notes": spec.workload.notes,
         # [index, ttft, e2e (emulated s), prompt tokens, output tokens, true output tokens,
         #  predicted tokens, instance] per accepted request

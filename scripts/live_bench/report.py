@@ -26,6 +26,14 @@ def _capacity(points: list[dict[str, Any]], slo: float) -> tuple[float | None, f
     return passing, min(bad, default=None)
 
 
+def _cores(point: dict[str, Any]) -> tuple[float, float]:
+    """Cores the control plane and the engines used over the point's window."""
+    control = sum(v for k, v in point["cpu_s"].items() if not k.startswith("gpu."))
+    engines = sum(v for k, v in point["cpu_s"].items() if k.startswith("gpu."))
+    window = point["wall"]["window_s"]
+    return control / window, engines / window
+
+
 def print_report(raw: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     slo = raw["slo_s"]
@@ -39,7 +47,7 @@ def print_report(raw: dict[str, Any], console: Console | None = None) -> None:
                             f"emulated s; accept->routed also wall ms)")
         for column in ("policy", "rate/s", "TTFT p50", "TTFT p99", "e2e p50", "e2e p99",
                        "accept->routed p50/p99 ms", "done", "len err", "fallbk", "load 1m",
-                       "ctl CPU ms/req"):
+                       "CPU cores ctl/eng", "ctl CPU ms/req above idle"):
             table.add_column(column, justify="right")
         for p in sorted(points, key=lambda p: (raw["policies"].index(p["policy"]), p["rate"])):
             wall = p["accept_to_routed_wall_ms"]
@@ -50,7 +58,9 @@ def print_report(raw: dict[str, Any], console: Console | None = None) -> None:
                 f"{_f(wall['p50'], 0)}/{_f(wall['p99'], 0)}",
                 f"{p['finished']}/{p['requests']}", _f(err), str(p["fallback_routed"]),
                 f"{p['load']['loadavg_1m_mean']:.1f}/{p['load']['cpus']}",
-                _f(p["cpu_ms_per_request"]["control_plane"], 1))
+                "/".join(_f(v) for v in _cores(p)),
+                _f(p.get("cpu_ms_per_request_above_idle", p["cpu_ms_per_request"])
+                   ["control_plane"], 1))
         console.print(table)
         cap = Table(title=f"Capacity at TTFT p99 <= {slo:g} s (emulated), {workload}")
         for column in ("policy", "capacity req/s", "first failing", "x round_robin"):
