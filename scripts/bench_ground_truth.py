@@ -89,7 +89,11 @@ def run_one(args: argparse.Namespace, spec: str, rate: float, ground_truth: str)
 
 
 def _run_job(job: tuple[argparse.Namespace, str, float, str]) -> RunResult:
-    return run_one(*job)
+    result = run_one(*job)
+    _, spec, rate, ground_truth = job
+    print(f"{spec} at {rate:g} on {ground_truth}: TTFT p99 {result.ttft_p99_s:.3f} s, "
+          f"{result.wall_s:.0f} s wall", file=sys.stderr, flush=True)
+    return result
 
 
 def step_cost(args: argparse.Namespace) -> dict[str, tuple[int, float]]:
