@@ -21,7 +21,14 @@ before the submit). Predictions are then compared with what the request actually
   paper's Block* setting).
 - "replay" columns: the whole run simulated with every arrival known, as a diagnostic. A
   what-if cannot know the requests that arrive after its own, which then share its steps;
-  the gap between the two is that part of the error.
+  the gap between the two is that part of the error. "what-if vs replay" compares the two
+  predictions directly: that part alone, free of the machine's speed.
+- ``--future-window-s W`` (0: off) adds the expected-future-load term (`FutureLoad`): for
+  every request, the arrival rate and mean prompt/output length of the run's requests
+  submitted in the W seconds before it (only past arrivals: no future knowledge; output
+  lengths are the final ones, as for every request here), which the what-if injects as
+  evenly spaced arrivals during the request's lifetime. Analysing one saved measurement
+  with and without it (``--load-raw``) compares the two on the same requests.
 - Rank agreement: every evaluation run also carries one shared stream of "probe" requests
   (same lengths, same arrival offsets), so each probe ran on two instances with different
   loads (two runs); the simulator "routes" it to the run where it predicts the shorter
@@ -32,7 +39,8 @@ Usage::
 
     python scripts/bench_sim_fidelity.py [--model-dir DIR] [--data DIR] [--rates 8 16 24 32]
         [--calibration-rate 24] [--duration-s 12] [--num-blocks 80] [--seed 0]
-        [--plot docs/sim_fidelity.png] [--save-raw FILE | --load-raw FILE] [--markdown]
+        [--future-window-s W] [--plot docs/sim_fidelity.png]
+        [--save-raw FILE | --load-raw FILE] [--markdown]
 
 Needs the tiny model (``python scripts/build_tiny_model.py``); takes about 75 s. Real-time
 measurements on a shared machine move with its other load: run it under ``nice -n -10`` there,
@@ -60,12 +68,14 @@ from workers.serve.engine import EngineListener, GenerationRequest, GenerationRe
 from workers.sim import (
     BatchStats,
     ExecModel,
+    FutureLoad,
     InstanceConfig,
     InstanceSnapshot,
     Scheduler,
     SeqState,
     SimRequest,
     WhatIf,
+    estimate_future_load,
     fit_from_step_samples,
     predict_what_if,
 )
@@ -306,7 +316,11 @@ class Prediction:
     replay_s: tuple[float, float]
 
     def error(self, metric: str, mode: str = "whatif") -> float:
-        """Signed relative error of `metric` ("ttft" or "e2e"): (predicted - actual) / actual."""
+        """Signed relative error of `metric` ("ttft" or "e2e"): (predicted - actual) / actual;
+        mode "vs_replay": the what-if's against the replay's."""
+        if mode == "vs_replay":
+            replayed = self.replay_s[0 if metric == "ttft" else 1]
+            return getattr(self.whatif, f"{metric}_s") / replayed - 1.0
         actual = getattr(self.observation, f"{metric}_s")
         if mode == "whatif":
             predicted = getattr(self.whatif, f"{metric}_s")
@@ -315,10 +329,28 @@ class Prediction:
         return (predicted - actual) / actual
 
 
-def predict_run(run: Run, exec_model: ExecModel) -> list[Prediction]:
-    """Predictions for the complete requests of a run."""
+def past_load(run: Run, window_s: float) -> dict[str, FutureLoad]:
+    """Each request's expected future load, estimated from the requests submitted before it
+    (in the `window_s` seconds before, since the run began)."""
+    if window_s <= 0:
+        return {}
+    ordered = sorted(run.observations, key=lambda o: o.result.admitted_at)
+    first = ordered[0]
+    began = first.result.admitted_at - first.arrival.at_s
+    history = [(o.result.admitted_at, o.result.num_prompt_tokens, o.result.num_output_tokens)
+               for o in ordered]
+    return {o.result.request_id: estimate_future_load(history[:i], o.result.admitted_at,
+                                                      window_s, since=began)
+            for i, o in enumerate(ordered)}
+
+
+def predict_run(run: Run, exec_model: ExecModel, future_window_s: float = 0.0
+                ) -> list[Prediction]:
+    """Predictions for the complete requests of a run (with the expected-future-load term
+    estimated over `future_window_s`, when positive)."""
     prompt_tokens = {o.result.request_id: o.result.num_prompt_tokens for o in run.observations}
     finals = {o.result.request_id: o.result.num_output_tokens for o in run.observations}
+    future = past_load(run, future_window_s)
     replayed: dict[str, tuple[float, float]] | None = None
     predictions = []
     for observation in run.observations:
@@ -330,8 +362,9 @@ def predict_run(run: Run, exec_model: ExecModel) -> list[Prediction]:
             replayed = replay_in_simulator(run, exec_model, snapshot.config)
         new = SimRequest(result.request_id, result.num_prompt_tokens,
                          predicted_output_tokens=result.num_output_tokens)
-        predictions.append(Prediction(observation, predict_what_if(snapshot, new, exec_model),
-                                      replayed[result.request_id]))
+        what_if = predict_what_if(snapshot, new, exec_model,
+                                  future=future.get(result.request_id, FutureLoad()))
+        predictions.append(Prediction(observation, what_if, replayed[result.request_id]))
     return predictions
 
 
@@ -400,6 +433,8 @@ class ErrorRow:
     replay_e2e_median: float
     replay_e2e_p90: float
     replay_e2e_bias: float
+    vs_replay_e2e_median: float  # |what-if - replay| / replay: the blind spot alone
+    vs_replay_e2e_bias: float
 
 
 def error_row(label: str, predictions: list[Prediction], runs: Sequence[Run],
@@ -419,7 +454,8 @@ def error_row(label: str, predictions: list[Prediction], runs: Sequence[Run],
         modelled_ms / measured_ms - 1.0, sum(recomputed_tokens(r) for r in runs),
         statistics.fmean(p.observation.e2e_s for p in predictions),
         quantile(ttft, 0.5), quantile(ttft, 0.9), quantile(e2e, 0.5), quantile(e2e, 0.9),
-        bias("whatif"), quantile(replay_e2e, 0.5), quantile(replay_e2e, 0.9), bias("replay"))
+        bias("whatif"), quantile(replay_e2e, 0.5), quantile(replay_e2e, 0.9), bias("replay"),
+        quantile(abs_errors("e2e", "vs_replay"), 0.5), bias("vs_replay"))
 
 
 def batch_stats(sample: dict[str, float]) -> BatchStats:
@@ -492,13 +528,15 @@ def print_tables(fit: ExecModel, calibration: Run, error_rows: list[ErrorRow],
     error_headers = ("run", "requests", "dropped", "step-time bias", "recomputed tokens",
                      "mean e2e s",
                      "TTFT median", "TTFT p90", "e2e median", "e2e p90", "e2e bias",
-                     "replay e2e median", "replay e2e p90", "replay e2e bias")
+                     "replay e2e median", "replay e2e p90", "replay e2e bias",
+                     "what-if vs replay e2e median", "what-if vs replay e2e bias")
     error_cells = [(r.label, str(r.num_requests), str(r.num_dropped),
                     _signed_pct(r.step_time_bias), str(r.num_recomputed_tokens),
                     f"{r.mean_e2e_s:.2f}", _pct(r.ttft_median), _pct(r.ttft_p90),
                     _pct(r.e2e_median), _pct(r.e2e_p90),
                     _signed_pct(r.e2e_bias), _pct(r.replay_e2e_median), _pct(r.replay_e2e_p90),
-                    _signed_pct(r.replay_e2e_bias))
+                    _signed_pct(r.replay_e2e_bias), _pct(r.vs_replay_e2e_median),
+                    _signed_pct(r.vs_replay_e2e_bias))
                    for r in error_rows]
     rank_headers = ("runs", "probes", "agreement", "close calls", "agreement (close)",
                     "mean regret", "p90 regret")
@@ -626,6 +664,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--save-raw", type=Path, help="write every measurement here (JSON)")
     parser.add_argument("--load-raw", type=Path,
                         help="analyse measurements saved by --save-raw instead of running vLLM")
+    parser.add_argument("--future-window-s", type=float, default=0.0,
+                        help="expected-future-load term: estimate each request's arrival rate "
+                             "and mean shape over this many seconds before it (0: off)")
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
     return parser.parse_args()
 
@@ -678,7 +719,8 @@ def main() -> None:
     calibration, runs = runs[0], runs[1:]
     exec_model = fit_from_step_samples(calibration.samples, name="tiny-llama-cpu",
                                        source="bench_sim_fidelity calibration run")
-    predictions = {run.label: predict_run(run, exec_model) for run in runs}
+    predictions = {run.label: predict_run(run, exec_model, args.future_window_s)
+                   for run in runs}
     error_rows = [error_row(run.label, predictions[run.label], [run], exec_model)
                   for run in runs]
     error_rows.append(error_row("all", [p for ps in predictions.values() for p in ps], runs,
@@ -689,6 +731,9 @@ def main() -> None:
     rank_rows = [rank_row(label, made) for label, made in pairs.items()]
     if pairs:
         rank_rows.append(rank_row("all pairs", [c for made in pairs.values() for c in made]))
+    if args.future_window_s > 0:
+        print(f"what-if with expected future load: arrival rate and mean shape over the "
+              f"{args.future_window_s:g} s before each request")
     print_tables(exec_model, calibration, error_rows, rank_rows, args.markdown)
     plot(predictions, args.plot)
     print(f"plot written to {args.plot}; {time.monotonic() - started:.0f} s in all")
