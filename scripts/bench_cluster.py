@@ -14,11 +14,29 @@ runs every configuration at round robin's capacity rate (3 s SLO) for latency CD
 end-to-end comparison. Prints tables (rich, or Markdown with ``--markdown``), writes PNG plots
 and, with ``--json``, every measured point.
 
+Predicted lengths (``--predictor``, or ``policy@predictor`` per configuration): by default the
+shipped length model's, never a chosen error: ``learned`` (the held-out model's predictions on
+real prompts) on the ``conversations`` replay workload, and elsewhere ``learned-errors`` (the
+true length times a residual drawn from that model's measured out-of-fold errors, see
+``scripts/make_length_error_fixture.py``). ``lognormal:<sigma>``, ``oracle`` and ``mean`` remain.
+
+Workloads: ``sharegpt`` (ShareGPT lengths, Poisson arrivals), ``azure_conv`` / ``azure_code``
+(the Azure traces' lengths and arrivals), ``sharegpt-azure`` (ShareGPT lengths with the Azure
+conversation trace's arrivals), ``conversations`` (the replay prompts of
+``scripts/make_live_workload.py``, ``--replay FILE``: real prompt and answer lengths, the held-out
+model's predictions, Poisson arrivals; the request order of `replay_sequence`, as the live
+benchmark replays it). ``--live-settings`` is the live benchmark's setup (issue 14): 12
+instances of qwen2-7b-a30, round_robin, least_requests, llumnix, block, block@oracle, block@mean,
+TTFT p99 SLO 3 s, step-time noise 0.05 (the emulated engine's default); with ``--json`` the file's
+``summary`` holds the capacity per configuration, keyed as the live benchmark's.
+
 Usage::
 
     python scripts/bench_cluster.py [--models llama-2-7b-a30 qwen2-7b-a30]
-        [--workload sharegpt|azure_conv|azure_code] [--configs round_robin block@oracle ...]
-        [--predictor lognormal:0.15] [--rates LO:HI:STEP] [--bisect 3] [--jobs 2]
+        [--workload sharegpt|azure_conv|azure_code|sharegpt-azure|conversations]
+        [--replay .blockq/live_workload/requests.jsonl] [--live-settings]
+        [--configs round_robin block@oracle ...]
+        [--predictor learned-errors] [--rates LO:HI:STEP] [--bisect 3] [--jobs 2]
         [--num-requests 10000] [--seed 0] [--plot-dir docs/img] [--json FILE] [--markdown]
         [--all-points] [--smoke]
     python scripts/bench_cluster.py --replot FILE [--markdown] [--plot-dir docs/img]
@@ -41,6 +59,7 @@ from rich.table import Table
 from workers.cluster_sim import (
     AZURE_CODE,
     AZURE_CONV,
+    DEFAULT_PREDICTOR,
     SHAREGPT,
     ClusterSetup,
     RunResult,
@@ -48,7 +67,10 @@ from workers.cluster_sim import (
     capacity_bounds,
     load_azure_trace,
     load_length_trace,
+    load_replay_prompts,
+    load_sharegpt_azure,
     predictor_from_spec,
+    replay_workload,
     saturation_rate,
     simulate,
 )
@@ -68,7 +90,15 @@ DEFAULT_CONFIGS = ("round_robin", "random", "least_requests", "infaas", "llumnix
                    "least_tokens", "block", "block_ttft", "block@oracle", "block@lognormal:0.5",
                    "block@mean")
 SMOKE_CONFIGS = ("round_robin", "random", "llumnix", "block", "block@oracle")
-WORKLOADS = {"sharegpt": SHAREGPT, "azure_conv": AZURE_CONV, "azure_code": AZURE_CODE}
+WORKLOADS = {"sharegpt": SHAREGPT, "azure_conv": AZURE_CONV, "azure_code": AZURE_CODE,
+             "sharegpt-azure": SHAREGPT, "conversations": None}
+DEFAULT_REPLAY = REPO_ROOT / ".blockq" / "live_workload" / "requests.jsonl"
+#: The live benchmark's fleet and configurations (issue 14; scripts/bench_live.py).
+LIVE_MODEL = "qwen2-7b-a30"
+LIVE_CONFIGS = ("round_robin", "least_requests", "llumnix", "block", "block@oracle",
+                "block@mean")
+#: Step-time noise of the live emulated engines (Settings.emulated_noise's default).
+LIVE_EXEC_NOISE = 0.05
 #: The Block paper's capacities (QPS, TTFT p99 under 3 s, 12 A30s, ShareGPT).
 PAPER = {
     "llama-2-7b-a30": {"block": 31.1, "block@oracle": 32.0, "llumnix": 30.6,
@@ -449,7 +479,8 @@ def plot_colors(labels: Sequence[str]) -> dict[str, str]:
     return {label: palette[i % len(palette)] for i, label in enumerate(labels)}
 
 
-def dump_json(reports: Sequence[ModelReport], args: argparse.Namespace) -> None:
+def dump_json(reports: Sequence[ModelReport], args: argparse.Namespace,
+              workload: Workload | None = None) -> None:
     def clean(value: object) -> object:
         return None if isinstance(value, float) and not math.isfinite(value) else value
 
@@ -461,6 +492,22 @@ def dump_json(reports: Sequence[ModelReport], args: argparse.Namespace) -> None:
 
     out = {
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        # NOTE: one row per (model, config): what a live run's capacities join on.
+        "summary": [{
+            "source": "simulated", "workload": args.workload, "model": r.model,
+            "num_instances": args.num_instances, "num_requests": args.num_requests,
+            "seed": args.seed, "slo_ttft_p99_s": args.slo[0], "config": label,
+            "policy": parse_config(label).policy,
+            "predictor": args.predictor if parse_config(label).predictor == "default"
+            else parse_config(label).predictor,
+            "capacity_rps": r.capacity(label, args.slo[0]),
+            "capacity_failing_rps": r.bounds[label][args.slo[0]][1],
+        } for r in reports for label in r.bounds],
+        "workload": None if workload is None else {
+            "name": workload.name, "num_requests": len(workload),
+            "mean_prompt_tokens": sum(workload.num_prompt_tokens) / len(workload),
+            "mean_output_tokens": workload.mean_output_tokens,
+        },
         "models": [{
             "model": r.model,
             "capacity": {label: {f"{slo:g}": list(b) for slo, b in slos.items()}
@@ -487,9 +534,16 @@ def main() -> None:
     parser.add_argument("--num-instances", type=int, default=12)
     parser.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS),
                         help="policy or policy@predictor (oracle, mean, lognormal:<sigma>)")
-    parser.add_argument("--predictor", default="lognormal:0.15",
-                        help="length predictor of configs that name none (default: "
-                             "lognormal:0.15, about 10%% median error)")
+    parser.add_argument("--predictor", default=None,
+                        help="length predictor of configs that name none (default: 'learned' "
+                             f"on the conversations workload, else '{DEFAULT_PREDICTOR}': the "
+                             "shipped model's measured held-out errors)")
+    parser.add_argument("--replay", type=Path, default=DEFAULT_REPLAY,
+                        help="requests.jsonl of scripts/make_live_workload.py (conversations)")
+    parser.add_argument("--live-settings", action="store_true",
+                        help=f"the live benchmark's setup: 12 x {LIVE_MODEL}, "
+                             f"{', '.join(LIVE_CONFIGS)}, TTFT p99 SLO 3 s, step noise "
+                             f"{LIVE_EXEC_NOISE}")
     parser.add_argument("--rates", help="rate grid LO:HI:STEP for 12 instances (scaled to "
                                         "--num-instances); default per model")
     parser.add_argument("--slo", type=float, nargs="+", default=[3.0, 10.0],
@@ -522,14 +576,22 @@ def main() -> None:
     if args.replot:
         replot(args)
         return
+    if args.live_settings:
+        args.models, args.num_instances, args.configs = [LIVE_MODEL], 12, list(LIVE_CONFIGS)
+        args.slo, args.exec_noise = [3.0], LIVE_EXEC_NOISE
     if args.smoke:
         args.num_instances, args.num_requests, args.bisect, args.slo = 4, 400, 1, args.slo[:1]
         if args.configs == list(DEFAULT_CONFIGS):
             args.configs = list(SMOKE_CONFIGS)
+    workload = load_workload(args)
+    if args.predictor is None:
+        args.predictor = default_predictor(workload)
+    print(f"workload {workload.name}: {len(workload)} requests, mean prompt "
+          f"{sum(workload.num_prompt_tokens) / len(workload):.0f} tokens, mean output "
+          f"{workload.mean_output_tokens:.0f} tokens; predictor {args.predictor}", flush=True)
     reports = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for model in args.models:
-            workload = load_workload(args)
             model_args = argparse.Namespace(**vars(args))
             if args.smoke and not args.rates:
                 low, high, _ = (float(x) for x in DEFAULT_RATES[model].split(":"))
@@ -542,11 +604,22 @@ def main() -> None:
                     shown = plot.relative_to(REPO_ROOT) if plot.is_relative_to(REPO_ROOT) else plot
                     print(f"wrote {shown}")
     if args.json:
-        dump_json(reports, args)
+        dump_json(reports, args, workload)
+
+
+def default_predictor(workload: Workload) -> str:
+    """The learned model's own predictions where the workload has them, else its errors."""
+    return "learned" if workload.predicted_output_tokens is not None else DEFAULT_PREDICTOR
 
 
 def load_workload(args: argparse.Namespace) -> Workload:
+    if args.workload == "conversations":
+        return replay_workload(load_replay_prompts(args.replay), num_requests=args.num_requests,
+                               max_model_len=4096, seed=args.seed)
     path = args.data / WORKLOADS[args.workload]
+    if args.workload == "sharegpt-azure":
+        return load_sharegpt_azure(path, args.data / AZURE_CONV, max_model_len=4096,
+                                   num_requests=args.num_requests)
     if args.workload == "sharegpt":
         return load_length_trace(path, max_model_len=4096, num_requests=args.num_requests,
                                  seed=args.seed)

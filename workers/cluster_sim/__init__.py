@@ -7,6 +7,7 @@ instances) and the route stage's pure policies (the router it simulates), which 
 
 from .ground_truth import GroundTruthInstance, SimulatedRequest
 from .predictors import (
+    DEFAULT_PREDICTOR,
     LENGTH_PREDICTORS,
     LengthPredictor,
     LogNormalPredictor,
@@ -25,6 +26,7 @@ from .workload import (
     load_azure_trace,
     load_length_trace,
     load_replay_prompts,
+    load_sharegpt_azure,
     poisson_unit_arrivals,
     replay_sequence,
     replay_workload,
@@ -33,6 +35,7 @@ from .workload import (
 __all__ = [
     "AZURE_CODE",
     "AZURE_CONV",
+    "DEFAULT_PREDICTOR",
     "LENGTH_PREDICTORS",
     "SHAREGPT",
     "ClusterSetup",
@@ -50,6 +53,7 @@ __all__ = [
     "load_azure_trace",
     "load_length_trace",
     "load_replay_prompts",
+    "load_sharegpt_azure",
     "poisson_unit_arrivals",
     "predictor_from_spec",
     "replay_sequence",

@@ -27,6 +27,7 @@ __all__ = [
     "load_azure_trace",
     "load_length_trace",
     "load_replay_prompts",
+    "load_sharegpt_azure",
     "poisson_unit_arrivals",
     "replay_sequence",
     "replay_workload",
@@ -140,6 +141,22 @@ def load_azure_trace(path: str | Path, *, max_model_len: int,
     order = order[:n]
     return Workload(Path(path).stem, _unit_rate([times[i] for i in order]),
                     tuple(prompts[i] for i in order), tuple(outputs[i] for i in order))
+
+
+def load_sharegpt_azure(lengths_path: str | Path, arrivals_path: str | Path, *,
+                        max_model_len: int, num_requests: int | None = None) -> Workload:
+    """ShareGPT lengths (file order) with an Azure trace's arrival times (bursts and lulls).
+
+    The i-th request has the i-th fitted ShareGPT lengths and the i-th arrival of the Azure
+    trace, rescaled to a mean rate of one; as many requests as the shorter of the two holds.
+    """
+    lengths = load_length_trace(lengths_path, max_model_len=max_model_len)
+    arrivals = load_azure_trace(arrivals_path, max_model_len=max_model_len)
+    n = min(len(lengths), len(arrivals))
+    if num_requests is not None:
+        n = min(n, num_requests)
+    return Workload("sharegpt-azure", _unit_rate(arrivals.unit_arrival_s[:n]),
+                    lengths.num_prompt_tokens[:n], lengths.num_output_tokens[:n])
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,8 @@ def test_predictors() -> None:
 
 
 def test_specs_name_a_registered_predictor_and_its_parameters() -> None:
-    assert LENGTH_PREDICTORS.names() == ["lognormal", "mean", "oracle"]
+    assert LENGTH_PREDICTORS.names() == ["learned", "learned-errors", "lognormal", "mean",
+                                         "oracle"]
     assert predictor_from_spec("lognormal:0.5") == LogNormalPredictor(0.5)
     assert predictor_from_spec("lognormal:0.5").name == "lognormal:0.5"
     assert predictor_from_spec("oracle") == OraclePredictor()
@@ -40,7 +41,8 @@ def test_specs_name_a_registered_predictor_and_its_parameters() -> None:
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ("psychic", "unknown length predictor 'psychic'; known: lognormal, mean, oracle"),
+    ("psychic", "unknown length predictor 'psychic'; known: learned, learned-errors, "
+     "lognormal, mean, oracle"),
     ("lognormal", "expected lognormal:<sigma>"),
     ("lognormal:0.1,0.2", "expected lognormal:<sigma>"),
     ("oracle:1", "expected oracle$"),
