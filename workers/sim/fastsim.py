@@ -159,17 +159,19 @@ class FastSim:
         budget = self.token_budget - self.num_decoding
         return budget > 0 and self._admission_plan(self.future_seq, budget, num_free) is not None
 
-    def _steps_before_arrival(self, context: int, max_steps: int) -> int:
+    def _steps_before_arrival(self, context: int, max_steps: int, num_free: int) -> int:
         """Decode-only steps (<= max_steps) to run before the next arrival joins.
 
         The arrival joins the first step that starts at or after it: run the smallest n
-        whose n steps end at or after it (every one of them started before it).
+        whose n steps end at or after it (every one of them started before it), unless it
+        could not be admitted then anyway (`num_free`: blocks free after the first step).
         """
         due_ms = (self.next_arrival_s - self.now_s) * 1000.0
         model = self.exec_model
         num_decoding = self.num_decoding
         sum_ms = model.sum_decode_steps_ms
-        if sum_ms(num_decoding, context, max_steps) < due_ms:
+        if (sum_ms(num_decoding, context, max_steps) < due_ms
+                or not self._arrival_may_join(num_free)):
             return max_steps
         # The sum is quadratic in n (context grows each step): solve, then settle exactly
         # on the same sums the phase will add up.
@@ -240,10 +242,9 @@ class FastSim:
         max_steps = self._next_finish_step() - step + 1
         if self._head_reuse_may_grow():
             max_steps = 1
-        elif (self.next_arrival_s != math.inf
-              and self._arrival_may_join(num_free - first_need)):
+        elif self.next_arrival_s != math.inf:
             max_steps = self._steps_before_arrival(
-                self.decode_tokens_base + num_decoding * step, max_steps)
+                self.decode_tokens_base + num_decoding * step, max_steps, num_free - first_need)
         num_steps, num_blocks = self._steps_within(num_free, max_steps)
         self._advance_decodes(num_steps, num_blocks)
         return True
