@@ -259,6 +259,11 @@ class Settings(BaseSettings):
     route_retry_s: float = Field(
         0.5, gt=0, description="Delay before routing is tried again when no instance is alive."
     )
+    route_in_predict: bool = Field(
+        True, description="The predict task routes the request it has just predicted (one "
+        "transaction writes the prediction and the decision; no hop through the route queue). "
+        "The route worker still routes what comes back to routing (retries, re-routes).",
+    )
 
     # --- reliability ---------------------------------------------------------------------------
     orphan_check_interval_s: float = Field(

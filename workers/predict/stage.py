@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import update
+from sqlalchemy import text, update
 from sqlalchemy.orm import Session
 
 from app import model_registry, store
@@ -32,8 +32,8 @@ from workers.runtime import Runtime
 if TYPE_CHECKING:
     from workers.predict.length_model import LengthPredictor
 
-__all__ = ["LengthQuery", "LengthAnswer", "LENGTH_PREDICTORS", "length_predictor", "start",
-           "record"]
+__all__ = ["LengthQuery", "LengthAnswer", "LENGTH_PREDICTORS", "length_predictor", "Started",
+           "start", "prediction_columns", "record"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,20 +157,42 @@ def _build_length_predictor(rt: Runtime) -> LengthPredictorStage:
     return LENGTH_PREDICTORS.create(rt.settings.length_predictor, rt)
 
 
-def start(db: Database, request_id: str) -> LengthQuery | None:
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A request the predict stage took: its length query, and what routing it needs."""
+
+    query: LengthQuery
+    num_prompt_tokens: int
+    attempt: int
+
+
+def start(db: Database, request_id: str) -> Started | None:
     """Mark the request predicting and return its query, or None when it is past this stage.
 
     A redelivered task finds it already predicting and predicts again (nothing was routed yet).
     """
     with db.session() as session:
+        if session.get_bind().dialect.name == "postgresql":
+            # NOTE: this mark need not survive a database crash, so its commit does not wait
+            # for the WAL flush: lost, the request is queued again, and its predict message,
+            # unacknowledged until this task ends, is delivered again.
+            session.execute(text("SET LOCAL synchronous_commit TO off"))
         store.transition(
             session, request_id, RequestStatus.PREDICTING, allowed_from={RequestStatus.QUEUED}
         )
         request = session.get(InferenceRequest, request_id)
         if request is None or request.status != RequestStatus.PREDICTING:
             return None
-        return LengthQuery(request.messages or request.prompt, request.max_tokens,
-                           Priority(request.priority).rank)
+        query = LengthQuery(request.messages or request.prompt, request.max_tokens,
+                            Priority(request.priority).rank)
+        return Started(query, request.prompt_tokens, request.attempt)
+
+
+def prediction_columns(answer: LengthAnswer) -> dict[str, Any]:
+    """The request's columns that keep a prediction."""
+    return {"predicted_output_tokens": answer.tokens,
+            "predicted_output_tokens_p90": answer.p90_tokens, "predictor": answer.predictor,
+            "predicted_at": utcnow()}
 
 
 def record(session: Session, request_id: str, answer: LengthAnswer) -> bool:
@@ -179,9 +201,7 @@ def record(session: Session, request_id: str, answer: LengthAnswer) -> bool:
         update(InferenceRequest)
         .where(InferenceRequest.id == request_id,
                InferenceRequest.status == str(RequestStatus.PREDICTING))
-        .values(predicted_output_tokens=answer.tokens,
-                predicted_output_tokens_p90=answer.p90_tokens, predictor=answer.predictor,
-                predicted_at=utcnow())
+        .values(**prediction_columns(answer))
         .execution_options(synchronize_session=False)
     ).rowcount  # type: ignore[attr-defined]
     return recorded == 1

@@ -7,24 +7,45 @@ import time
 from celery import shared_task
 
 from app import dispatch
+from app.models import RequestStatus
 from workers import runtime
 from workers.predict import stage
 from workers.retries import ON_OUTAGE
+from workers.route import stage as route_stage
+from workers.route import tasks as route_tasks
+from workers.route.policies import RequestView
 
 
 @shared_task(name=dispatch.TASK_PREDICT, **ON_OUTAGE)
 def annotate(request_id: str) -> None:
-    """Predict the output length, then hand the request to the router. Safe to run twice."""
+    """Predict the output length, then route the request (or hand it to the router). Safe to
+    run twice.
+
+    With `route_in_predict` (the default) the decision is taken here and written with the
+    prediction in one transaction, whose outbox publishes to the chosen instance: no hop through
+    the route queue, no second read of the request. With no instance to route to, or the
+    setting off, the prediction is recorded and the route task takes over.
+    """
     started_at = time.time()
     rt = runtime.get()
-    query = stage.start(rt.db, request_id)
-    if query is None:
+    started = stage.start(rt.db, request_id)
+    if started is None:
         return
+    query = started.query
     answer = stage.length_predictor(rt).predict(query)
+    predicted_at = time.time()
+    timing = {"predict_started_at": started_at, "predicted_at": predicted_at}
+    if rt.settings.route_in_predict:
+        request = route_stage.RouteInput(
+            view=RequestView(request_id=request_id, num_prompt_tokens=started.num_prompt_tokens,
+                             predicted_output_tokens=answer.tokens, max_tokens=query.max_tokens),
+            priority=query.priority, status=RequestStatus.PREDICTING, instance_id=None,
+            attempt=started.attempt)
+        if route_tasks.route_request(rt, request, timing, predicted_at,
+                                     allowed_from={RequestStatus.PREDICTING},
+                                     columns=stage.prediction_columns(answer)):
+            return
     with rt.outbox.transaction() as tx:
         if not stage.record(tx.session, request_id, answer):
             return  # cancelled while predicting
-        tx.post(dispatch.route(
-            request_id, priority=query.priority,
-            timing={"predict_started_at": started_at, "predicted_at": time.time()},
-        ))
+        tx.post(dispatch.route(request_id, priority=query.priority, timing=timing))

@@ -9,7 +9,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -128,16 +128,19 @@ def routing_record(plan: Plan, decision_ms: float, fallback: dict[str, Any] | No
 
 
 def record(session: Session, request_id: str, plan: Plan, routing: dict[str, Any], *,
-           fallback: bool) -> int | None:
-    """Write the decision (status routed, attempt + 1); the new attempt, or None when the
-    request left queued/predicting meanwhile."""
+           fallback: bool,
+           allowed_from: Collection[RequestStatus] = (RequestStatus.QUEUED,
+                                                      RequestStatus.PREDICTING),
+           **columns: Any) -> int | None:
+    """Write the decision (status routed, attempt + 1, and `columns` in the same UPDATE); the
+    new attempt, or None when the request left `allowed_from` meanwhile."""
     decision = plan.decision
     ttft_s, e2e_s = plan.what_ifs.get(decision.instance_id, (None, None))
     routed = store.transition(
         session,
         request_id,
         RequestStatus.ROUTED,
-        allowed_from={RequestStatus.QUEUED, RequestStatus.PREDICTING},
+        allowed_from=allowed_from,
         detail=f"{decision.policy}{' (fallback)' if fallback else ''} -> "
         f"{decision.instance_id}",
         instance_id=decision.instance_id,
@@ -147,6 +150,7 @@ def record(session: Session, request_id: str, plan: Plan, routing: dict[str, Any
         predicted_e2e_s=e2e_s,
         routed_at=utcnow(),
         attempt=InferenceRequest.attempt + 1,
+        **columns,
     )
     if not routed:
         return None

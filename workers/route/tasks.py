@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
+from collections.abc import Collection
+from typing import Any
 
 from celery import shared_task
 
@@ -19,6 +22,13 @@ from workers.route.policies import RoutingContext, needs_what_if
 
 logger = logging.getLogger(__name__)
 _rng = random.Random()
+
+
+#: Statuses a request is routed from by the route task (the predict task routes from predicting).
+ROUTABLE = frozenset({RequestStatus.QUEUED, RequestStatus.PREDICTING})
+# NOTE: one decision at a time per process, from reading the fleet to noting the assignment, so
+# that each decision sees the one before it (the what-ifs count assigned requests).
+_deciding = threading.Lock()
 
 
 @shared_task(name=dispatch.TASK_ROUTE, **ON_OUTAGE)
@@ -40,39 +50,58 @@ def route(request_id: str, timing: dict[str, float] | None = None) -> None:
         dispatch.generate(request_id, instance_id=request.instance_id, attempt=request.attempt,
                           priority=request.priority).send(celery)
         return
-    if request.status not in (RequestStatus.QUEUED, RequestStatus.PREDICTING):
+    if request.status not in ROUTABLE:
         return
-    started = time.perf_counter()
-    candidates = rt.fleet.routable()
-    if not candidates:
+    if not route_request(rt, request, timing or {}, route_started_at):
         # NOTE: a plain send: if it is lost, the stranded-request sweep finds the request.
         dispatch.route(request_id, priority=request.priority).send(
             celery, countdown=rt.settings.route_retry_s)
-        return
-    fallback = rt.bias_watch.fallback()
-    policy = FALLBACK_POLICY if fallback else stage.policy_in_force(rt.fleet, rt.settings)
-    exec_models = (stage.exec_models(rt).of(c.instance_id for c in candidates)
-                   if needs_what_if(policy) else None)
-    plan = plan_route(policy, request.view, candidates,
-                      RoutingContext(ticket=rt.fleet.next_round_robin(), rng=_rng), exec_models)
-    decision = plan.decision
-    decision_ms = (time.perf_counter() - started) * 1000
-    rt.fleet.assign(
-        decision.instance_id,
-        request_id,
-        num_prompt_tokens=request.view.num_prompt_tokens,
-        predicted_output_tokens=request.view.predicted_output_tokens,
-    )
-    routing = stage.routing_record(plan, decision_ms, fallback, timing or {}, route_started_at)
+
+
+def route_request(rt: runtime.Runtime, request: stage.RouteInput, timing: dict[str, float],
+                  route_started_at: float, *,
+                  allowed_from: Collection[RequestStatus] = ROUTABLE,
+                  columns: dict[str, Any] | None = None) -> bool:
+    """Decide, record the decision in one transaction (with `columns`: the predict task routes
+    the request it has just predicted and writes its prediction in the same UPDATE), and
+    publish to the chosen instance's queue through the outbox.
+
+    False when no instance is routable: nothing was written. True otherwise, also when the
+    request left `allowed_from` meanwhile (cancelled): then nothing is published.
+    """
+    request_id = request.view.request_id
+    with _deciding:
+        started = time.perf_counter()
+        candidates = rt.fleet.routable()
+        if not candidates:
+            return False
+        fallback = rt.bias_watch.fallback()
+        policy = FALLBACK_POLICY if fallback else stage.policy_in_force(rt.fleet, rt.settings)
+        exec_models = (stage.exec_models(rt).of(c.instance_id for c in candidates)
+                       if needs_what_if(policy) else None)
+        plan = plan_route(policy, request.view, candidates,
+                          RoutingContext(ticket=rt.fleet.next_round_robin(), rng=_rng),
+                          exec_models)
+        decision = plan.decision
+        decision_ms = (time.perf_counter() - started) * 1000
+        rt.fleet.assign(
+            decision.instance_id,
+            request_id,
+            num_prompt_tokens=request.view.num_prompt_tokens,
+            predicted_output_tokens=request.view.predicted_output_tokens,
+        )
+    routing = stage.routing_record(plan, decision_ms, fallback, timing, route_started_at)
     with rt.outbox.transaction() as tx:
-        attempt = stage.record(tx.session, request_id, plan, routing, fallback=bool(fallback))
+        attempt = stage.record(tx.session, request_id, plan, routing, fallback=bool(fallback),
+                               allowed_from=allowed_from, **(columns or {}))
         if attempt is not None:
             tx.post(dispatch.generate(request_id, instance_id=decision.instance_id,
                                       attempt=attempt, priority=request.priority))
     if attempt is None:
         rt.fleet.unassign(decision.instance_id, request_id)
-        return
+        return True
     metrics.observe_routing(decision.policy, decision.instance_id, routing)
     logger.info("routed to %s by %s", decision.instance_id, decision.policy,
                 extra={"instance_id": decision.instance_id, "policy": decision.policy,
                        "fallback": bool(fallback), "decision_ms": routing["decision_ms"]})
+    return True

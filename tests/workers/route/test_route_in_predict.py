@@ -1,0 +1,147 @@
+"""The predict task routes what it has just predicted (Settings.route_in_predict): one
+transaction writes the prediction and the decision, the outbox publishes to the chosen engine's
+queue, and nothing goes through the route queue; without an instance, or with the setting off,
+the route task takes over as before."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from app import store
+from app.models import InferenceRequest, OutboxEntry, Priority, RequestEvent, RequestStatus
+from app.queues import request_ids_in_broker
+from app.settings import Settings
+from tests.engine_states import engine_state
+from workers import runtime
+from workers.predict import stage as predict_stage
+from workers.predict import tasks as predict_tasks
+from workers.runtime import Runtime
+
+QUEUES = ["gpu.0", "gpu.1", "route"]
+
+
+@pytest.fixture
+def worker(fresh_services: Settings) -> Iterator[Callable[..., Runtime]]:
+    """The predict worker's runtime (baseline lengths, round robin), settings overridable."""
+    made: list[Runtime] = []
+
+    def make(**overrides: Any) -> Runtime:
+        settings = fresh_services.model_copy(update={
+            "length_predictor": "baseline", "routing_policy": "round_robin", **overrides})
+        rt = runtime.configure(settings)  # what the tasks' runtime.get() returns
+        made.append(rt)
+        return rt
+
+    yield make
+    for rt in made:
+        rt.db.engine.dispose()
+    runtime.configure(fresh_services)
+
+
+@pytest.fixture
+def queued(fresh_services: Settings) -> Iterator[Callable[[Runtime], str]]:
+    def make(rt: Runtime) -> str:
+        fields = {"priority": Priority.INTERACTIVE, "prompt": "Hello there", "messages": None,
+                  "max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "seed": None,
+                  "stop": None, "webhook_url": None, "stream": False, "request_metadata": None,
+                  "body_sha256": "0" * 64, "prompt_tokens": 3}
+        with rt.db.session() as session:
+            request, _ = store.create_request(session, fields, idempotency_key=None)
+            session.flush()
+            return request.id
+
+    yield make
+
+
+def _row(rt: Runtime, request_id: str) -> InferenceRequest:
+    with rt.db.session() as session:
+        request = session.get(InferenceRequest, request_id)
+        assert request is not None
+        session.expunge(request)
+        return request
+
+
+def _events(rt: Runtime, request_id: str) -> list[str]:
+    with rt.db.session() as session:
+        return list(session.scalars(select(RequestEvent.status).where(
+            RequestEvent.request_id == request_id).order_by(RequestEvent.id)))
+
+
+def _outbox(rt: Runtime) -> list[str]:
+    with rt.db.session() as session:
+        return list(session.scalars(select(OutboxEntry.task)))
+
+
+def _in_queue(rt: Runtime, queue: str) -> set[str]:
+    return request_ids_in_broker(rt.redis, [queue], fresh_s=0)
+
+
+def test_predict_routes_in_one_transaction_and_publishes_to_the_engine(
+        worker: Callable[..., Runtime], queued: Callable[[Runtime], str]) -> None:
+    rt = worker()
+    rt.fleet.publish("gpu.0", engine_state())
+    request_id = queued(rt)
+
+    predict_tasks.annotate(request_id)
+
+    row = _row(rt, request_id)
+    assert (row.status, row.instance_id, row.attempt) == (RequestStatus.ROUTED, "gpu.0", 1)
+    assert row.predicted_output_tokens is not None and row.predictor is not None
+    assert row.predicted_at is not None and row.routed_at is not None
+    assert row.routing is not None and row.routing["stages_ms"]["handoff"] == 0
+    assert _events(rt, request_id) == ["queued", "predicting", "routed"]
+    assert _in_queue(rt, "gpu.0") == {request_id}
+    assert _in_queue(rt, "route") == set()  # no hop through the router
+    assert _outbox(rt) == []  # sent after the commit, then forgotten
+
+    # A redelivered predict message changes nothing: the request is past the stage.
+    predict_tasks.annotate(request_id)
+    assert _row(rt, request_id).attempt == 1
+    assert _in_queue(rt, "gpu.0") == {request_id}
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_without_an_instance_or_inline_routing_the_route_task_takes_over(
+        worker: Callable[..., Runtime], queued: Callable[[Runtime], str], inline: bool) -> None:
+    rt = worker(route_in_predict=inline)
+    if not inline:
+        rt.fleet.publish("gpu.0", engine_state())
+    request_id = queued(rt)
+
+    predict_tasks.annotate(request_id)
+
+    row = _row(rt, request_id)
+    assert row.status == RequestStatus.PREDICTING and row.predicted_output_tokens is not None
+    assert row.instance_id is None and row.attempt == 0
+    assert _in_queue(rt, "route") == {request_id}
+    assert _in_queue(rt, "gpu.0") == set()
+
+
+def test_a_request_cancelled_while_predicting_is_not_routed(
+        worker: Callable[..., Runtime], queued: Callable[[Runtime], str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    rt = worker()
+    rt.fleet.publish("gpu.0", engine_state())
+    request_id = queued(rt)
+    predictor = predict_stage.length_predictor(rt)
+    predict = predictor.predict
+
+    def cancelled_meanwhile(query: predict_stage.LengthQuery) -> predict_stage.LengthAnswer:
+        with rt.db.session() as session:
+            assert store.transition(session, request_id, RequestStatus.CANCELLED,
+                                    allowed_from={RequestStatus.PREDICTING})
+        return predict(query)
+
+    monkeypatch.setattr(predictor, "predict", cancelled_meanwhile)
+    predict_tasks.annotate(request_id)
+
+    row = _row(rt, request_id)
+    assert (row.status, row.instance_id, row.attempt) == (RequestStatus.CANCELLED, None, 0)
+    assert _in_queue(rt, "gpu.0") == set() and _in_queue(rt, "route") == set()
+    assert _outbox(rt) == []
+    (status,) = rt.fleet.statuses()
+    assert status.assigned == ()  # the decision's assignment was taken back
