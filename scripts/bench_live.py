@@ -6,8 +6,8 @@ Method, settings and results: docs/benchmarks_live.md. Every latency and rate is
 time (wall / time scale). Each (policy, rate) point runs on a fresh stack, database and Redis
 database. Needs `scripts/make_live_workload.py` for the "conversations" workload.
 
-    .venv/bin/python scripts/bench_live.py --smoke                       # ~2-4 min
-    .venv/bin/python scripts/bench_live.py --json live.json              # full (hours)
+    .venv/bin/python scripts/bench_live.py --smoke                       # ~5 min quiet
+    .venv/bin/python scripts/bench_live.py --json live.json              # full: many hours
     .venv/bin/python scripts/bench_live.py --replot live.json            # tables + plots again
 """
 
@@ -35,7 +35,7 @@ from live_bench.stats import search_capacity  # noqa: E402
 WORKLOADS = ("conversations", "sharegpt-azure")
 DEFAULT_RATES = (30.0, 40.0, 50.0, 60.0, 70.0)
 SMOKE = {"instances": 4, "requests": 100, "policies": ["round_robin", "block"], "rates": [12.0],
-         "bisect": 0, "workloads": ["conversations"]}
+         "bisect": 0, "workloads": ["conversations"], "time_scale": 4.0}
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -51,7 +51,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--slo", type=float, default=3.0, help="TTFT p99 SLO, emulated s")
     parser.add_argument("--instances", type=int, default=12)
     parser.add_argument("--requests", type=int, default=2000, help="requests per point")
-    parser.add_argument("--time-scale", type=float, default=4.0,
+    parser.add_argument("--time-scale", type=float, default=8.0,
                         help="wall seconds per emulated second (>1: slow motion)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workload-dir", type=Path, default=ROOT / ".blockq" / "live_workload")
