@@ -15,10 +15,8 @@ from app.models import EngineStepSample
 from tests.stack.native_requests import submit, wait_terminal
 
 
-def test_emulated_instances_serve_requests_end_to_end(
-    start_stack: Callable[..., Stack],
-) -> None:
-    stack = start_stack(2, engine_kind="emulated", emulated_time_scale=0.05)
+def test_emulated_instances_serve_requests_end_to_end(emulated_stack: Stack) -> None:
+    stack = emulated_stack  # two emulated instances, 20 times faster than real time
     with stack.client() as client:
         instances = client.get("/v1/instances").json()["data"]
         with ThreadPoolExecutor(8) as pool:

@@ -123,11 +123,10 @@ def json_lines(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def test_a_requests_id_is_in_the_json_logs_of_every_stage(
-    start_stack: Callable[..., Stack],
-) -> None:
+def test_a_requests_id_is_in_the_json_logs_of_every_stage(emulated_stack: Stack) -> None:
     receiver = WebhookReceiver()
-    stack = start_stack(2, engine_kind="emulated", emulated_time_scale=0.05, log_format="json")
+    stack = emulated_stack  # two emulated instances; its settings ask for JSON logs
+    assert stack.settings.log_format == "json"
     try:
         with stack.client() as client:
             request_id = submit(client, prompt="Tell me about logs.", max_tokens=16,

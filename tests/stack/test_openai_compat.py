@@ -26,8 +26,8 @@ def _native(stack: Stack, response_id: str) -> dict:
         return client.get(f"/v1/requests/{request_id}").json()
 
 
-def test_models_completions_and_errors(start_stack: Callable[..., Stack]) -> None:
-    stack = start_stack(2, engine_kind="emulated", emulated_time_scale=0.05)
+def test_models_completions_and_errors(emulated_stack: Stack) -> None:
+    stack = emulated_stack  # two emulated instances, 20 times faster than real time
     client = _client(stack)
     model = stack.settings.model_name
 
@@ -125,10 +125,8 @@ def test_streams_flow_while_generating_and_a_dropped_stream_cancels(
 
 
 @pytest.mark.vllm
-def test_chat_completions_on_vllm_stream_the_real_engines_tokens(
-    start_stack: Callable[..., Stack],
-) -> None:
-    stack = start_stack(1)  # the real vLLM engine with the tiny model
+def test_chat_completions_on_vllm_stream_the_real_engines_tokens(vllm_stack: Stack) -> None:
+    stack = vllm_stack  # the real vLLM engine with the tiny model
     client = _client(stack)
     messages = [{"role": "user", "content": "Hello, who are you?"}]
     model = stack.settings.model_name

@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from app.cli.stack import Stack
 from tests.environment import ROOT
@@ -42,11 +43,9 @@ def _until(predicate: Callable[[], bool], timeout_s: float = 30) -> None:
         time.sleep(0.2)
 
 
-def test_admin_api_drains_pauses_and_switches_routing(
-    start_stack: Callable[..., Stack],
-) -> None:
-    stack = start_stack(2, engine_kind="emulated", emulated_time_scale=0.05,
-                        routing_policy="round_robin")
+def test_admin_api_drains_pauses_and_switches_routing(emulated_stack: Stack) -> None:
+    stack = emulated_stack  # two emulated instances, round robin (the default policy)
+    assert stack.settings.routing_policy == "round_robin"
     user_key = stack.issue_api_key("users")
     with stack.client() as admin, stack.client(user_key) as user:
         assert user.get("/v1/admin/queues").status_code == 403
@@ -89,11 +88,10 @@ def _consumes(stack: Stack, queue: str) -> bool:
     return any(q["name"] == queue for queues in replies.values() for q in queues)
 
 
-def test_readme_recipes_pause_a_gpu_queue_and_resume_it(
-    start_stack: Callable[..., Stack],
-) -> None:
-    stack = start_stack(2, engine_kind="emulated", emulated_time_scale=0.05,
-                        routing_policy="round_robin")
+@pytest.mark.spends_stack  # leaves gpu.1's consumer cancelled and its queue purged
+def test_readme_recipes_pause_a_gpu_queue_and_resume_it(emulated_stack: Stack) -> None:
+    stack = emulated_stack  # two emulated instances, round robin (the default policy)
+    assert stack.settings.routing_policy == "round_robin"
     node = f"gpu.0@{socket.gethostname()}"
     with stack.client() as client:
         # Pause consumption of gpu.0 (README: Operations).

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,9 +73,9 @@ def _client(stack: Stack) -> openai.OpenAI:
 
 @pytest.mark.vllm
 def test_vllm_bench_an_eval_harness_and_the_openai_client_run_unmodified(
-    start_stack: Callable[..., Stack], tmp_path: Path,
+    vllm_stack: Stack, tmp_path: Path,
 ) -> None:
-    stack = start_stack(1)  # the real vLLM engine with the tiny model
+    stack = vllm_stack  # the real vLLM engine with the tiny model
     for backend, endpoint in (("openai", "/v1/completions"),
                               ("openai-chat", "/v1/chat/completions")):
         saved = _bench(stack, tmp_path, backend, endpoint)

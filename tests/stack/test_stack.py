@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
@@ -31,9 +30,9 @@ def _at(value: str) -> datetime:
     return datetime.fromisoformat(value)
 
 
-def test_requests_flow_end_to_end_with_webhooks(start_stack: Callable[..., Stack]) -> None:
+def test_requests_flow_end_to_end_with_webhooks(vllm_pair_stack: Stack) -> None:
     receiver = WebhookReceiver()
-    stack = start_stack(2)
+    stack = vllm_pair_stack
     client = stack.client()
     try:
         with ThreadPoolExecutor(8) as pool:
@@ -117,8 +116,8 @@ def _assert_webhooks(receiver: WebhookReceiver, secret: str, *, ok_ids: set[str]
     assert len(ids_per_event) == len(flaky_ids)  # retries keep the event id
 
 
-def test_cancel_a_running_request_aborts_it(start_stack: Callable[..., Stack]) -> None:
-    stack = start_stack(1)
+def test_cancel_a_running_request_aborts_it(vllm_stack: Stack) -> None:
+    stack = vllm_stack
     with stack.client() as client:
         request_id = submit(client, prompt="Write forever.", max_tokens=1800)
         deadline = time.monotonic() + 60
@@ -136,8 +135,8 @@ def test_cancel_a_running_request_aborts_it(start_stack: Callable[..., Stack]) -
     assert [e["status"] for e in final["events"]][-1] == "cancelled"
 
 
-def test_continuous_batching_survives_celery(start_stack: Callable[..., Stack]) -> None:
-    stack = start_stack(1)
+def test_continuous_batching_survives_celery(vllm_stack: Stack) -> None:
+    stack = vllm_stack
     body = {"prompt": "Count slowly to a hundred.", "max_tokens": 256, "temperature": 0.0}
     with stack.client() as client:
         started = time.monotonic()
@@ -163,8 +162,9 @@ def test_continuous_batching_survives_celery(start_stack: Callable[..., Stack]) 
     assert widest is not None and widest >= 16
 
 
-def test_sigkilled_engine_worker_loses_nothing(start_stack: Callable[..., Stack]) -> None:
-    stack = start_stack(2)
+@pytest.mark.spends_stack  # kills gpu.0
+def test_sigkilled_engine_worker_loses_nothing(vllm_pair_stack: Stack) -> None:
+    stack = vllm_pair_stack
     with stack.client() as client:
         ids = [submit(client, prompt=f"Long answer {i}", max_tokens=160) for i in range(40)]
         deadline = time.monotonic() + 60
