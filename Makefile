@@ -10,8 +10,10 @@ demo: setup
 serve: setup
 	.venv/bin/blockq serve
 
+# The 25 slowest steps and (tests/stack/conftest.py) every whole stack started are listed at the
+# end: where a run's time went.
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --durations=25
 
 # The inner loop while editing: everything but the vLLM, whole-stack and slow tests (under 2
 # minutes).
