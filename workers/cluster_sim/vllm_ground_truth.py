@@ -13,37 +13,32 @@ prefill. Each request is sent with ``max_tokens`` = its true output length and
 noise sequence, so the two ground truths see identical inputs and differ only in scheduling.
 
 vLLM's scheduler is pure Python but does far more bookkeeping per step than ours (about
-10-20x slower); importing vLLM takes seconds (torch). Benchmark-only: nothing in production
+about 14-18x slower, measured); importing vLLM takes 20-90 s (torch). Benchmark-only: nothing in production
 imports this module, and `workers.cluster_sim` does not import it unless asked for
 (`ground_truth_class("vllm")`).
 """
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Sequence
 from types import SimpleNamespace
 
-# NOTE: vLLM logs a platform banner and CPU-backend hints at import; the scheduler needs
-# none of them. Set before the first vLLM import (a caller's explicit setting wins).
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-
-import torch  # noqa: E402
-from vllm.config import CacheConfig, SchedulerConfig, VllmConfig  # noqa: E402
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
-from vllm.v1.core.sched.output import SchedulerOutput as VllmSchedulerOutput  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
+import torch
+from vllm.config import CacheConfig, SchedulerConfig, VllmConfig
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput as VllmSchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
+from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
 )
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
 
-from workers.sim import (  # noqa: E402
+from workers.sim import (
     BatchStats,
     ExecModel,
     InstanceConfig,
@@ -53,7 +48,7 @@ from workers.sim import (  # noqa: E402
     StepResult,
 )
 
-from .ground_truth import GroundTruthInstance, SimulatedRequest  # noqa: E402
+from .ground_truth import GroundTruthInstance, SimulatedRequest
 
 __all__ = ["VllmAsyncGroundTruthInstance", "VllmGroundTruthInstance", "make_vllm_scheduler"]
 
