@@ -12,10 +12,10 @@ prefill. Each request is sent with ``max_tokens`` = its true output length and
 `GroundTruthInstance`'s: the execution-time model of the step's batch times the same seeded
 noise sequence, so the two ground truths see identical inputs and differ only in scheduling.
 
-vLLM's scheduler is pure Python but does far more bookkeeping per step than ours (about
-about 14-18x slower, measured); importing vLLM takes 20-90 s (torch). Benchmark-only: nothing in production
-imports this module, and `workers.cluster_sim` does not import it unless asked for
-(`ground_truth_class("vllm")`).
+vLLM's scheduler is pure Python but does far more bookkeeping per step than ours (measured
+14-18x slower per step); importing vLLM takes 20-90 s (torch). Benchmark-only: nothing in
+production imports this module, and `workers.cluster_sim` does not import it unless asked
+for (`ground_truth_class("vllm")`).
 """
 
 from __future__ import annotations
