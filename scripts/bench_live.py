@@ -93,10 +93,19 @@ def _load_workload(name: str, args: argparse.Namespace) -> workloads.LiveWorkloa
         return workloads.conversations(args.workload_dir, num_requests=args.requests,
                                        max_model_len=args.max_model_len, seed=args.seed,
                                        count_tokens=codec.count)
-    return workloads.sharegpt_azure(args.data, num_requests=args.requests,
-                                    max_model_len=args.max_model_len, seed=args.seed,
-                                    decode=codec.decode, vocab_size=codec.vocab_size,
-                                    learned=None)
+    # block's lengths on ShareGPT (no prompt text to run the model on): the learned-errors
+    # noise model, the shipped model's measured held-out residuals by true length, drawn with
+    # the run's seed as the discrete-event benchmark draws them.
+    from workers.cluster_sim.predictors import load_length_errors  # noqa: PLC0415
+
+    try:
+        errors = load_length_errors()
+    except FileNotFoundError:  # the fixture (scripts/make_length_error_fixture.py) not made yet
+        errors = None
+    return workloads.sharegpt_azure(
+        args.data, num_requests=args.requests, max_model_len=args.max_model_len, seed=args.seed,
+        decode=codec.decode, vocab_size=codec.vocab_size,
+        learned=None if errors is None else (lambda true: errors.draw(true, args.seed)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,8 @@ Two workloads (docs/benchmarks_live.md):
   live prompt lengths are that tokenizer's counts, recorded with each request.
 - "sharegpt-azure": ShareGPT prompt/answer lengths with the Azure conversation trace's arrivals.
   Prompts are sent as token ids (random ids, the trace's count): the engine sees exactly the
-  trace's prompt length; the table key is their text as the API decodes it.
+  trace's prompt length; the table key is their text as the API decodes it. `block` gets the
+  learned-errors noise model's lengths (workers/cluster_sim/predictors.py) through the table.
 
 Every request asks for the whole room (max_tokens = max_model_len - prompt tokens): the true
 length comes from the emulated engine's answer table (Settings.emulated_output_lengths
@@ -167,7 +168,8 @@ def sharegpt_azure(data_dir: Path, *, num_requests: int, max_model_len: int, see
         requests.append(LiveRequest(ids, key, prompt_tokens, output_tokens,
                                     predicted[i], room))
     notes = [f"{n} requests: ShareGPT lengths ({SHAREGPT.name}), Azure conversation arrivals "
-             f"({AZURE_CONV.name}), prompts as random token ids"]
+             f"({AZURE_CONV.name}), prompts as random token ids"
+             + ("; block's lengths: learned-errors draws" if learned is not None else "")]
     if learned is None:
         notes.append("no learned-errors noise model available: block (learned) not run")
     return LiveWorkload("sharegpt-azure", requests, list(arrivals[:n]), "tiny-llama", None,
