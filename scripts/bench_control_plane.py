@@ -493,6 +493,8 @@ def main() -> int:
     parser.add_argument("--policy", default="block", help="the routing policy of blockq")
     parser.add_argument("--route-task", action="store_true",
                         help="route in the route task, after a hop (route_in_predict off)")
+    parser.add_argument("--ready-timeout-s", type=float, default=900.0,
+                        help="how long the stack may take to start (a loaded machine is slow)")
     parser.add_argument("--skip-pinned", action="store_true")
     parser.add_argument("--skip-vllm", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
@@ -540,7 +542,7 @@ def main() -> int:
         db = sa.create_engine(args.database_url)
         try:
             stack.start()
-            stack.wait_ready(num_instances=1, timeout_s=300)
+            stack.wait_ready(num_instances=1, timeout_s=args.ready_timeout_s)
             roots = {ROLES.get(name, ENGINE_WORKER): p.pid for name, p in stack.processes.items()}
             meter = CpuMeter(roots, database)
             placement = _pin_stack(stack, predict_alone=False)
