@@ -14,9 +14,16 @@ over-predicted, long ones under-predicted), so the fixture keeps them per bin of
 the bin of each request's true length. The file records the commit of the shipped artifact, its
 version and this script's command.
 
+``--from-replay FILE`` is a cheap stand-in (no encoder run): the errors of the held-out model of a
+replay workload (``scripts/make_live_workload.py``: the same recipe trained on 80 % of the prompts,
+predicting the other 20 % for a serving model it does not know, i.e. with the pooled intercept, as
+the live predictor does), far fewer answers (one per held-out prompt).
+
 Usage::
 
     python scripts/make_length_error_fixture.py [--data DIR] [--bins 10] [--out FILE]
+    python scripts/make_length_error_fixture.py --from-replay .blockq/live_workload/requests.jsonl \
+        --bins 5
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import eval_length_model  # noqa: E402  (a script beside this one: its folds and method)
 
 from workers.cluster_sim.predictors import LEARNED_ERRORS_FIXTURE  # noqa: E402
+from workers.cluster_sim.workload import load_replay_prompts  # noqa: E402
 from workers.predict.dataset import DEFAULT_DATA_DIR, build_rows  # noqa: E402
 from workers.predict.encoder import Encoder, EncoderConfig  # noqa: E402
 from workers.predict.features import TokenCounter  # noqa: E402
@@ -75,10 +83,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--bins", type=int, default=10, help="equal-count bins of true length")
     parser.add_argument("--out", type=Path, default=LEARNED_ERRORS_FIXTURE)
+    parser.add_argument("--from-replay", type=Path, default=None, metavar="REQUESTS_JSONL",
+                        help="take the errors of a replay workload's held-out model instead")
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
-    predicted, true, num_prompts = out_of_fold(args.data, args.folds)
+    if args.from_replay:
+        replay = load_replay_prompts(args.from_replay)
+        predicted = np.array([r.predicted_tokens for r in replay], dtype=np.float64)
+        true = np.array([r.output_tokens for r in replay], dtype=np.float64)
+        num_prompts = len(replay)
+    else:
+        predicted, true, num_prompts = out_of_fold(args.data, args.folds)
     residuals = np.log(predicted) - np.log(true)
     order = np.argsort(true, kind="stable")
     bins = []
@@ -91,17 +107,42 @@ def main(argv: list[str] | None = None) -> int:
     metrics = length_metrics(predicted, true)
     head = LengthHead.load(BOOTSTRAP_ARTIFACT)
     artifact = BOOTSTRAP_ARTIFACT.relative_to(REPO_ROOT)
+    if args.from_replay:
+        manifest_path = args.from_replay.parent / "manifest.json"
+        manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+        held_out = {
+            "description": "Held-out log residuals log(predicted) - log(true) of a replay "
+            "workload's length model (the shipped recipe trained on the training prompts of "
+            "scripts/make_live_workload.py's split, pooled intercept), one answer per held-out "
+            "prompt, binned by true length (equal-count bins). Derived from "
+            "../shared/data/conversations. A stand-in for the full out-of-fold fixture "
+            "(this script without --from-replay).",
+            "made_by": "python scripts/make_live_workload.py --seed "
+            f"{manifest.get('seed', '?')} --test-share {manifest.get('test_share', '?')} && "
+            "python scripts/make_length_error_fixture.py --from-replay "
+            f"<out>/requests.jsonl --bins {args.bins}",
+            "model_version": manifest.get("model_version"),
+            "serving_model": manifest.get("serving_model"),
+            "cross_validation": "one split by prompt (dataset.split_by_prompt)",
+            "model_artifact": "<out>/model/length.npz of make_live_workload (the recipe of "
+            f"{artifact}, trained on the training prompts)",
+            "recipe_commit": _git("rev-parse", "HEAD"),
+        }
+    else:
+        held_out = {
+            "description": "Out-of-fold log residuals log(predicted) - log(true) of the "
+            "learned length model (the shipped bootstrap recipe), binned by true length "
+            "(equal-count bins). Derived from ../shared/data/conversations.",
+            "made_by": "python scripts/make_length_error_fixture.py "
+            f"--folds {args.folds} --bins {args.bins}",
+            "model_version": head.version,
+            "cross_validation": f"{args.folds}-fold by prompt, seed 0 "
+            "(scripts/eval_length_model.py folds_of and encoder_method)",
+            "model_artifact": str(artifact),
+            "model_commit": _git("log", "-1", "--format=%H", "--", str(artifact)),
+        }
     fixture = {
-        "description": "Out-of-fold log residuals log(predicted) - log(true) of the learned "
-        "length model (the shipped bootstrap recipe), binned by true length (equal-count "
-        "bins). Derived from ../shared/data/conversations.",
-        "made_by": "python scripts/make_length_error_fixture.py "
-        f"--folds {args.folds} --bins {args.bins}",
-        "model_artifact": str(artifact),
-        "model_version": head.version,
-        "model_commit": _git("log", "-1", "--format=%H", "--", str(artifact)),
-        "cross_validation": f"{args.folds}-fold by prompt, seed 0 "
-        "(scripts/eval_length_model.py folds_of and encoder_method)",
+        **held_out,
         "num_answers": int(len(true)),
         "num_prompts": num_prompts,
         "metrics": {k: round(v, 4) for k, v in metrics.items()},
