@@ -31,17 +31,11 @@ from sqlalchemy import func, select, update
 from app.cli import main as cli
 from app.cli.stack import Stack
 from app.db import Database
-from app.migrate import recreate_database, upgrade
 from app.models import Batch, InferenceRequest, utcnow
 from app.settings import Settings
 from app.store import ACTIVE_STATUSES
 from app.teams import create_team, issue_key
-from tests.environment import (
-    TEST_DATABASE_URL,
-    TEST_REDIS_URL,
-    TEST_WEBHOOK_SECRET,
-    free_port,
-)
+from tests.environment import TEST_DATABASE_URL, TEST_REDIS_URL
 from tests.stack.webhook_receiver import WebhookReceiver, team_webhook_secret
 
 MODEL = "tiny-llama"
@@ -51,25 +45,18 @@ MAX_IN_FLIGHT = 32
 
 @pytest.fixture(scope="module")
 def stack(
-    model_path: Path, tmp_path_factory: pytest.TempPathFactory, inherited_env: dict[str, str]
+    services_factory: Callable[[Path], Settings], tmp_path_factory: pytest.TempPathFactory,
+    inherited_env: dict[str, str],
 ) -> Iterator[Stack]:
     """The stack `start_stack` starts, with emulated engines 20 times faster than real time,
     a small batch in-flight limit (so that shares matter) and fast batch ticks."""
-    recreate_database(TEST_DATABASE_URL)
-    upgrade(TEST_DATABASE_URL)
-    broker = redis.Redis.from_url(TEST_REDIS_URL)
-    broker.flushdb()
-    settings = Settings(
-        database_url=TEST_DATABASE_URL, redis_url=TEST_REDIS_URL,
-        data_dir=tmp_path_factory.mktemp("batch-stack"), model_path=model_path,
-        api_port=free_port(), flower_port=free_port(), webhook_secret=TEST_WEBHOOK_SECRET,
-        webhook_allowed_networks="127.0.0.0/8",
-        num_instances=2,
-        api_workers=1, heartbeat_ttl_s=2.0, orphan_check_interval_s=1.0, webhook_backoff_s=0.2,
-        engine_concurrency=96, engine_kind="emulated", emulated_time_scale=0.05,
-        emulated_output_lengths="max_tokens", max_batch_in_flight=MAX_IN_FLIGHT,
-        batch_release_interval_s=0.2, batch_expiry_check_interval_s=0.5,
-    )
+    settings = services_factory(tmp_path_factory.mktemp("batch-stack")).model_copy(update={
+        "num_instances": 2, "log_format": "json", "api_workers": 1, "heartbeat_ttl_s": 2.0,
+        "orphan_check_interval_s": 1.0, "webhook_backoff_s": 0.2, "engine_concurrency": 96,
+        "engine_kind": "emulated", "emulated_time_scale": 0.05,
+        "emulated_output_lengths": "max_tokens", "max_batch_in_flight": MAX_IN_FLIGHT,
+        "batch_release_interval_s": 0.2, "batch_expiry_check_interval_s": 0.5,
+    })
     running = Stack(settings, env={**inherited_env, **settings.as_env()})
     try:
         running.start()
@@ -77,6 +64,7 @@ def stack(
         yield running
     finally:
         running.stop()
+        broker = redis.Redis.from_url(TEST_REDIS_URL)
         broker.flushdb()
         broker.close()
 
