@@ -2,7 +2,7 @@
 task module, signals wired."""
 
 from app.celery_app import create_celery
-from app.dispatch import TASK_GENERATE, TASK_PREDICT, TASK_ROUTE
+from app.dispatch import TASK_PREDICT, TASK_ROUTE
 from app.settings import Settings
 from workers import observability as _observability  # noqa: F401 - connects signals
 from workers.broker import BROKER_TRANSPORT
@@ -22,14 +22,14 @@ TASK_MODULES = (
 )
 
 celery = create_celery(Settings.load(), include=TASK_MODULES)
-# NOTE: the tasks every request passes through send no task events. Flower turns events on in
-# every worker; each event is a message of its own (received, started, succeeded: three per task,
-# about 0.5-1 ms of CPU each to send, and as much again for Flower to read), more than the rest
-# of a request's control-plane work. Workers still send their heartbeats (Flower's Workers
-# page), and every other task its events; a request's own history is its record
-# (GET /v1/requests/<id>) and the metrics.
+# NOTE: predict and route, which every request passes through, send no task events. Flower turns
+# events on in every worker; each event is a message of its own (received, started, succeeded:
+# three per task, about 0.5-1 ms of CPU each to send, and as much again for Flower to read), more
+# than the rest of those tasks' work. The engine queues' task (generate) keeps its events: an
+# operator opens Flower to see the GPU queues' work first. Workers still send their heartbeats,
+# and every other task its events; a request's own history is its record (GET /v1/requests/<id>).
 celery.conf.task_annotations = {
-    task: {"send_events": False} for task in (TASK_PREDICT, TASK_ROUTE, TASK_GENERATE)
+    task: {"send_events": False} for task in (TASK_PREDICT, TASK_ROUTE)
 }
 # NOTE: a lost Redis connection must not end a worker with tasks in flight (workers/broker.py).
 celery.conf.broker_transport = BROKER_TRANSPORT

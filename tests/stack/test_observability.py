@@ -139,7 +139,8 @@ def test_a_requests_id_is_in_the_json_logs_of_every_stage(emulated_stack: Stack)
         receiver.close()
     assert result["status"] == "succeeded"
 
-    processes = ["api", "predict", "route", result["instance_id"], "webhooks"]
+    # The predict worker also routes (route_in_predict): the decision is logged there.
+    processes = ["api", "predict", result["instance_id"], "webhooks"]
     deadline = time.monotonic() + 15
     while True:
         mine = {name: [r for r in json_lines(stack.log_dir / f"{name}.log")
@@ -153,7 +154,7 @@ def test_a_requests_id_is_in_the_json_logs_of_every_stage(emulated_stack: Stack)
             assert {"time", "level", "logger", "message", "role"} <= set(record), record
             assert record["role"] == name, record
     assert any(r["message"] == "request created" for r in mine["api"])
-    assert any(r.get("instance_id") == result["instance_id"] for r in mine["route"])
+    assert any(r.get("instance_id") == result["instance_id"] for r in mine["predict"])
 
     # No secret in any log: the API key the client used, the webhook signing secret.
     assert stack.api_key
