@@ -20,7 +20,8 @@ Steps:
      mix of answering models;
    - output_tokens: that answer's length in Qwen tokens, capped at max_model_len - prompt_tokens
      (where an engine stops it); prompts of max_model_len tokens or more are left out;
-   - prompt_tokens: `workers.serve.emulated_engine.approx_token_count(prompt)`;
+   - prompt_tokens: counted with the served model's tokenizer (`app.prompts.PromptCodec`), as
+     the emulated fleet counts a text prompt (the live and simulated benchmarks agree);
    - predicted_tokens: the saved model, loaded as a predictor worker loads it
      (`LengthPredictor.load`), for the prompt text and the serving model name
      (``--serving-model``, default Settings.model_name), capped at the output room.
@@ -52,12 +53,12 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
+from app.prompts import PromptCodec
 from app.settings import Settings
 from workers.cluster_sim.workload import ReplayPrompt, load_replay_prompts
 from workers.predict.dataset import DEFAULT_DATA_DIR, LengthRow, build_rows, split_by_prompt
 from workers.predict.encoder import Encoder, EncoderConfig
 from workers.predict.length_model import LengthPredictor, TrainConfig, length_metrics, train
-from workers.serve.emulated_engine import approx_token_count
 
 DEFAULT_OUT = Path(".blockq/live_workload")
 MODEL_FILE = Path("model/length.npz")
@@ -106,9 +107,11 @@ def main(argv: list[str] | None = None) -> int:
 
     # Predict as a predictor worker would: the saved artifact, loaded the worker's way.
     served = LengthPredictor.load(model_path, num_threads=args.threads)
-    answers = [a for a in choose_answers(test_rows, args.seed)
-               if approx_token_count(a.prompt) < args.max_model_len]
-    prompt_tokens = [approx_token_count(a.prompt) for a in answers]
+    # Prompt tokens as the emulated fleet counts them: with the served model's tokenizer.
+    codec = PromptCodec(Settings.load().resolved_model_path)
+    counted = [(a, codec.count(a.prompt)) for a in choose_answers(test_rows, args.seed)]
+    answers = [a for a, n in counted if n < args.max_model_len]
+    prompt_tokens = [n for _, n in counted if n < args.max_model_len]
     room = [args.max_model_len - n for n in prompt_tokens]
     predictions = served.predict_batch([a.prompt for a in answers], args.serving_model, room)
     replay = [

@@ -171,7 +171,7 @@ class ReplayPrompt:
     source_model: str
     #: The real answer's length (Qwen tokens): the true length an emulated engine generates.
     output_tokens: int
-    #: Prompt tokens as the emulated engine's default counter sees them (`approx_token_count`).
+    #: Prompt tokens as the emulated fleet counts them (the served model's tokenizer).
     prompt_tokens: int
     #: The held-out length model's prediction for this prompt and the serving model name.
     predicted_tokens: int
