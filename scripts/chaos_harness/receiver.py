@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from chaos_harness.services import free_port
+from app.cli.stack import free_port
 from workers.webhooks.signing import verify
 
 

