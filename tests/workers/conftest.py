@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 import pytest
 from sqlalchemy import update
 
-from app import store
-from app.models import InferenceRequest, Priority, RequestStatus
+from app.models import InferenceRequest, RequestStatus
 from app.settings import Settings
+from tests.workers.request_rows import new_request
 from workers.predict.features import TokenCounter
 from workers.runtime import Runtime
 from workers.sim import ExecModel, InstanceConfig
@@ -87,16 +87,11 @@ def routed_request(rt: Runtime) -> Callable[..., str]:
     """Makes a request routed to an instance as its n-th routing attempt; returns its id."""
 
     def make(instance_id: str, attempt: int, status: RequestStatus = RequestStatus.ROUTED) -> str:
-        fields = {"priority": Priority.INTERACTIVE, "prompt": "Hello", "messages": None,
-                  "max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "seed": None,
-                  "stop": None, "webhook_url": None, "stream": False, "request_metadata": None,
-                  "body_sha256": "0" * 64, "prompt_tokens": 3}
         with rt.db.session() as session:
-            request, _ = store.create_request(session, fields, idempotency_key=None)
-            session.flush()
-            session.execute(update(InferenceRequest).where(InferenceRequest.id == request.id)
+            request_id = new_request(session)
+            session.execute(update(InferenceRequest).where(InferenceRequest.id == request_id)
                             .values(status=status, instance_id=instance_id, attempt=attempt))
-            return request.id
+            return request_id
 
     return make
 

@@ -6,18 +6,9 @@ import random
 
 import pytest
 
+from tests.workers.cluster_sim.instance_configs import random_config
 from workers.cluster_sim import GroundTruthInstance, SimulatedRequest
-from workers.sim import ExecModel, InstanceConfig, Scheduler, SeqState
-
-
-def _random_config(rng: random.Random) -> InstanceConfig:
-    block_size = rng.choice([1, 4, 16])
-    max_model_len = rng.choice([64, 128, 256])
-    min_blocks = -(-max_model_len // block_size) + 1
-    return InstanceConfig(rng.randint(min_blocks, 3 * min_blocks), block_size,
-                          rng.randint(1, 8), rng.randint(8, 64), max_model_len,
-                          watermark=rng.choice([0.0, 0.05]),
-                          reserve_full_input=rng.random() < 0.8)
+from workers.sim import ExecModel, Scheduler, SeqState
 
 
 def test_each_step_is_the_scheduler_models_step_priced_by_the_exec_model(
@@ -25,7 +16,7 @@ def test_each_step_is_the_scheduler_models_step_priced_by_the_exec_model(
     num_preemptions = 0
     for case in range(40):
         rng = random.Random(case)
-        config = _random_config(rng)
+        config = random_config(rng)
         reference, instance = Scheduler(config), GroundTruthInstance("g", config, toy_model)
         arrivals: dict[int, list[tuple[str, int, int]]] = {}
         for i in range(rng.randint(1, 16)):

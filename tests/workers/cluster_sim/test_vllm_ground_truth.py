@@ -10,6 +10,7 @@ pytest.importorskip("vllm")
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 
+from tests.workers.cluster_sim.instance_configs import random_config  # noqa: E402
 from workers.cluster_sim import ClusterSetup, GroundTruthInstance, SimulatedRequest  # noqa: E402
 from workers.cluster_sim.predictors import OraclePredictor  # noqa: E402
 from workers.cluster_sim.simulation import ground_truth_class, simulate  # noqa: E402
@@ -24,15 +25,6 @@ from workers.sim import BatchStats, ExecModel, InstanceConfig, bundled_model  # 
 #: The Block paper's vLLM settings for Qwen2-7B on an A30.
 PAPER_QWEN = InstanceConfig(7289, 16, 48, 512, 4096)
 
-
-def _random_config(rng: random.Random) -> InstanceConfig:
-    block_size = rng.choice([1, 4, 16])
-    max_model_len = rng.choice([64, 128, 256])
-    min_blocks = -(-max_model_len // block_size) + 1
-    return InstanceConfig(rng.randint(min_blocks, 3 * min_blocks), block_size,
-                          rng.randint(1, 8), rng.randint(8, 64), max_model_len,
-                          watermark=rng.choice([0.0, 0.05]),
-                          reserve_full_input=rng.random() < 0.8)
 
 
 def test_the_scheduler_gets_the_instance_settings_without_a_model() -> None:
@@ -96,7 +88,7 @@ def test_steps_snapshots_and_times_agree_with_our_scheduler(toy_model: ExecModel
     num_preemptions = 0
     for case in range(30):
         rng = random.Random(case)
-        config = _random_config(rng)
+        config = random_config(rng)
         ours = GroundTruthInstance("g", config, toy_model, noise_sigma=0.1, seed=case)
         theirs = VllmGroundTruthInstance("g", config, toy_model, noise_sigma=0.1, seed=case)
         arrivals: dict[int, list[tuple[str, int, int]]] = {}

@@ -12,10 +12,11 @@ import pytest
 from sqlalchemy import select
 
 from app import store
-from app.models import InferenceRequest, OutboxEntry, Priority, RequestEvent, RequestStatus
+from app.models import InferenceRequest, OutboxEntry, RequestEvent, RequestStatus
 from app.queues import request_ids_in_broker
 from app.settings import Settings
 from tests.engine_states import engine_state
+from tests.workers.request_rows import new_request
 from workers import runtime
 from workers.predict import stage as predict_stage
 from workers.predict import tasks as predict_tasks
@@ -45,14 +46,8 @@ def worker(fresh_services: Settings) -> Iterator[Callable[..., Runtime]]:
 @pytest.fixture
 def queued(fresh_services: Settings) -> Iterator[Callable[[Runtime], str]]:
     def make(rt: Runtime) -> str:
-        fields = {"priority": Priority.INTERACTIVE, "prompt": "Hello there", "messages": None,
-                  "max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "seed": None,
-                  "stop": None, "webhook_url": None, "stream": False, "request_metadata": None,
-                  "body_sha256": "0" * 64, "prompt_tokens": 3}
         with rt.db.session() as session:
-            request, _ = store.create_request(session, fields, idempotency_key=None)
-            session.flush()
-            return request.id
+            return new_request(session, prompt="Hello there")
 
     yield make
 

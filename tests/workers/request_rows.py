@@ -1,0 +1,24 @@
+"""Request rows for the worker tests, made as the API stores an accepted request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app import store
+from app.models import Priority
+
+#: A small interactive completion request, as the API's schema hands it to the store.
+REQUEST_FIELDS: dict[str, Any] = {
+    "priority": Priority.INTERACTIVE, "prompt": "Hello", "messages": None, "max_tokens": 16,
+    "temperature": 1.0, "top_p": 1.0, "seed": None, "stop": None, "webhook_url": None,
+    "stream": False, "request_metadata": None, "body_sha256": "0" * 64, "prompt_tokens": 3,
+}
+
+
+def new_request(session: Session, **fields: Any) -> str:
+    """A queued request (flushed, not committed); its id."""
+    request, _ = store.create_request(session, REQUEST_FIELDS | fields, idempotency_key=None)
+    session.flush()
+    return request.id
