@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.cluster_sim.workload import SHAREGPT
 from workers.sim import (
     ExecModel,
     InstanceConfig,
@@ -53,7 +54,6 @@ from workers.sim import (
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data"
-TRACE = Path("traces/vidur_opt_scheduler/sharegpt_val_10k_llama2.csv")
 A30 = InstanceConfig(num_total_blocks=7289, block_size=16, max_num_seqs=48,
                      max_num_batched_tokens=512, max_model_len=4096)
 TINY = InstanceConfig(num_total_blocks=80, block_size=32, max_num_seqs=48,
@@ -191,7 +191,7 @@ def main() -> None:
         model = ExecModel.load(args.exec_model)
     else:
         model = bundled_model("qwen2-7b-a30")
-    lengths = load_lengths(args.data / TRACE, config.max_model_len)
+    lengths = load_lengths(args.data / SHAREGPT, config.max_model_len)
     headers = ("rate req/s", "requests", "mean e2e s", "what-if e2e median", "bias",
                f"with future load ({args.future_window_s:g} s) median", "bias")
     started = time.monotonic()
@@ -206,6 +206,7 @@ def main() -> None:
     pairs = [(f"{a:g} vs {b:g}", choices(runs[i], runs[j]))
              for i, a in enumerate(args.rates) for j, b in enumerate(args.rates) if i < j]
     pairs.append(("all pairs", [c for _, made in pairs for c in made]))
+    pairs = [(label, made) for label, made in pairs if made]  # one rate: no pair to rank
     _table(("runs", "probes", "agreement", "mean regret", "agreement (future load)",
             "mean regret (future load)"),
            [(label, str(len(made)),
