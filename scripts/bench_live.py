@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from live_bench import workloads  # noqa: E402
 from live_bench.point import POLICIES, PointSpec, run_point  # noqa: E402
-from live_bench.report import plot, print_report  # noqa: E402
+from live_bench.report import fmt, plot, print_report  # noqa: E402
 from live_bench.stats import search_capacity  # noqa: E402
 
 WORKLOADS = ("conversations", "sharegpt-azure")
@@ -69,6 +69,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="flushed for every point")
     parser.add_argument("--api-port", type=int, default=8811)
     parser.add_argument("--flower-port", type=int, default=5611)
+    parser.add_argument("--until", choices=("finished", "first-token"), default="finished",
+                        help="end a point when every request has finished (TTFT and e2e), or "
+                             "at the last first token (TTFT only, shorter: enough for capacity)")
+    parser.add_argument("--no-early-stop", dest="early_stop", action="store_false",
+                        help="run a point to its end even once its TTFT p99 is certain to "
+                             "exceed the SLO (default: stop it there, saving the failing points)")
     parser.add_argument("--drain-timeout", type=float, default=900.0,
                         help="wall s to wait for the last requests after the last arrival")
     parser.add_argument("--json", type=Path, help="write the raw results here")
@@ -121,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         "smoke": args.smoke, "slo_s": args.slo, "workloads": args.workloads,
         "policies": args.policies, "time_scale": args.time_scale, "instances": args.instances,
         "requests": args.requests, "seed": args.seed, "bias_watch": args.bias_watch,
+        "until": args.until, "early_stop": args.early_stop,
         "command": " ".join(sys.argv), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                     time.gmtime()),
         "points": [], "capacity": {},
@@ -149,16 +156,21 @@ def main(argv: list[str] | None = None) -> int:
                 point = run_point(PointSpec(
                     workload, policy, rate, args.time_scale, args.instances, args.database_url,
                     args.redis_url, args.model_path, args.api_port, args.flower_port,
-                    args.max_model_len, args.drain_timeout, args.bias_watch),
+                    args.max_model_len, args.drain_timeout, args.bias_watch,
+                    until=args.until.replace("-", "_"),
+                    stop_above_slo_s=args.slo if args.early_stop else None),
                     log=console.print)
                 point["wall"]["point_s"] = time.time() - started
                 raw["points"].append(point)
                 save()
+                ttft, e2e = point["ttft_s"], point["e2e_s"]
                 console.print(
-                    f"  TTFT p50/p99 {point['ttft_s']['p50']:.3f}/{point['ttft_s']['p99']:.3f} s, "
-                    f"e2e p50/p99 {point['e2e_s']['p50']:.2f}/{point['e2e_s']['p99']:.2f} s "
-                    f"(emulated); {point['finished']}/{point['requests']} finished; load "
-                    f"{point['load']['loadavg_1m_mean']:.1f}; {point['wall']['point_s']:.0f} s")
+                    f"  TTFT p50/p99 {fmt(ttft['p50'], 3)}/{fmt(ttft['p99'], 3)} s, "
+                    f"e2e p50/p99 {fmt(e2e['p50'])}/{fmt(e2e['p99'])} s (emulated); "
+                    f"{point['finished']}/{point['requests']} finished"
+                    f"{'; stopped: p99 certainly above the SLO' if point['stopped_early'] else ''}"
+                    f"; load {point['load']['loadavg_1m_mean']:.1f}; "
+                    f"{point['wall']['point_s']:.0f} s")
                 p99 = point["ttft_s"]["p99"]
                 return math.inf if math.isnan(p99) else p99
 

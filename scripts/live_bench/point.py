@@ -9,6 +9,7 @@ started anew with the point's settings, so no state leaks from one point into th
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import tempfile
 import threading
@@ -24,7 +25,13 @@ import sqlalchemy as sa
 from app.cli.stack import Stack
 from app.migrate import recreate_database, upgrade
 from app.settings import Settings
-from live_bench.stats import emulated_s, percentile, summarize, wall_rate
+from live_bench.stats import (
+    emulated_s,
+    percentile,
+    percentile_certainly_above,
+    summarize,
+    wall_rate,
+)
 from live_bench.workloads import LiveWorkload, write_jsonl
 
 __all__ = ["POLICIES", "PointSpec", "policy_setup", "run_point"]
@@ -66,6 +73,12 @@ class PointSpec:
     #: Longest wait (wall s) for the last request after the last arrival.
     drain_timeout_s: float
     bias_watch: bool = False
+    #: "finished": wait for every request to end (TTFT and end-to-end); "first_token": stop
+    #: once every request has its first token (TTFT only: enough for the capacity search).
+    until: str = "finished"
+    #: TTFT p99 bound (emulated s): when set, the point stops (sending included) as soon as
+    #: enough requests are later than it that the p99 is certain to exceed it.
+    stop_above_slo_s: float | None = None
 
 
 def policy_setup(policy: str, workload: LiveWorkload) -> tuple[str, str, str | None]:
@@ -159,9 +172,10 @@ def _cpu_s(stack: Stack) -> dict[str, float]:
 
 
 async def _send(base_url: str, api_key: str, workload: LiveWorkload,
-                wall_rate_per_s: float) -> list[dict[str, Any]]:
+                wall_rate_per_s: float, abandon: threading.Event) -> list[dict[str, Any]]:
     """POST every request at its arrival time (one task each: a slow answer never delays the
-    next arrival); returns per request the scheduled and actual send times and the answer."""
+    next arrival); returns per request the scheduled and actual send times and the answer.
+    Once `abandon` is set the requests not yet due are not sent (status 0, error "not sent")."""
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=128)
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=120,
                                  headers={"Authorization": f"Bearer {api_key}"}) as client:
@@ -173,6 +187,9 @@ async def _send(base_url: str, api_key: str, workload: LiveWorkload,
             due = workload.unit_arrival_s[i] / wall_rate_per_s
             await asyncio.sleep(max(0.0, loop_start + due - time.perf_counter()))
             sent = time.perf_counter() - loop_start
+            if abandon.is_set():
+                return {"i": i, "due": due, "sent": sent, "answered": sent, "status": 0,
+                        "id": None, "error": "not sent"}
             body = {"prompt": r.prompt, "max_tokens": r.max_tokens, "temperature": 0}
             try:
                 answer = await client.post("/v1/requests", json=body)
@@ -190,19 +207,45 @@ async def _send(base_url: str, api_key: str, workload: LiveWorkload,
         return list(results)
 
 
-def _wait_done(database_url: str, num: int, deadline: float) -> int:
-    engine = sa.create_engine(database_url)
-    try:
-        while True:
-            with engine.connect() as conn:
-                done = conn.execute(sa.text(
-                    "SELECT count(*) FROM requests WHERE status IN :t").bindparams(
-                    sa.bindparam("t", expanding=True)), {"t": list(_TERMINAL)}).scalar_one()
-            if done >= num or time.time() > deadline:
-                return int(done)
-            time.sleep(1.0)
-    finally:
-        engine.dispose()
+class _Watcher(threading.Thread):
+    """Counts, once a second from PostgreSQL, the requests that are done (ended, or with
+    `until="first_token"` past their first token) and those already later than the SLO (first
+    token after it, or still without one past it); sets `missed` once the late ones make the
+    TTFT p99 certain to exceed the SLO."""
+
+    def __init__(self, database_url: str, spec: PointSpec, total: int) -> None:
+        super().__init__(daemon=True)
+        self.engine = sa.create_engine(database_url)
+        self.total, self.done, self.late = total, 0, 0
+        self.slo_wall_s = (spec.stop_above_slo_s * spec.time_scale
+                           if spec.stop_above_slo_s is not None else None)
+        done = "status IN ({})".format(", ".join(f"'{t}'" for t in _TERMINAL))
+        if spec.until == "first_token":
+            done += " OR first_token_at IS NOT NULL"
+        late = ("coalesce(first_token_at, clock_timestamp()) - created_at > "
+                "make_interval(secs => :slo)" if self.slo_wall_s is not None else "false")
+        self.query = sa.text(f"SELECT count(*) FILTER (WHERE {done}), "
+                             f"count(*) FILTER (WHERE {late}) FROM requests")
+        self.missed, self.stop = threading.Event(), threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.stop.wait(1.0):
+                with self.engine.connect() as conn:
+                    done, late = conn.execute(self.query, {"slo": self.slo_wall_s}).one()
+                self.done, self.late = int(done), int(late)
+                if self.slo_wall_s is not None and percentile_certainly_above(
+                        self.late, self.total, 99):
+                    self.missed.set()
+        finally:
+            self.engine.dispose()
+
+    def wait(self, accepted: int, deadline: float) -> None:
+        """Until `accepted` requests are done, the SLO is certainly missed, or the deadline."""
+        while self.done < accepted and not self.missed.is_set() and time.time() < deadline:
+            time.sleep(0.5)
+        self.stop.set()
+        self.join()
 
 
 def _rows(database_url: str) -> list[dict[str, Any]]:
@@ -252,12 +295,16 @@ def run_point(spec: PointSpec, log: Any = print) -> dict[str, Any]:
                 f"at {spec.rate:g}/s emulated ({wall_per_s:.2f}/s wall)")
             sampler = _LoadSampler()
             sampler.start()
+            watcher = _Watcher(spec.database_url, spec, len(workload.requests))
+            watcher.start()
             cpu_before, t0 = _cpu_s(stack), time.time()
             assert stack.api_key is not None
-            sends = asyncio.run(_send(stack.api_url, stack.api_key, workload, wall_per_s))
+            sends = asyncio.run(_send(stack.api_url, stack.api_key, workload, wall_per_s,
+                                      watcher.missed))
             sent_s = time.time() - t0
             accepted = sum(1 for s in sends if s["id"] is not None)
-            done = _wait_done(spec.database_url, accepted, time.time() + spec.drain_timeout_s)
+            watcher.wait(accepted, time.time() + spec.drain_timeout_s)
+            done, stopped_early = watcher.done, watcher.missed.is_set()
             window_s = time.time() - t0
             cpu_after = _cpu_s(stack)
             sampler.stop.set()
@@ -266,11 +313,18 @@ def run_point(spec: PointSpec, log: Any = print) -> dict[str, Any]:
     rows = _rows(spec.database_url)
     result = _result(spec, sends, rows, done, ready_s, sent_s, window_s, sampler.samples,
                      {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after})
+    if stopped_early:
+        # Stopped once p99 was certain to exceed the bound: the p99 is only known to be above
+        # it, and the other figures describe a cut-off run.
+        result |= {"stopped_early": True, "late_at_stop": watcher.late,
+                   "ttft_s": {"p50": None, "p99": math.inf, "count": len(workload.requests)},
+                   "e2e_s": {"p50": None, "p99": None, "count": 0}}
     idle = {"control_plane": sum(v for k, v in idle_cores.items() if k in CONTROL_PLANE),
             "engines": sum(v for k, v in idle_cores.items() if k not in CONTROL_PLANE)}
     result["idle_cores"] = idle
-    n = result["requests"]
-    # CPU the requests cost: the window's CPU less the idle rate over the window.
+    n = result["requests"] if spec.until == "finished" and not stopped_early else 0
+    # CPU the requests cost: the window's CPU less the idle rate over the window (only when the
+    # window covers every request's whole life).
     result["cpu_ms_per_request_above_idle"] = {
         group: ((result["cpu_cores"][group] - idle[group]) * window_s * 1000 / n if n else None)
         for group in idle}
@@ -313,14 +367,16 @@ def _result(spec: PointSpec, sends: list[dict[str, Any]], rows: list[dict[str, A
     post_s = [s["answered"] - s["sent"] for s in sends]
     control = sum(v for k, v in cpu.items() if k in CONTROL_PLANE)
     engines = sum(v for k, v in cpu.items() if k not in CONTROL_PLANE)
-    n = len(sends)
+    # CPU per request only when the window covers every request's whole life.
+    n = len(sends) if spec.until == "finished" else 0
     return {
         "workload": spec.workload.name, "policy": spec.policy, "rate": spec.rate,
         "time_scale": scale, "instances": spec.instances,
         "setup": dict(zip(("routing_policy", "length_predictor", "table"),
                           policy_setup(spec.policy, spec.workload), strict=True)),
         "bias_watch": spec.bias_watch,
-        "requests": n, "accepted": len(index), "finished": done,
+        "requests": len(sends), "accepted": len(index), "done": done,
+        "finished": sum(1 for r in rows if r["status"] in _TERMINAL),
         "succeeded": sum(1 for r in rows if r["status"] == "succeeded"),
         "failed": sum(1 for r in rows if r["status"] == "failed"),
         "rerouted": sum(1 for r in rows if (r["attempt"] or 0) > 1),
@@ -328,8 +384,11 @@ def _result(spec: PointSpec, sends: list[dict[str, Any]], rows: list[dict[str, A
         "predictors": predictors,
         "table_misses": predictors.get("table.missing", 0),
         "http_errors": sorted({s["error"] for s in sends if s["error"]})[:5],
+        "until": spec.until, "stopped_early": False,
         "ttft_s": summarize(ttft, scale).as_dict(),
-        "e2e_s": summarize(e2e, scale).as_dict(),
+        # Not measured when the point stops at the first tokens.
+        "e2e_s": (summarize(e2e, scale).as_dict() if spec.until == "finished"
+                  else {"p50": None, "p99": None, "count": 0}),
         "accept_to_routed_s": summarize(overhead, scale).as_dict(),
         "accept_to_routed_wall_ms": {"p50": percentile(overhead, 50) * 1000,
                                      "p99": percentile(overhead, 99) * 1000},

@@ -9,10 +9,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["print_report", "plot"]
+__all__ = ["fmt", "print_report", "plot"]
 
 
-def _f(value: float | None, digits: int = 2) -> str:
+def fmt(value: float | None, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return "inf" if math.isinf(value) else f"{value:.{digits}f}"
@@ -53,13 +53,14 @@ def print_report(raw: dict[str, Any], console: Console | None = None) -> None:
             wall = p["accept_to_routed_wall_ms"]
             err = p["prediction_median_rel_error"]
             table.add_row(
-                p["policy"], f"{p['rate']:g}", _f(p["ttft_s"]["p50"]), _f(p["ttft_s"]["p99"]),
-                _f(p["e2e_s"]["p50"], 1), _f(p["e2e_s"]["p99"], 1),
-                f"{_f(wall['p50'], 0)}/{_f(wall['p99'], 0)}",
-                f"{p['finished']}/{p['requests']}", _f(err), str(p["fallback_routed"]),
+                p["policy"], f"{p['rate']:g}", fmt(p["ttft_s"]["p50"]),
+                f"> {slo:g} (stopped)" if p.get("stopped_early") else fmt(p["ttft_s"]["p99"]),
+                fmt(p["e2e_s"]["p50"], 1), fmt(p["e2e_s"]["p99"], 1),
+                f"{fmt(wall['p50'], 0)}/{fmt(wall['p99'], 0)}",
+                f"{p['finished']}/{p['requests']}", fmt(err), str(p["fallback_routed"]),
                 f"{p['load']['loadavg_1m_mean']:.1f}/{p['load']['cpus']}",
-                "/".join(_f(v) for v in _cores(p)),
-                _f(p.get("cpu_ms_per_request_above_idle", p["cpu_ms_per_request"])
+                "/".join(fmt(v) for v in _cores(p)),
+                fmt(p.get("cpu_ms_per_request_above_idle", p["cpu_ms_per_request"])
                    ["control_plane"], 1))
         console.print(table)
         cap = Table(title=f"Capacity at TTFT p99 <= {slo:g} s (emulated), {workload}")
@@ -70,8 +71,8 @@ def print_report(raw: dict[str, Any], console: Console | None = None) -> None:
         base = capacities.get("round_robin", (None, None))[0]
         for policy, (capacity, failing) in capacities.items():
             ratio = capacity / base if capacity and base else None
-            cap.add_row(policy, _f(capacity, 1) if capacity else "< lowest tried",
-                        _f(failing, 1) if failing else "none failed", _f(ratio))
+            cap.add_row(policy, fmt(capacity, 1) if capacity else "< lowest tried",
+                        fmt(failing, 1) if failing else "none failed", fmt(ratio))
         console.print(cap)
         for note in points[0]["notes"]:
             console.print(f"  note: {note}")

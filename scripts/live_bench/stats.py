@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 __all__ = ["LatencySummary", "CapacityResult", "emulated_s", "wall_rate", "percentile",
-           "summarize", "search_capacity"]
+           "percentile_certainly_above", "summarize", "search_capacity"]
 
 
 def emulated_s(wall_s: float, time_scale: float) -> float:
@@ -42,6 +42,18 @@ def percentile(values: Sequence[float], q: float) -> float:
     if math.isinf(ordered[high]):
         return math.inf
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def percentile_certainly_above(num_above: int, total: int, q: float) -> bool:
+    """Whether `num_above` of `total` values above a bound make the q-th percentile (as
+    `percentile` computes it) exceed that bound, whatever the other values turn out to be.
+
+    The percentile interpolates between the sorted values at floor and ceil of q/100 x (n-1);
+    once the lower of the two is above the bound, so is the percentile.
+    """
+    if total <= 0:
+        return False
+    return num_above >= total - math.floor(q / 100 * (total - 1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,3 +83,24 @@ def test_the_bisection_stops_at_the_resolution() -> None:
     result = _stats().search_capacity(measure, [40.0, 42.0], slo=3.0, bisect_steps=5,
                                       resolution=1.0)
     assert calls == [40.0, 42.0, 41.0] and result.capacity == 41.0
+
+
+@pytest.mark.parametrize("total", [1, 2, 10, 100, 1000, 1001])
+def test_a_percentile_is_certainly_above_once_enough_values_are(total: int) -> None:
+    stats = _stats()
+    rng = np.random.default_rng(total)
+    for num_above in range(total + 1):
+        certain = stats.percentile_certainly_above(num_above, total, 99)
+        # Worst case for "above": every other value sits just under the bound (1.0).
+        values = [2.0] * num_above + list(rng.uniform(0.0, 1.0, total - num_above))
+        if certain:
+            assert stats.percentile(values, 99) > 1.0
+
+
+def test_certainty_needs_the_values_at_and_above_the_lower_interpolation_point() -> None:
+    stats = _stats()
+    # p99 of 1000 values interpolates between the 990th and 991st: 11 above make it certain,
+    # 10 do not (the 990th may still be under the bound).
+    assert stats.percentile_certainly_above(11, 1000, 99)
+    assert not stats.percentile_certainly_above(10, 1000, 99)
+    assert not stats.percentile_certainly_above(0, 0, 99)
