@@ -20,6 +20,7 @@ from workers.sim import (
     SeqState,
     SimRequest,
     StepResult,
+    request_priority,
 )
 
 __all__ = ["GroundTruthInstance", "SimulatedRequest"]
@@ -52,7 +53,8 @@ class SimulatedRequest:
 
 
 class GroundTruthInstance:
-    """One vLLM instance: FCFS, chunked prefill, recompute preemption, noisy step times.
+    """One vLLM instance: FCFS or priority scheduling (its config's), chunked prefill,
+    recompute preemption, noisy step times.
 
     An instance runs whole steps: `run_until` executes every step that starts before the
     given moment, so the instance's clock may end up one step past it.
@@ -95,7 +97,15 @@ class GroundTruthInstance:
         request.instance_id = self.instance_id
         self._requests[request.request_id] = request
         self.scheduler.add_request(SeqState(request.request_id, request.num_prompt_tokens,
-                                            request.max_output_tokens))
+                                            request.max_output_tokens,
+                                            priority=self.priority_of(request),
+                                            arrival_s=request.arrival_s))
+
+    def priority_of(self, request: SimulatedRequest) -> int:
+        """The vLLM priority an engine gives `request` (used under the "priority" policy):
+        predicted-shortest-first with aging, from its arrival and predicted length."""
+        return request_priority(request.arrival_s, request.predicted_output_tokens,
+                                self.config.priority_ms_per_token)
 
     def run_until(self, until_s: float) -> None:
         """Run every step that starts before `until_s`."""
@@ -116,7 +126,9 @@ class GroundTruthInstance:
     def step(self) -> StepResult:
         """One engine step of the scheduler model, priced; records first tokens and finishes."""
         result = self.scheduler.step()
-        assert result.output.num_scheduled_tokens, (
+        # NOTE: under the priority policy a step can preempt its first running request
+        # (the lowest priority) and schedule nothing; it takes no time.
+        assert result.output.num_scheduled_tokens or result.output.preempted_ids, (
             f"{self.instance_id}: a step with work scheduled nothing")
         duration_ms = self.exec_model.step_ms(result.output.stats)
         self.now_s += duration_ms * self._next_noise() / 1000.0
@@ -134,7 +146,7 @@ class GroundTruthInstance:
     def _published(self, seq: SeqState, is_running: bool) -> SimRequest:
         predicted = self._requests[seq.request_id].predicted_output_tokens
         return SimRequest(seq.request_id, seq.num_prompt_tokens, seq.num_computed_tokens,
-                          seq.num_output_tokens, predicted, is_running)
+                          seq.num_output_tokens, predicted, is_running, priority=seq.priority)
 
     def _next_noise(self) -> float:
         if not self._noise_sigma:

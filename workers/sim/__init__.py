@@ -8,7 +8,7 @@ from .future_load import FutureLoad, estimate_future_load
 from .profiling import AttentionScale, fit_from_vidur_profile
 from .scheduler import Scheduler, SchedulerOutput, SeqState, SeqStatus, StepResult
 from .snapshot import (InstanceConfig, InstanceSnapshot, OverrunPolicy, PreparedInstance,
-                       SeqSpec, SimRequest, prepare, target_output_tokens)
+                       SeqSpec, SimRequest, prepare, request_priority, target_output_tokens)
 from .result import WhatIf
 from .whatif import predict_what_if, predict_what_if_prepared, predict_what_if_stepwise
 
@@ -40,6 +40,7 @@ __all__ = [
     "predict_what_if_prepared",
     "predict_what_if_stepwise",
     "prepare",
+    "request_priority",
     "step_sample",
     "target_output_tokens",
 ]

@@ -5,10 +5,15 @@ One `Scheduler.schedule()` call is one forward pass, as in
 prefills, in running order) under the token budget, preempting the last running
 request by recompute when KV blocks run out; then, if nothing was preempted,
 waiting requests first come first served while the budget, ``max_num_seqs`` and
-the blocks (with the watermark) allow. ``update_from_output()`` then appends one
-sampled token to every request whose tokens are all computed and retires the
-finished ones. Time is not modelled here; an execution-time model prices each
-step's `BatchStats`.
+the blocks (with the watermark) allow. Under the "priority" policy
+(``InstanceConfig.scheduling_policy``) waiting requests are served in (priority,
+arrival) order and the running request with the largest (priority, arrival) is the
+one preempted, wherever it stands in the running list (a victim already scheduled
+this step gives its tokens back), as vLLM's ``PriorityRequestQueue`` and
+``Scheduler.schedule`` do; ties on both go in insertion order (vLLM: request id).
+``update_from_output()`` then appends one sampled token to every request whose
+tokens are all computed and retires the finished ones. Time is not modelled here;
+an execution-time model prices each step's `BatchStats`.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ class SeqState:
     #: Blocks this request holds and frees when it finishes or is preempted.
     num_owned_blocks: int = 0
     num_preemptions: int = 0
+    #: vLLM priority and arrival time: the "priority" policy's order (smaller first).
+    priority: int = 0
+    arrival_s: float = 0.0
 
     @property
     def num_tokens(self) -> int:
@@ -63,7 +71,11 @@ class SeqState:
         return cls(spec.request_id, spec.num_prompt_tokens, spec.max_output_tokens,
                    spec.num_output_tokens, spec.num_computed_tokens, spec.num_cached_tokens,
                    num_shared_blocks=spec.num_shared_blocks,
-                   num_owned_blocks=spec.num_owned_blocks)
+                   num_owned_blocks=spec.num_owned_blocks, priority=spec.priority)
+
+    @property
+    def priority_key(self) -> tuple[int, float]:
+        return self.priority, self.arrival_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +102,8 @@ class StepResult:
 
 
 class Scheduler:
-    """vLLM v1 scheduling (FCFS, chunked prefill, recompute preemption) of one instance."""
+    """vLLM v1 scheduling (FCFS or priority, chunked prefill, recompute preemption) of one
+    instance."""
 
     def __init__(self, config: InstanceConfig, num_free_blocks: int | None = None) -> None:
         self.config = config
@@ -101,6 +114,7 @@ class Scheduler:
         self.waiting: deque[SeqState] = deque()
         self.running: list[SeqState] = []
         self.num_preemptions = 0
+        self.is_priority = config.is_priority
 
     # -- requests in ------------------------------------------------------------------
     def add_request(self, seq: SeqState) -> None:
@@ -110,7 +124,19 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_shared_blocks = shared_prefix_blocks(seq.num_prompt_tokens,
                                                      seq.num_cached_tokens, self.config)
-        self.waiting.append(seq)
+        if self.is_priority:
+            self._insert_by_priority(seq)
+        else:
+            self.waiting.append(seq)
+
+    def _insert_by_priority(self, seq: SeqState) -> None:
+        """Queue `seq` behind every waiting request whose (priority, arrival) is not larger."""
+        key = seq.priority_key
+        waiting = self.waiting
+        index = len(waiting)
+        while index and waiting[index - 1].priority_key > key:
+            index -= 1
+        waiting.insert(index, seq)
 
     def restore_running(self, seq: SeqState) -> None:
         """Append a request that is already running, as a snapshot shows it.
@@ -195,9 +221,18 @@ class Scheduler:
             num_needed = (-(-(computed + num_new) // block_size)
                           - seq.num_shared_blocks - seq.num_owned_blocks)
             while num_needed > pool.num_free:
-                # NOTE: FCFS preempts the last running request; it is never one
-                # already scheduled this step, as those all come before `seq`.
-                victim = running.pop()
+                if self.is_priority:
+                    victim = max(running, key=SeqState.priority_key.fget)
+                    victim_index = running.index(victim)
+                    del running[victim_index]
+                    if victim_index < index:
+                        index -= 1
+                    # A victim already scheduled this step gives its tokens back.
+                    budget += scheduled.pop(victim.request_id, 0)
+                else:
+                    # NOTE: FCFS preempts the last running request; it is never one
+                    # already scheduled this step, as those all come before `seq`.
+                    victim = running.pop()
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is seq:
@@ -249,7 +284,8 @@ class Scheduler:
         return num_new
 
     def _preempt(self, seq: SeqState) -> None:
-        """Drop `seq`'s KV and put it at the front of waiting (recompute on resume)."""
+        """Drop `seq`'s KV and put it back in waiting (recompute on resume): at the front
+        (FCFS), or in its priority's place."""
         owner = seq.request_id if self.config.enable_prefix_caching else None
         self.block_pool.release(seq.num_owned_blocks, self._num_full_blocks(seq), owner)
         seq.num_owned_blocks = 0
@@ -257,7 +293,10 @@ class Scheduler:
         seq.status = SeqStatus.PREEMPTED
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        if self.is_priority:
+            self._insert_by_priority(seq)
+        else:
+            self.waiting.appendleft(seq)
 
     def _finish(self, seq: SeqState) -> None:
         self.running.remove(seq)

@@ -9,6 +9,12 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+#: vLLM v1's scheduling policies: first come first served, or lowest priority value first.
+SCHEDULING_POLICIES = ("fcfs", "priority")
+#: Predicted-shortest-first's aging weight (see `request_priority`): a request predicted one
+#: token longer than another is served as if it had arrived this many ms later.
+DEFAULT_PRIORITY_MS_PER_TOKEN = 2.0
+
 __all__ = [
     "InstanceConfig",
     "InstanceSnapshot",
@@ -17,7 +23,9 @@ __all__ = [
     "SeqSpec",
     "SimRequest",
     "normalise",
+    "SCHEDULING_POLICIES",
     "prepare",
+    "request_priority",
     "shared_prefix_blocks",
     "target_output_tokens",
 ]
@@ -45,8 +53,19 @@ class InstanceConfig:
     #: Admit a waiting request only if its whole input fits, not just its first chunk
     #: (vLLM ``scheduler_reserve_full_isl``, on by default).
     reserve_full_input: bool = True
+    #: vLLM ``scheduling_policy``: "fcfs", or "priority" (waiting requests in (priority,
+    #: arrival) order, and the running request with the largest one preempted first).
+    scheduling_policy: str = "fcfs"
+    #: Under "priority": the ms per predicted output token in each request's priority
+    #: (`request_priority`); what-ifs need it to price expected future arrivals.
+    priority_ms_per_token: float = DEFAULT_PRIORITY_MS_PER_TOKEN
 
     def __post_init__(self) -> None:
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, "
+                             f"got {self.scheduling_policy!r}")
+        if self.priority_ms_per_token < 0.0:
+            raise ValueError("priority_ms_per_token must not be negative")
         for name in ("num_total_blocks", "block_size", "max_num_seqs",
                      "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) <= 0:
@@ -68,6 +87,22 @@ class InstanceConfig:
     @property
     def num_watermark_blocks(self) -> int:
         return int(self.watermark * self.num_total_blocks)
+
+    @property
+    def is_priority(self) -> bool:
+        return self.scheduling_policy == "priority"
+
+
+def request_priority(arrival_s: float, predicted_output_tokens: int | None,
+                     ms_per_token: float = DEFAULT_PRIORITY_MS_PER_TOKEN) -> int:
+    """Predicted-shortest-first's vLLM priority: a virtual deadline, smaller runs first.
+
+    ``arrival in ms + ms_per_token * predicted output tokens``. Among requests that arrived
+    together the shortest predicted goes first; a request predicted longer is overtaken
+    only by requests arriving less than ``ms_per_token * (its length - theirs)`` ms after
+    it, so it ages: nothing waits forever. vLLM priorities are integers (ms here).
+    """
+    return round(arrival_s * 1000.0) + round(ms_per_token * max(predicted_output_tokens or 0, 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +127,8 @@ class SimRequest:
     #: requests hold for longer than this one (a shared system prompt, say); used
     #: only with prefix caching on.
     num_cached_tokens: int = 0
+    #: vLLM priority (smaller first) under the "priority" policy (`request_priority`).
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens <= 0:
@@ -160,6 +197,8 @@ class SeqSpec(NamedTuple):
     is_running: bool = False
     #: The new request whose timeline a what-if predicts.
     is_target: bool = False
+    #: vLLM priority under the "priority" policy (see `SimRequest.priority`).
+    priority: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -178,7 +217,7 @@ class PreparedInstance:
     config: InstanceConfig
     #: Decodes first, then requests still prefilling (see `prepare`).
     running: tuple[SeqSpec, ...]
-    #: FCFS order.
+    #: FCFS order; under the "priority" policy by priority (ties in published order).
     waiting: tuple[SeqSpec, ...]
     #: Free blocks, never more than the running requests leave.
     num_free_blocks: int
@@ -245,7 +284,7 @@ def _normalise(request: SimRequest, config: InstanceConfig, overrun: OverrunPoli
     return SeqSpec(request.request_id, request.num_prompt_tokens, request.num_output_tokens,
                    computed, target_output_tokens(request, config, overrun),
                    min(request.num_cached_tokens, request.num_prompt_tokens), shared, owned,
-                   request.is_running)
+                   request.is_running, False, request.priority)
 
 
 def prepare(snapshot: InstanceSnapshot,
@@ -261,6 +300,8 @@ def prepare(snapshot: InstanceSnapshot,
     specs = [_normalise(r, config, overrun) for r in snapshot.requests]
     running = sorted((s for s in specs if s.is_running), key=_is_prefilling)
     waiting = tuple(s for s in specs if not s.is_running)
+    if config.is_priority:
+        waiting = tuple(sorted(waiting, key=_priority))
     request_ids = frozenset(s.request_id for s in specs)
     if len(request_ids) != len(specs):
         raise ValueError("request ids in a snapshot must be unique")
@@ -270,6 +311,10 @@ def prepare(snapshot: InstanceSnapshot,
         raise ValueError(f"running requests hold {held} blocks, more than the "
                          f"{config.num_usable_blocks} the instance can give")
     return PreparedInstance(config, tuple(running), waiting, num_free, request_ids)
+
+
+def _priority(spec: SeqSpec) -> int:
+    return spec.priority
 
 
 def _is_prefilling(spec: SeqSpec) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -123,6 +124,57 @@ def test_steps_snapshots_and_times_agree_with_our_scheduler(toy_model: ExecModel
         for mine, vllm in pairs:
             assert (vllm.first_token_s, vllm.finish_s) == (mine.first_token_s, mine.finish_s)
     assert num_preemptions > 50  # the cases exercise recompute preemption
+
+
+def test_priority_scheduling_agrees_with_vllms_step_by_step(toy_model: ExecModel) -> None:
+    # vLLM's priority policy: waiting requests by (priority, arrival), the running request
+    # with the largest (priority, arrival) preempted first, even one scheduled this step.
+    # Priorities are predicted-shortest-first's (arrival ms + ms/token x predicted length).
+    num_preemptions = num_not_last = 0
+    for case in range(60):
+        rng = random.Random(100 + case)
+        config = dataclasses.replace(random_config(rng), scheduling_policy="priority",
+                                     priority_ms_per_token=rng.choice([0.0, 5.0, 50.0]))
+        ours = GroundTruthInstance("g", config, toy_model, noise_sigma=0.1, seed=case)
+        theirs = VllmGroundTruthInstance("g", config, toy_model, noise_sigma=0.1, seed=case)
+        arrivals: dict[int, list[tuple[str, int, int, int]]] = {}
+        for i in range(rng.randint(1, 16)):
+            prompt = rng.randint(1, config.max_model_len - 1)
+            output = rng.randint(1, config.max_model_len - prompt)
+            arrivals.setdefault(rng.randint(0, 30), []).append(
+                (f"r{i}", prompt, output, rng.randint(1, 1000)))
+        pairs = []
+        for step in range(5000):
+            for request_id, prompt, output, predicted in arrivals.pop(step, []):
+                arrival_s = step * 0.01 + len(pairs) * 0.0003  # distinct, some ms ties
+                pair = (SimulatedRequest(request_id, arrival_s, prompt, output, predicted),
+                        SimulatedRequest(request_id, arrival_s, prompt, output, predicted))
+                ours.add(pair[0], 0.0)
+                theirs.add(pair[1], 0.0)
+                pairs.append(pair)
+            if not ours.has_work:
+                assert not theirs.has_work
+                if not arrivals:
+                    break
+                continue
+            last_running = ours.scheduler.running[-1:]
+            expected, got = ours.step(), theirs.step()
+            assert got.output.num_scheduled_tokens == expected.output.num_scheduled_tokens, (
+                case, step)
+            assert got.output.stats == expected.output.stats
+            assert set(got.output.preempted_ids) == set(expected.output.preempted_ids)
+            num_not_last += any(last_running and r != last_running[0].request_id
+                                for r in expected.output.preempted_ids)
+            assert (got.sampled_ids, got.finished_ids) == (expected.sampled_ids,
+                                                           expected.finished_ids)
+            assert theirs.now_s == ours.now_s
+            assert theirs.snapshot() == ours.snapshot(), (case, step)
+        assert not theirs.has_work and theirs.num_preemptions == ours.num_preemptions
+        num_preemptions += ours.num_preemptions
+        for mine, vllm in pairs:
+            assert (vllm.first_token_s, vllm.finish_s) == (mine.first_token_s, mine.finish_s)
+    assert num_preemptions > 50
+    assert num_not_last > 5, num_not_last  # FCFS would have preempted the last running request
 
 
 def test_a_routed_cluster_run_is_the_same_on_either_ground_truth() -> None:
