@@ -27,6 +27,14 @@ the phase ends.
 It relies on the shape vLLM's running list always has: decodes first, then the
 requests still prefilling (see `snapshot.prepare`), and on every running decode
 fitting in each step's token budget (``max_num_batched_tokens >= max_num_seqs``).
+
+Under the "priority" policy (``InstanceConfig.scheduling_policy``) waiting requests are
+kept in priority order and a preemption takes the running request with the largest
+priority, wherever it stands, as `Scheduler` does: a decode victim that already got
+this step's block frees it too, a victim already scheduled gives its tokens back, and a
+decode that preempts itself stops the step there (the decodes behind it skip the step).
+Expected future arrivals get the priority the engine would give them: their arrival
+(after the target's) plus their predicted length (`request_priority`).
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from .block_pool import BlockPool
 from .exec_model import ExecModel
 from .future_load import FUTURE_ID_PREFIX, NO_FUTURE_LOAD, FutureLoad
 from .result import WhatIf
-from .snapshot import PreparedInstance, SeqSpec
+from .snapshot import PreparedInstance, SeqSpec, request_priority
 
 __all__ = ["FastSim"]
 
@@ -53,7 +61,7 @@ class _Seq:
     __slots__ = ("request_id", "num_prompt_tokens", "max_output_tokens", "num_output_tokens",
                  "num_computed_tokens", "num_shared_blocks", "num_owned_blocks", "is_target",
                  "is_decoding", "anchor_step", "anchor_tokens", "residue", "serial",
-                 "is_future")
+                 "is_future", "priority")
 
     def __init__(self, spec: SeqSpec) -> None:
         self.request_id = spec.request_id
@@ -68,6 +76,7 @@ class _Seq:
         self.anchor_step = self.anchor_tokens = self.residue = 0
         self.serial = -1  # identifies the current decode anchor in the finish heap
         self.is_future = False  # an expected future arrival (`FutureLoad`)
+        self.priority = spec.priority
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -78,7 +87,10 @@ class FastSim:
     """One what-if run: load a prepared instance and the target, run until it finishes."""
 
     def __init__(self, instance: PreparedInstance, target: SeqSpec,
-                 exec_model: ExecModel, future: FutureLoad = NO_FUTURE_LOAD) -> None:
+                 exec_model: ExecModel, future: FutureLoad = NO_FUTURE_LOAD,
+                 arrival_ms: int = 0) -> None:
+        """`arrival_ms`: the target's arrival in the priorities' ms (priority policy only:
+        expected future arrivals come that many ms after it)."""
         config = instance.config
         self.exec_model = exec_model
         self.block_size = config.block_size
@@ -92,8 +104,11 @@ class FastSim:
         # Running: decodes are running[:num_decoding], prefills follow.
         self.running: list[_Seq] = []
         self.target = _Seq(target)
+        self.is_priority = config.is_priority
+        self.priority_ms_per_token = config.priority_ms_per_token
+        self.arrival_ms = arrival_ms
         self.waiting: deque[_Seq] = deque(_Seq(s) for s in instance.waiting)
-        self.waiting.append(self.target)
+        self._enqueue(self.target)
         self.num_decoding = 0
         self.residue_counts = [0] * config.block_size
         self.decode_tokens_base = 0  # sum of (anchor_tokens - anchor_step) over decodes
@@ -147,14 +162,35 @@ class FastSim:
             seq = _Seq(spec)
             seq.request_id = f"{FUTURE_ID_PREFIX}{self.num_arrived}"
             seq.is_future = True
-            self.waiting.append(seq)
+            seq.priority = self._future_priority(self.num_arrived)
+            self._enqueue(seq)
             self.num_arrived += 1
             self.next_arrival_s = future.arrival_s(self.num_arrived)
+
+    def _future_priority(self, index: int) -> int:
+        """The engine's priority of the `index`-th expected arrival (priority policy)."""
+        return self.arrival_ms + request_priority(
+            self.future.arrival_s(index), round(self.future.num_output_tokens),
+            self.priority_ms_per_token)
+
+    def _enqueue(self, seq: _Seq) -> None:
+        """Queue a new arrival: last (FCFS), or behind every priority not larger."""
+        waiting = self.waiting
+        if not self.is_priority:
+            waiting.append(seq)
+            return
+        index = len(waiting)
+        while index and waiting[index - 1].priority > seq.priority:
+            index -= 1
+        waiting.insert(index, seq)
 
     def _arrival_may_join(self, num_free: int) -> bool:
         """Whether an arrival could be admitted in a decode-only phase: with `num_free`
         blocks, nothing waiting ahead of it and a seat free (both hold through the phase)."""
-        if self.waiting or len(self.running) >= self.max_num_seqs:
+        if len(self.running) >= self.max_num_seqs:
+            return False
+        if self.waiting and (not self.is_priority or self.waiting[0].priority
+                             <= self._future_priority(self.num_arrived)):
             return False
         budget = self.token_budget - self.num_decoding
         return budget > 0 and self._admission_plan(self.future_seq, budget, num_free) is not None
@@ -332,15 +368,20 @@ class FastSim:
     # -- one explicit step ----------------------------------------------------------------
     def _single_step(self) -> None:
         step = self.step
+        preemptions_before = self.num_preemptions
         if not self.running:
             self._reclaim_idle_blocks()
-        preempted = self._schedule_decodes(step)
-        budget = self.token_budget - self.num_decoding
         chunks: list[tuple[_Seq, int, int]] = []  # (seq, new tokens, computed before)
-        budget, preempted = self._schedule_prefills(budget, chunks, preempted)
-        if not preempted:
-            self._schedule_waiting(budget, chunks)
+        skipped = self._schedule_decodes(step)
+        if skipped is None:
+            preempted = self.num_preemptions > preemptions_before
+            budget = self.token_budget - self.num_decoding
+            budget, preempted = self._schedule_prefills(budget, chunks, preempted)
+            if not preempted:
+                self._schedule_waiting(budget, chunks)
         self._execute(step, chunks)
+        for seq in skipped or ():
+            self._start_decoding(seq, step + 1)
         self.step = step + 1
         self._retire_decodes(step)
         self._update_prefills(chunks, step)
@@ -350,35 +391,57 @@ class FastSim:
         if missing > 0:
             self.pool.free(missing, reusable=False)
 
-    def _schedule_decodes(self, step: int) -> bool:
-        """Give each decode its block; True if that took a preemption."""
+    def _schedule_decodes(self, step: int) -> list[_Seq] | None:
+        """Give each decode its block (preempting when they run out).
+
+        None, or when a decode preempted itself (priority policy: it had the largest
+        priority), the decodes behind it, which skip this step: they are taken out of the
+        decode batch (to rejoin it at the next step) and nothing else is scheduled.
+        """
         if not self.num_decoding:
-            return False
+            return None
         block_size = self.block_size
         pool = self.pool
         need = self.residue_counts[step % block_size]
         if need <= pool.num_free:
             pool.allocate(need)
-            return False
+            return None
         # Blocks run out inside the decode batch: walk it in order, as vLLM does.
         running = self.running
-        preempted = False
         index = 0
         while index < self.num_decoding:
             seq = running[index]
             if (self._decode_tokens_at(seq, step) - 1) % block_size == 0:
                 victim = None
                 while pool.num_free < 1:
-                    victim = running[-1]
-                    self._preempt(victim, step)
-                    preempted = True
+                    victim, victim_index = self._victim()
+                    # A decode ahead of `seq` has its block for this step already.
+                    self._preempt(victim, step, victim_index < index)
+                    if victim_index < index:
+                        index -= 1
                     if victim is seq:
                         break
                 if victim is seq:
-                    break
+                    return self._skip_decodes_from(index, step)
                 pool.allocate(1)
             index += 1
-        return preempted
+        return None
+
+    def _skip_decodes_from(self, index: int, step: int) -> list[_Seq]:
+        """Take the decodes at running[index:] out of the batch for this step."""
+        skipped = self.running[index:self.num_decoding]
+        for seq in reversed(skipped):
+            self._stop_decoding(seq, self._decode_tokens_at(seq, step))
+        return skipped
+
+    def _victim(self) -> tuple[_Seq, int]:
+        """The running request to preempt, and its index: the last one (FCFS), or the
+        first with the largest priority."""
+        running = self.running
+        if not self.is_priority:
+            return running[-1], len(running) - 1
+        index = max(range(len(running)), key=lambda i: running[i].priority)
+        return running[index], index
 
     def _schedule_prefills(self, budget: int, chunks: list[tuple[_Seq, int, int]],
                            preempted: bool) -> tuple[int, bool]:
@@ -394,8 +457,11 @@ class FastSim:
                     - seq.num_owned_blocks)
             victim = None
             while need > pool.num_free:
-                victim = running[-1]
-                self._preempt(victim, self.step)
+                victim, victim_index = self._victim()
+                if victim_index < index:  # priority policy: already scheduled this step
+                    index -= 1
+                    budget += self._unschedule(victim, chunks)
+                self._preempt(victim, self.step, True)
                 preempted = True
                 if victim is seq:
                     break
@@ -407,6 +473,17 @@ class FastSim:
             budget -= num_new
             index += 1
         return budget, preempted
+
+    def _unschedule(self, seq: _Seq, chunks: list[tuple[_Seq, int, int]]) -> int:
+        """Take `seq` (a decode, or a prefill chunk in `chunks`) out of this step: the
+        tokens it gives back."""
+        if seq.is_decoding:
+            return 1
+        for position, chunk in enumerate(chunks):
+            if chunk[0] is seq:
+                del chunks[position]
+                return chunk[1]
+        raise AssertionError(f"{seq.request_id} was not scheduled")
 
     def _schedule_waiting(self, budget: int, chunks: list[tuple[_Seq, int, int]]) -> None:
         waiting = self.waiting
@@ -446,18 +523,25 @@ class FastSim:
             return None
         return num_new, computed, reused, num_blocks
 
-    def _preempt(self, seq: _Seq, step: int) -> None:
-        """Drop the last running request's KV and put it first in waiting."""
-        assert self.running[-1] is seq
-        self.running.pop()
+    def _preempt(self, seq: _Seq, step: int, decode_block_given: bool = False) -> None:
+        """Drop a running request's KV and put it back in waiting: first (FCFS), or in its
+        priority's place. `decode_block_given`: a decode got this step's block already."""
+        if self.running[-1] is seq:
+            self.running.pop()
+        else:
+            self.running.remove(seq)
         if seq.is_decoding:
             num_tokens = self._decode_tokens_at(seq, step)
             self._stop_decoding(seq, num_tokens)
-            seq.num_owned_blocks = _cdiv(num_tokens - 1, self.block_size) - seq.num_shared_blocks
+            held = num_tokens if decode_block_given else num_tokens - 1
+            seq.num_owned_blocks = _cdiv(held, self.block_size) - seq.num_shared_blocks
         self._release(seq, seq.request_id if self.prefix_caching else None)
         seq.num_computed_tokens = 0
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        if self.is_priority:
+            self._enqueue(seq)
+        else:
+            self.waiting.appendleft(seq)
 
     def _execute(self, step: int, chunks: list[tuple[_Seq, int, int]]) -> None:
         """Price the step, and account for the target if it ran in it."""

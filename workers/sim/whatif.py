@@ -7,8 +7,16 @@ from .fastsim import FastSim
 from .future_load import FUTURE_ID_PREFIX, NO_FUTURE_LOAD, FutureLoad
 from .result import WhatIf
 from .scheduler import Scheduler, SeqState
-from .snapshot import (InstanceSnapshot, OverrunPolicy, PreparedInstance, SeqSpec, SimRequest,
-                       prepare)
+from .snapshot import (
+    InstanceConfig,
+    InstanceSnapshot,
+    OverrunPolicy,
+    PreparedInstance,
+    SeqSpec,
+    SimRequest,
+    prepare,
+    request_priority,
+)
 
 __all__ = ["WhatIf", "predict_what_if", "predict_what_if_prepared", "predict_what_if_stepwise"]
 
@@ -16,7 +24,8 @@ __all__ = ["WhatIf", "predict_what_if", "predict_what_if_prepared", "predict_wha
 def predict_what_if(snapshot: InstanceSnapshot, new_request: SimRequest, exec_model: ExecModel,
                     overrun: OverrunPolicy = OverrunPolicy(),
                     future: FutureLoad = NO_FUTURE_LOAD) -> WhatIf:
-    """Simulate the instance from `snapshot` with `new_request` queued last, event by event.
+    """Simulate the instance from `snapshot` with `new_request` queued last (under the
+    priority policy: in its priority's place), event by event.
 
     Requests finish at their predicted lengths (corrected by `overrun` for those
     already past them); the run stops when the new request finishes. `future`: the
@@ -31,7 +40,17 @@ def predict_what_if_prepared(instance: PreparedInstance, new_request: SimRequest
                              exec_model: ExecModel,
                              future: FutureLoad = NO_FUTURE_LOAD) -> WhatIf:
     """`predict_what_if` on a snapshot already normalised by `prepare`."""
-    return FastSim(instance, instance.target(new_request), exec_model, future).run()
+    return FastSim(instance, instance.target(new_request), exec_model, future,
+                   _arrival_ms(new_request, instance.config)).run()
+
+
+def _arrival_ms(new_request: SimRequest, config: InstanceConfig) -> int:
+    """The new request's arrival in its priority's ms (what `request_priority` added its
+    predicted length to): expected future arrivals come after it. 0 under FCFS."""
+    if not config.is_priority:
+        return 0
+    return new_request.priority - request_priority(0.0, new_request.predicted_output_tokens,
+                                                   config.priority_ms_per_token)
 
 
 def predict_what_if_stepwise(snapshot: InstanceSnapshot, new_request: SimRequest,
@@ -40,11 +59,12 @@ def predict_what_if_stepwise(snapshot: InstanceSnapshot, new_request: SimRequest
                              future: FutureLoad = NO_FUTURE_LOAD) -> WhatIf:
     """`predict_what_if` by plain step-by-step scheduling: slow, the reference it must match."""
     instance = prepare(snapshot, overrun)
-    return _run_stepwise(instance, instance.target(new_request), exec_model, future)
+    return _run_stepwise(instance, instance.target(new_request), exec_model, future,
+                         _arrival_ms(new_request, instance.config))
 
 
 def _run_stepwise(instance: PreparedInstance, target_spec: SeqSpec,
-                  exec_model: ExecModel, future: FutureLoad) -> WhatIf:
+                  exec_model: ExecModel, future: FutureLoad, arrival_ms: int) -> WhatIf:
     scheduler = Scheduler(instance.config, instance.num_free_blocks)
     future_spec = future.spec(instance.config) if future.active else None
     num_arrived = num_future_finished = 0
@@ -60,7 +80,10 @@ def _run_stepwise(instance: PreparedInstance, target_spec: SeqSpec,
     while True:
         while future_spec is not None and future.arrival_s(num_arrived) <= now_s:
             scheduler.add_request(SeqState.from_spec(future_spec._replace(
-                request_id=f"{FUTURE_ID_PREFIX}{num_arrived}")))
+                request_id=f"{FUTURE_ID_PREFIX}{num_arrived}",
+                priority=arrival_ms + request_priority(
+                    future.arrival_s(num_arrived), round(future.num_output_tokens),
+                    instance.config.priority_ms_per_token))))
             num_arrived += 1
         output = scheduler.schedule()
         duration_s = exec_model.step_ms(output.stats) / 1000.0
