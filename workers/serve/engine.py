@@ -135,16 +135,26 @@ class GenerationResult:
 
 @dataclass(frozen=True, slots=True)
 class StepSample:
-    """One engine step, for fitting the execution-time model."""
+    """One engine step, for fitting the execution-time model.
+
+    The token counts and context features follow `workers.sim.exec_model.BatchStats`, so that
+    a model fitted on samples prices the simulator's steps with the same features: a decode is
+    a one-token chunk at the end of its sequence, every other chunk is prefill (a preempted
+    request's recomputation included). The context features are 0 where an engine does not
+    know them (fitting gives a feature no sample carries coefficient 0).
+    """
 
     at: float  # time.time() when the step ended
     duration_ms: float  # wall time of the step
     num_seqs: int  # requests that computed tokens in this step
-    num_prefill_tokens: int  # prompt tokens computed (all prefill chunks of the step)
+    num_prefill_tokens: int  # tokens of prefill chunks (prompts, recomputation)
     num_decode_tokens: int  # decode tokens computed (one per decoding request)
     num_running: int  # running requests after the step
     num_waiting: int  # waiting requests after the step
     kv_cache_usage: float  # fraction of KV-cache blocks in use after the step, 0..1
+    decode_context_tokens: int = 0  # sum over decodes of their sequence's tokens
+    prefill_chunk_x_context: int = 0  # sum over prefill chunks of new tokens x computed before
+    prefill_chunk_sq: int = 0  # sum over prefill chunks of new tokens squared
 
 
 class EngineListener:

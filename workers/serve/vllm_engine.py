@@ -21,7 +21,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,12 +38,18 @@ from workers.serve.engine import (
 )
 from workers.serve.threaded import ThreadedEngine, TrackedRequest
 from workers.sim.engine_state import EngineState, RequestState
+from workers.sim.exec_model import BatchStats
+from workers.sim.snapshot import (
+    DEFAULT_PRIORITY_MS_PER_TOKEN,
+    SCHEDULING_POLICIES,
+    engine_priority,
+)
 
 if TYPE_CHECKING:
     from vllm.v1.engine.llm_engine import LLMEngine
     from vllm.v1.metrics.stats import SchedulerIterationDetails, SchedulerStats
 
-__all__ = ["VllmEngineConfig", "VllmEngine"]
+__all__ = ["VllmEngineConfig", "VllmEngine", "ScheduleTap", "scheduled_batch_stats"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +86,16 @@ class VllmEngineConfig:
     # vLLM logs every engine step at INFO when per-step details are on; we need the details
     # (prefill/decode token counts) but usually not the log lines.
     log_iterations: bool = False
+    # "fcfs": requests by class (GenerationRequest.priority), then arrival; "priority":
+    # predicted-shortest-first with aging inside a class (`workers.sim.engine_priority`).
+    # vLLM runs its priority policy either way.
+    scheduling_policy: str = "fcfs"
+    priority_ms_per_token: float = DEFAULT_PRIORITY_MS_PER_TOKEN
 
     def __post_init__(self) -> None:
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, "
+                             f"got {self.scheduling_policy!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_threads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -100,13 +114,57 @@ class _Tracked(TrackedRequest):
     num_computed_tokens: int = 0  # estimate, see VllmEngine._estimate_progress
     is_running: bool = False
     run_seq: int | None = None  # order in which it (last) started running
+    priority: int = 0  # the priority vLLM got (lower runs first)
 
 
 def _scheduling_order(tracked: _Tracked) -> tuple[int, int, int]:
     """vLLM's order: running requests as they started, then waiting ones by priority, arrival."""
     if tracked.run_seq is not None:
         return (0, tracked.run_seq, 0)
-    return (1, tracked.request.priority, tracked.seq)
+    return (1, tracked.priority, tracked.seq)
+
+
+def scheduled_batch_stats(num_scheduled_tokens: Mapping[str, int],
+                          requests: Mapping[str, Any]) -> BatchStats:
+    """The composition of the step vLLM's scheduler just scheduled, as `BatchStats` counts it.
+
+    `num_scheduled_tokens` is the scheduler output's new tokens per request; `requests` its
+    `Request` objects (`num_computed_tokens`, `num_tokens`: prompt + output so far), read right
+    after `schedule()`, which has already advanced `num_computed_tokens` by the step's tokens.
+    A preempted request computes from 0 again (no prefix caching), so its recomputation is a
+    prefill chunk whose later pieces attend what the earlier ones computed; vLLM's own
+    iteration details count it as "generation" tokens instead.
+    """
+    chunks = []
+    for request_id, num_new in num_scheduled_tokens.items():
+        request = requests[request_id]
+        chunks.append((num_new, request.num_computed_tokens - num_new, request.num_tokens))
+    return BatchStats.of_chunks(chunks)
+
+
+class ScheduleTap:
+    """Wraps a vLLM scheduler's `schedule` to keep the composition of the latest step.
+
+    NOTE: vLLM reports no per-request progress; its scheduler output (inside `step()`) is the
+    only exact source of each chunk's length and context. The wrapper costs one pass over the
+    scheduled requests (at most max_num_seqs) per step.
+    """
+
+    def __init__(self, scheduler: Any) -> None:
+        self.latest: BatchStats | None = None
+        original: Callable[..., Any] = scheduler.schedule
+
+        def schedule(*args: Any, **kwargs: Any) -> Any:
+            output = original(*args, **kwargs)
+            self.latest = scheduled_batch_stats(output.num_scheduled_tokens, scheduler.requests)
+            return output
+
+        scheduler.schedule = schedule
+
+    def take(self) -> BatchStats | None:
+        """The latest step's composition (None if no step was scheduled since the last take)."""
+        latest, self.latest = self.latest, None
+        return latest
 
 
 class _DropIterationLogs(logging.Filter):
@@ -166,6 +224,7 @@ class VllmEngine(ThreadedEngine[_Tracked]):
         # --- engine thread only ---
         self._next_run_seq = 0
         self._step_details: SchedulerIterationDetails | None = None
+        self._schedule_tap: ScheduleTap | None = None
         self._warned_seed = False
 
     def snapshot(self) -> EngineState:
@@ -182,6 +241,7 @@ class VllmEngine(ThreadedEngine[_Tracked]):
                     num_output_tokens=t.num_output_tokens,
                     predicted_output_tokens=t.request.predicted_output_tokens,
                     is_running=t.is_running,
+                    priority=t.priority,
                 )
                 for t in sorted(self._inflight.values(), key=lambda t: t.seq)
             )
@@ -204,6 +264,8 @@ class VllmEngine(ThreadedEngine[_Tracked]):
             max_model_len=self.config.max_model_len,
             requests=requests,
             taken_at=time.time(),
+            scheduling_policy=self.config.scheduling_policy,
+            priority_ms_per_token=self.config.priority_ms_per_token,
         )
 
     # ---------------------------------------------------------------- engine thread
@@ -211,12 +273,19 @@ class VllmEngine(ThreadedEngine[_Tracked]):
     def _track(
         self, request: GenerationRequest, future: Future[GenerationResult], prepared: object
     ) -> _Tracked:
-        tracked = _Tracked(request, future, time.time(), seq=self._next_seq)
+        admitted_at = time.time()
+        priority = request.priority
+        if self.config.scheduling_policy == "priority":
+            priority = engine_priority(request.priority, admitted_at,
+                                       request.predicted_output_tokens,
+                                       self.config.priority_ms_per_token)
+        tracked = _Tracked(request, future, admitted_at, seq=self._next_seq, priority=priority)
         self._next_seq += 1
         return tracked
 
     def _open(self) -> None:
         self._engine = self._build()
+        self._schedule_tap = _tap_scheduler(self._engine)
 
     def _close(self) -> None:
         # NOTE: LLMEngine has no public shutdown; its in-process client does.
@@ -373,7 +442,7 @@ class VllmEngine(ThreadedEngine[_Tracked]):
                 engine_input,
                 params,
                 arrival_time=tracked.admitted_at,
-                priority=request.priority,
+                priority=tracked.priority,
             )
         except Exception as err:  # noqa: BLE001 - a bad request fails alone, on its future
             with self._cond:
@@ -413,6 +482,8 @@ class VllmEngine(ThreadedEngine[_Tracked]):
 
     def _step(self) -> None:
         self._step_details = None
+        if self._schedule_tap is not None:
+            self._schedule_tap.take()
         started = time.perf_counter()
         outputs = self._llm.step()
         duration_ms = (time.perf_counter() - started) * 1000.0
@@ -460,23 +531,8 @@ class VllmEngine(ThreadedEngine[_Tracked]):
         for tracked, reason in finished:
             self._finish(tracked, reason, now)
         if details is not None and not details.is_dummy:
-            self._notify(
-                "on_step",
-                StepSample(
-                    at=now,
-                    duration_ms=duration_ms,
-                    num_seqs=details.num_ctx_requests + details.num_generation_requests,
-                    num_prefill_tokens=details.num_ctx_tokens,
-                    num_decode_tokens=details.num_generation_tokens,
-                    num_running=stats.num_running_reqs if stats is not None else 0,
-                    num_waiting=(
-                        stats.num_waiting_reqs + stats.num_skipped_waiting_reqs
-                        if stats is not None
-                        else 0
-                    ),
-                    kv_cache_usage=stats.kv_cache_usage if stats is not None else 0.0,
-                ),
-            )
+            batch = self._schedule_tap.take() if self._schedule_tap is not None else None
+            self._notify("on_step", _step_sample(now, duration_ms, details, batch, stats))
 
     def _take_logprobs(self, tracked: _Tracked, output: Any, completion: Any) -> None:
         """Keep the logprobs of this step's new tokens (and, once, of the prompt: vLLM sends
@@ -537,7 +593,7 @@ class VllmEngine(ThreadedEngine[_Tracked]):
         num_extra = sum(t.is_running for t in added) - stats.num_running_reqs
         if num_extra <= 0:
             return
-        for tracked in sorted(added, key=lambda t: (t.request.priority, t.seq), reverse=True):
+        for tracked in sorted(added, key=lambda t: (t.priority, t.seq), reverse=True):
             if num_extra <= 0:
                 break
             if tracked.is_running:
@@ -563,6 +619,39 @@ class VllmEngine(ThreadedEngine[_Tracked]):
             reason if reason in ("stop", "length", "abort") else "stop"  # "repetition" stops
         )
         self._resolve(tracked, finish_reason, now)
+
+
+def _tap_scheduler(engine: LLMEngine) -> ScheduleTap | None:
+    """Wrap the in-process engine core's scheduler (None where there is none to wrap)."""
+    core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
+    scheduler = getattr(core, "scheduler", None)
+    if scheduler is None or not hasattr(scheduler, "requests"):
+        logger.warning("vLLM's scheduler is out of reach: step samples carry no context features")
+        return None
+    return ScheduleTap(scheduler)
+
+
+def _step_sample(now: float, duration_ms: float, details: SchedulerIterationDetails,
+                 batch: BatchStats | None, stats: SchedulerStats | None) -> StepSample:
+    """A step's sample: its composition from the scheduler tap where there is one (exact, with
+    context), else from vLLM's iteration details (recomputation counted as decodes)."""
+    if batch is None:
+        batch = BatchStats(num_prefill_tokens=details.num_ctx_tokens,
+                           num_decode_seqs=details.num_generation_tokens)
+    return StepSample(
+        at=now,
+        duration_ms=duration_ms,
+        num_seqs=details.num_ctx_requests + details.num_generation_requests,
+        num_prefill_tokens=batch.num_prefill_tokens,
+        num_decode_tokens=batch.num_decode_seqs,
+        num_running=stats.num_running_reqs if stats is not None else 0,
+        num_waiting=(stats.num_waiting_reqs + stats.num_skipped_waiting_reqs
+                     if stats is not None else 0),
+        kv_cache_usage=stats.kv_cache_usage if stats is not None else 0.0,
+        decode_context_tokens=batch.decode_context_tokens,
+        prefill_chunk_x_context=batch.prefill_chunk_x_context,
+        prefill_chunk_sq=batch.prefill_chunk_sq,
+    )
 
 
 def _decoded(logprob: Any, token_id: int, engine: LLMEngine) -> str:
