@@ -242,6 +242,12 @@ class EngineStepSample(Base):
     num_running: Mapped[int]
     num_waiting: Mapped[int]
     kv_cache_usage: Mapped[float]
+    # The execution-time model's context features (workers.sim.exec_model.BatchStats); 0 where
+    # the engine does not know them.
+    decode_context_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    prefill_chunk_x_context: Mapped[int] = mapped_column(BigInteger, default=0,
+                                                         server_default="0")
+    prefill_chunk_sq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
     __table_args__ = (
         Index("ix_engine_step_samples_instance_id_at", "instance_id", "at"),

@@ -69,11 +69,15 @@ def length_rows(session: Session, model_name: str, *, limit: int) -> list[dict[s
 
 
 def step_samples(session: Session, instance_id: str, *, limit: int) -> list[dict[str, float]]:
-    """The latest `limit` step samples of an instance, oldest first, in the fitting format."""
+    """The latest `limit` step samples of an instance, oldest first, in the fitting format
+    (context features included: 0 in rows recorded without them)."""
     rows = session.scalars(
         select(EngineStepSample).where(EngineStepSample.instance_id == instance_id)
         .order_by(EngineStepSample.at.desc(), EngineStepSample.id.desc()).limit(limit)
     ).all()
     return [{"duration_ms": r.duration_ms, "num_seqs": r.num_seqs,
-             "num_prefill_tokens": r.num_prefill_tokens, "num_decode_tokens": r.num_decode_tokens}
+             "num_prefill_tokens": r.num_prefill_tokens, "num_decode_tokens": r.num_decode_tokens,
+             "decode_context_tokens": r.decode_context_tokens,
+             "prefill_chunk_x_context": r.prefill_chunk_x_context,
+             "prefill_chunk_sq": r.prefill_chunk_sq}
             for r in reversed(rows)]
