@@ -103,6 +103,19 @@ class Settings(BaseSettings):
     )
     max_num_seqs: int = Field(48, gt=0, description="vLLM max_num_seqs per instance.")
     max_num_batched_tokens: int = Field(512, gt=0, description="vLLM per-step token budget.")
+    engine_scheduling_policy: Literal["fcfs", "priority"] = Field(
+        "fcfs",
+        description="Order inside each engine: fcfs (by class, interactive before batch, then "
+        "arrival), or priority: predicted-shortest-first with aging (vLLM's priority policy, "
+        "each request's priority its class, then arrival ms + engine_priority_ms_per_token x "
+        "its predicted output tokens). Published with the engine's state: what-ifs model it.",
+    )
+    engine_priority_ms_per_token: float = Field(
+        2.0,
+        ge=0,
+        description="Under engine_scheduling_policy=priority: a request predicted one token "
+        "longer is served as if it had arrived this many ms later.",
+    )
     block_size: int | None = Field(
         None,
         gt=0,

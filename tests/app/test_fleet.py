@@ -33,10 +33,12 @@ def test_the_state_is_stored_as_the_engines_json_and_read_back_typed(fleet: Flee
     assert list(stored) == [
         "engine_kind", "model", "num_running", "num_waiting", "num_total_blocks",
         "num_free_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
-        "max_model_len", "requests", "taken_at", "instance_id", "accepting", "published_at"]
+        "max_model_len", "requests", "taken_at", "instance_id", "accepting", "published_at",
+        "scheduling_policy", "priority_ms_per_token"]
     assert stored["requests"] == [{
         "request_id": "r1", "num_prompt_tokens": 10, "num_computed_tokens": 0,
-        "num_output_tokens": 0, "predicted_output_tokens": 5, "is_running": False}]
+        "num_output_tokens": 0, "predicted_output_tokens": 5, "is_running": False,
+        "priority": 0}]
     assert (stored["instance_id"], stored["model"]) == ("gpu.0", "served-model")
     (status,) = fleet.statuses()
     assert status.state is not None

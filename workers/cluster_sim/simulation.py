@@ -180,7 +180,8 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
                                    workload.num_output_tokens[index], predicted[index])
         requests.append(request)
         planned = SimRequest(request.request_id, request.num_prompt_tokens,
-                             predicted_output_tokens=predicted[index])
+                             predicted_output_tokens=predicted[index],
+                             priority=engines[0].priority_of(request))
         view = RequestView(request.request_id, request.num_prompt_tokens, predicted[index],
                            max_tokens=config.max_model_len - request.num_prompt_tokens)
         decision_started = time.perf_counter()

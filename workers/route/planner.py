@@ -6,6 +6,8 @@ everything in between is here, testable on built states without a broker.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -19,7 +21,7 @@ from workers.route.policies import (
     prepare_published,
     probed,
 )
-from workers.sim import ExecModel, SimRequest, predict_what_if_prepared
+from workers.sim import ExecModel, SimRequest, predict_what_if_prepared, request_priority
 from workers.sim.fleet_state import InstanceStatus
 
 __all__ = ["Plan", "plan_route"]
@@ -38,11 +40,15 @@ def plan_route(
     candidates: Sequence[InstanceStatus],
     ctx: RoutingContext,
     exec_model: ExecModel | Mapping[str, ExecModel] | None,
+    now: float | None = None,
 ) -> Plan:
     """Decide among `candidates` (alive and accepting) with the named policy.
 
     `exec_model`: one execution-time model for every instance, or one per instance id.
+    `now`: time.time() of the decision (default: the clock's), the new request's arrival in
+    the priority an instance scheduling by priority gives it.
     """
+    now = time.time() if now is None else now
     simulate = needs_what_if(policy_name)
     if simulate and exec_model is None:
         raise ValueError(f"policy {policy_name!r} needs an execution-time model")
@@ -53,14 +59,18 @@ def plan_route(
     for status in probed(policy_name, sorted(candidates, key=lambda c: c.instance_id), ctx.rng):
         assert status.state is not None, f"{status.instance_id} has published no state"
         snapshot = status.state.to_instance_snapshot()
-        assigned = [a.to_sim_request() for a in status.assigned]
+        assigned = [a.to_sim_request(snapshot.config) for a in status.assigned]
         what_if = None
         if simulate:
             assert exec_model is not None
             model = exec_model if isinstance(exec_model, ExecModel) else exec_model[
                 status.instance_id]
             prepared = prepare_published(snapshot, assigned)
-            what_if = predict_what_if_prepared(prepared, new_request, model, status.future_load)
+            target = new_request
+            if snapshot.config.is_priority:
+                target = dataclasses.replace(new_request, priority=request_priority(
+                    now, request.predicted_output_tokens, snapshot.config.priority_ms_per_token))
+            what_if = predict_what_if_prepared(prepared, target, model, status.future_load)
             what_ifs[status.instance_id] = (what_if.ttft_s, what_if.e2e_s)
         views.append(instance_view(status.instance_id, snapshot, assigned, what_if))
     return Plan(decide(policy_name, request, views, ctx), what_ifs)

@@ -51,8 +51,10 @@ from workers.sim import (
     SeqState,
     SeqStatus,
     bundled_model,
+    engine_priority,
 )
 from workers.sim.engine_state import EngineState, RequestState
+from workers.sim.snapshot import DEFAULT_PRIORITY_MS_PER_TOKEN
 
 __all__ = ["EmulatedEngine", "EmulatedEngineConfig", "approx_token_count"]
 
@@ -92,6 +94,11 @@ class EmulatedEngineConfig:
     output_lengths: OutputLengths = field(default_factory=ShareGptLengths)
     # Prompt tokens of a prompt text; give the served model's tokenizer to match the API.
     count_tokens: Callable[[str], int] = approx_token_count
+    # vLLM's scheduling policy: "fcfs", or "priority": predicted-shortest-first with aging,
+    # each request's priority its class, then its arrival and predicted length
+    # (`engine_priority`).
+    scheduling_policy: str = "fcfs"
+    priority_ms_per_token: float = DEFAULT_PRIORITY_MS_PER_TOKEN
 
     def __post_init__(self) -> None:
         if not self.time_scale > 0:
@@ -108,6 +115,8 @@ class EmulatedEngineConfig:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,
+            scheduling_policy=self.scheduling_policy,
+            priority_ms_per_token=self.priority_ms_per_token,
         )
 
 
@@ -118,6 +127,7 @@ class _Tracked(TrackedRequest):
     num_target_tokens: int  # the output length at which it finishes
     finish_reason: FinishReason  # how it will finish: "length" if a cap cut it short
     seq: SeqState | None = None  # once handed to the scheduler
+    priority: int = 0  # vLLM priority (used under the "priority" policy)
 
 
 class EmulatedEngine(ThreadedEngine[_Tracked]):
@@ -179,6 +189,8 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
             max_model_len=config.max_model_len,
             requests=tuple(requests),
             taken_at=time.time(),
+            scheduling_policy=config.scheduling_policy,
+            priority_ms_per_token=config.priority_ms_per_token,
         )
 
     @staticmethod
@@ -191,6 +203,7 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
             num_output_tokens=tracked.num_output_tokens,
             predicted_output_tokens=tracked.request.predicted_output_tokens,
             is_running=seq is not None and seq.status == SeqStatus.RUNNING,
+            priority=tracked.priority,
         )
 
     # ---------------------------------------------------------------- new requests
@@ -220,8 +233,12 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
             num_drawn = num_cap
         # An emulated EOS when the drawn length comes first; otherwise a cap cut it ("length").
         reason: FinishReason = "stop" if num_drawn < num_cap else "length"
-        tracked = _Tracked(request, future, time.time(), num_prompt_tokens,
-                           num_target_tokens=min(num_drawn, num_cap), finish_reason=reason)
+        admitted_at = time.time()
+        tracked = _Tracked(request, future, admitted_at, num_prompt_tokens,
+                           num_target_tokens=min(num_drawn, num_cap), finish_reason=reason,
+                           priority=engine_priority(request.priority, admitted_at,
+                                                    request.predicted_output_tokens,
+                                                    self.config.priority_ms_per_token))
         if sampling.prompt_logprobs is not None:
             tracked.prompt_logprobs = [
                 _synthetic_logprob(request.request_id, -i, sampling.prompt_logprobs)
@@ -242,7 +259,8 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
                     del self._inflight[tracked.request_id]
                     continue
                 tracked.seq = SeqState(tracked.request_id, tracked.num_prompt_tokens,
-                                       tracked.num_target_tokens)
+                                       tracked.num_target_tokens, priority=tracked.priority,
+                                       arrival_s=tracked.admitted_at)
                 self._scheduler.add_request(tracked.seq)
 
     def _abort(self, request_ids: list[str]) -> None:
@@ -282,7 +300,14 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
         """One emulated forward pass: schedule, "run" it (sleep its duration), take its output."""
         with self._cond:
             output = self._scheduler.schedule()
-        assert output.num_scheduled_tokens, "requests wait but none can be scheduled"
+        assert output.num_scheduled_tokens or output.preempted_ids, (
+            "requests wait but none can be scheduled")
+        if not output.num_scheduled_tokens:
+            # NOTE: priority policy: the first running request preempted itself (the
+            # lowest priority); vLLM runs nothing this step and it takes no time.
+            with self._cond:
+                self._scheduler.update_from_output(output)
+            return
         duration_s = self._step_duration_s(output.stats)
         self._sleep_until(self._advance_clock(duration_s))
         now = time.time()

@@ -57,6 +57,8 @@ class VllmEngineBuilder:
             block_size=settings.block_size,
             kv_cache_gib=settings.kv_cache_gib,
             num_threads=settings.engine_threads,
+            scheduling_policy=settings.engine_scheduling_policy,
+            priority_ms_per_token=settings.engine_priority_ms_per_token,
         )
 
     def __call__(self, listener: EngineListener) -> Engine:
@@ -87,6 +89,8 @@ class EmulatedEngineBuilder:
             seed=zlib.crc32(instance_id.encode()),
             output_lengths=lengths,
             count_tokens=prompts.count,
+            scheduling_policy=settings.engine_scheduling_policy,
+            priority_ms_per_token=settings.engine_priority_ms_per_token,
         )
 
     def __call__(self, listener: EngineListener) -> Engine:

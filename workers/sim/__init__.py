@@ -8,7 +8,8 @@ from .future_load import FutureLoad, estimate_future_load
 from .profiling import AttentionScale, fit_from_vidur_profile
 from .scheduler import Scheduler, SchedulerOutput, SeqState, SeqStatus, StepResult
 from .snapshot import (InstanceConfig, InstanceSnapshot, OverrunPolicy, PreparedInstance,
-                       SeqSpec, SimRequest, prepare, request_priority, target_output_tokens)
+                       SeqSpec, SimRequest, engine_priority, prepare, request_priority,
+                       target_output_tokens)
 from .result import WhatIf
 from .whatif import predict_what_if, predict_what_if_prepared, predict_what_if_stepwise
 
@@ -31,6 +32,7 @@ __all__ = [
     "StepResult",
     "WhatIf",
     "bundled_model",
+    "engine_priority",
     "bundled_model_names",
     "fit_from_step_samples",
     "estimate_future_load",

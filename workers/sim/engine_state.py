@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .snapshot import InstanceConfig, InstanceSnapshot, SimRequest
+from .snapshot import DEFAULT_PRIORITY_MS_PER_TOKEN, InstanceConfig, InstanceSnapshot, SimRequest
 
 __all__ = ["EngineState", "RequestState"]
 
@@ -39,6 +39,7 @@ class RequestState:
     num_output_tokens: int  # tokens generated so far
     predicted_output_tokens: int | None  # copied from the request
     is_running: bool  # False = waiting (not yet scheduled, or preempted)
+    priority: int = 0  # the engine's vLLM priority (used under the "priority" policy)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,6 +49,7 @@ class RequestState:
             "num_output_tokens": self.num_output_tokens,
             "predicted_output_tokens": self.predicted_output_tokens,
             "is_running": self.is_running,
+            "priority": self.priority,
         }
 
     @classmethod
@@ -60,6 +62,7 @@ class RequestState:
             num_output_tokens=int(data["num_output_tokens"]),
             predicted_output_tokens=None if predicted is None else int(predicted),
             is_running=bool(data["is_running"]),
+            priority=int(data.get("priority", 0)),
         )
 
     def to_sim_request(self) -> SimRequest:
@@ -71,6 +74,7 @@ class RequestState:
             num_output_tokens=self.num_output_tokens,
             predicted_output_tokens=self.predicted_output_tokens,
             is_running=self.is_running,
+            priority=self.priority,
         )
 
 
@@ -94,6 +98,10 @@ class EngineState:
     instance_id: str | None = None  # the instance (its queue name, "gpu.0")
     accepting: bool = True  # False while the instance withdraws: route nothing new to it
     published_at: float | None = None  # time.time() when stored: the heartbeat's age
+    # --- the engine's scheduling policy (vLLM's): "fcfs", or "priority" with each
+    # request's priority from `request_priority` at this many ms per predicted token ---
+    scheduling_policy: str = "fcfs"
+    priority_ms_per_token: float = DEFAULT_PRIORITY_MS_PER_TOKEN
 
     def published(self, instance_id: str, model: str, *, accepting: bool) -> EngineState:
         """This state as the engine host publishes it for its instance."""
@@ -125,6 +133,9 @@ class EngineState:
             instance_id=data.get("instance_id"),
             accepting=bool(data.get("accepting", True)),
             published_at=None if published_at is None else float(published_at),
+            scheduling_policy=str(data.get("scheduling_policy", "fcfs")),
+            priority_ms_per_token=float(data.get("priority_ms_per_token",
+                                                 DEFAULT_PRIORITY_MS_PER_TOKEN)),
         )
 
     def instance_config(self, *, watermark: float = 0.0,
@@ -138,6 +149,8 @@ class EngineState:
             max_model_len=self.max_model_len,
             watermark=watermark,
             enable_prefix_caching=enable_prefix_caching,
+            scheduling_policy=self.scheduling_policy,
+            priority_ms_per_token=self.priority_ms_per_token,
         )
 
     def to_instance_snapshot(self, *, watermark: float = 0.0,

@@ -14,7 +14,7 @@ from typing import Any
 
 from .engine_state import EngineState
 from .future_load import NO_FUTURE_LOAD, FutureLoad, estimate_future_load
-from .snapshot import SimRequest
+from .snapshot import InstanceConfig, SimRequest, request_priority
 
 __all__ = ["Assignment", "InstanceStatus", "future_load_of"]
 
@@ -40,12 +40,18 @@ class Assignment:
                    predicted_output_tokens=None if predicted is None else int(predicted),
                    at=float(data["at"]))
 
-    def to_sim_request(self) -> SimRequest:
-        """The request as the simulator takes it: waiting, nothing computed yet."""
+    def to_sim_request(self, config: InstanceConfig | None = None) -> SimRequest:
+        """The request as the simulator takes it: waiting, nothing computed yet; on an
+        instance scheduling by priority (`config`), with the priority its engine will give
+        it (from the routing moment, a little before the engine takes it)."""
+        priority = 0
+        if config is not None and config.is_priority:
+            priority = request_priority(self.at, self.predicted_output_tokens,
+                                        config.priority_ms_per_token)
         return SimRequest(request_id=self.request_id, num_prompt_tokens=self.num_prompt_tokens,
                           num_computed_tokens=0, num_output_tokens=0,
                           predicted_output_tokens=self.predicted_output_tokens,
-                          is_running=False)
+                          is_running=False, priority=priority)
 
 
 @dataclass(frozen=True, slots=True)

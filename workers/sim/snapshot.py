@@ -14,6 +14,9 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 #: Predicted-shortest-first's aging weight (see `request_priority`): a request predicted one
 #: token longer than another is served as if it had arrived this many ms later.
 DEFAULT_PRIORITY_MS_PER_TOKEN = 2.0
+#: Engines put a request's class (0 interactive, 1 batch) above its predicted-shortest-first
+#: priority: a class's priorities span less than this many ms (about 30,000 years).
+PRIORITY_CLASS_SPAN_MS = 10**15
 
 __all__ = [
     "InstanceConfig",
@@ -24,6 +27,7 @@ __all__ = [
     "SimRequest",
     "normalise",
     "SCHEDULING_POLICIES",
+    "engine_priority",
     "prepare",
     "request_priority",
     "shared_prefix_blocks",
@@ -103,6 +107,14 @@ def request_priority(arrival_s: float, predicted_output_tokens: int | None,
     it, so it ages: nothing waits forever. vLLM priorities are integers (ms here).
     """
     return round(arrival_s * 1000.0) + round(ms_per_token * max(predicted_output_tokens or 0, 0))
+
+
+def engine_priority(class_priority: int, arrival_s: float, predicted_output_tokens: int | None,
+                    ms_per_token: float = DEFAULT_PRIORITY_MS_PER_TOKEN) -> int:
+    """The vLLM priority an engine scheduling predicted-shortest-first gives a request: its
+    class first (every interactive request before any batch one), then `request_priority`."""
+    return (class_priority * PRIORITY_CLASS_SPAN_MS
+            + request_priority(arrival_s, predicted_output_tokens, ms_per_token))
 
 
 @dataclass(frozen=True, slots=True)

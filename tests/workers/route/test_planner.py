@@ -12,7 +12,7 @@ import pytest
 from tests.engine_states import engine_state, waiting_request
 from workers.route.planner import Plan, plan_route
 from workers.route.policies import RequestView, RoutingContext
-from workers.sim import FutureLoad, bundled_model
+from workers.sim import FutureLoad, bundled_model, request_priority
 from workers.sim.engine_state import EngineState
 from workers.sim.fleet_state import Assignment, InstanceStatus
 
@@ -98,3 +98,26 @@ def test_the_expected_future_load_lengthens_the_what_if() -> None:
     plan = _plan("block", [plain, loaded])
     assert plan.decision.instance_id == "gpu.0"
     assert plan.what_ifs["gpu.1"][1] > plan.what_ifs["gpu.0"][1]
+
+
+def test_an_instance_scheduling_by_priority_puts_a_shorter_request_ahead_in_its_what_if(
+) -> None:
+    # 20 queued requests predicted 400 tokens, arrived 100 ms ago: their priority (arrival
+    # + 2 ms/token) is later than a new 300-token request's, so under predicted-shortest-
+    # first it overtakes them (and assignments routed as long ago stay behind it).
+    now = 1_700_000_000.0
+    old = [dataclasses.replace(waiting_request(f"r{i}", 1500, 400),
+                               priority=request_priority(now - 0.1, 400)) for i in range(20)]
+    fcfs = engine_state(*old, num_waiting=20, max_num_seqs=4)
+    priority = dataclasses.replace(fcfs, scheduling_policy="priority")
+    assigned = [Assignment(f"a{i}", 1500, 400, at=now - 0.1) for i in range(5)]
+    ctx = RoutingContext(ticket=0, rng=random.Random(0))
+    e2e = {}
+    for name, state in (("fcfs", fcfs), ("priority", priority)):
+        plan = plan_route("block", _request(0), [_status("gpu.0", state, assigned)], ctx,
+                          MODEL, now=now)
+        e2e[name] = plan.what_ifs["gpu.0"][1]
+    assert e2e["priority"] < 0.5 * e2e["fcfs"]
+    assert assigned[0].to_sim_request(priority.instance_config()).priority == (
+        request_priority(now - 0.1, 400))
+    assert assigned[0].to_sim_request().priority == 0

@@ -228,6 +228,33 @@ def test_tight_kv_cache_preempts_and_still_finishes_everything(make_engine, reco
     assert sum(s.num_prefill_tokens for s in recorder.steps) > 10 * 100
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_priority_policy_serves_the_shortest_predicted_first(make_engine, recorder,
+                                                             policy: str) -> None:
+    # One seat: the first request runs while three wait; under "priority" they start in
+    # predicted-length order (1 s per predicted token outweighs the ms between arrivals),
+    # under FCFS in arrival order. The state says which policy the what-ifs must model.
+    engine = make_engine(max_num_seqs=1, scheduling_policy=policy,
+                         priority_ms_per_token=1000.0)
+    first = engine.submit(_request("first", max_tokens=2000, predicted=1))  # ~0.4 s
+    deadline = time.monotonic() + RESULT_TIMEOUT_S
+    while "first" not in recorder.first_tokens:
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    futures = [engine.submit(_request(name, max_tokens=4, predicted=predicted))
+               for name, predicted in (("long", 400), ("short", 5), ("mid", 50))]
+    snap = engine.snapshot()
+    assert snap.scheduling_policy == policy and snap.priority_ms_per_token == 1000.0
+    assert snap.instance_config().scheduling_policy == policy
+    priorities = {r.request_id: r.priority for r in snap.requests}
+    assert priorities["short"] < priorities["mid"] < priorities["long"]
+    for future in [first, *futures]:
+        future.result(RESULT_TIMEOUT_S)
+    order = sorted(("long", "short", "mid"), key=recorder.first_tokens.__getitem__)
+    assert order == (["short", "mid", "long"] if policy == "priority"
+                     else ["long", "short", "mid"])
+
+
 def test_config_is_validated() -> None:
     with pytest.raises(ValueError):
         EmulatedEngineConfig(time_scale=0)
@@ -237,3 +264,5 @@ def test_config_is_validated() -> None:
         EmulatedEngineConfig(num_blocks=8, max_model_len=4096)  # cannot hold one sequence
     with pytest.raises(ValueError, match="known"):
         EmulatedEngine(EmulatedEngineConfig(exec_model="no-such-gpu"))
+    with pytest.raises(ValueError, match="scheduling_policy"):
+        EmulatedEngineConfig(scheduling_policy="sjf")

@@ -18,14 +18,17 @@ PUBLISHED = {
     "max_num_batched_tokens": 512, "max_model_len": 4096,
     "requests": [
         {"request_id": "a", "num_prompt_tokens": 300, "num_computed_tokens": 310,
-         "num_output_tokens": 11, "predicted_output_tokens": 200, "is_running": True},
+         "num_output_tokens": 11, "predicted_output_tokens": 200, "is_running": True,
+         "priority": 0},
         {"request_id": "b", "num_prompt_tokens": 50, "num_computed_tokens": 0,
-         "num_output_tokens": 0, "predicted_output_tokens": None, "is_running": False},
+         "num_output_tokens": 0, "predicted_output_tokens": None, "is_running": False,
+         "priority": 0},
         {"request_id": "fresh", "num_prompt_tokens": 0, "num_computed_tokens": 0,
-         "num_output_tokens": 0, "predicted_output_tokens": 40, "is_running": False},
+         "num_output_tokens": 0, "predicted_output_tokens": 40, "is_running": False,
+         "priority": 0},
     ],
     "taken_at": 1700000000.5, "instance_id": "gpu.0", "accepting": False,
-    "published_at": 1700000000.75,
+    "published_at": 1700000000.75, "scheduling_policy": "fcfs", "priority_ms_per_token": 2.0,
 }
 
 
@@ -51,6 +54,23 @@ def test_states_published_before_the_host_set_them_read_as_accepting() -> None:
              if k not in ("instance_id", "accepting", "published_at")}
     state = EngineState.from_json(older)
     assert state.accepting and state.instance_id is None and state.published_at is None
+
+
+def test_states_without_a_scheduling_policy_read_as_fcfs_and_priorities_reach_the_simulator(
+) -> None:
+    older = {k: v for k, v in PUBLISHED.items()
+             if k not in ("scheduling_policy", "priority_ms_per_token")}
+    older["requests"] = [{k: v for k, v in r.items() if k != "priority"}
+                         for r in PUBLISHED["requests"]]
+    state = EngineState.from_json(older)
+    assert state.to_instance_snapshot().config.scheduling_policy == "fcfs"
+    assert all(r.priority == 0 for r in state.requests)
+    newer = dict(PUBLISHED, scheduling_policy="priority", priority_ms_per_token=5.0)
+    newer["requests"] = [dict(r, priority=100 + i) for i, r in enumerate(PUBLISHED["requests"])]
+    snapshot = EngineState.from_json(newer).to_instance_snapshot()
+    assert (snapshot.config.scheduling_policy, snapshot.config.priority_ms_per_token) == (
+        "priority", 5.0)
+    assert [r.priority for r in snapshot.requests] == [100, 101]  # "fresh" is left out
 
 
 def test_the_simulator_counts_the_null_block_and_skips_untokenized_requests(
