@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
 import time
 from pathlib import Path
@@ -69,9 +70,6 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="flushed for every point")
     parser.add_argument("--api-port", type=int, default=8811)
     parser.add_argument("--flower-port", type=int, default=5611)
-    parser.add_argument("--until", choices=("finished", "first-token"), default="finished",
-                        help="end a point when every request has finished (TTFT and e2e), or "
-                             "at the last first token (TTFT only, shorter: enough for capacity)")
     parser.add_argument("--no-early-stop", dest="early_stop", action="store_false",
                         help="run a point to its end even once its TTFT p99 is certain to "
                              "exceed the SLO (default: stop it there, saving the failing points)")
@@ -116,6 +114,9 @@ def _load_workload(name: str, args: argparse.Namespace) -> workloads.LiveWorkloa
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
+    # SIGTERM as an exception, so that a point's `finally` stops its stack (whose processes
+    # run in sessions of their own and would otherwise keep the ports).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     console = Console()
     if args.replot:
         raw = json.loads(args.replot.read_text())
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "smoke": args.smoke, "slo_s": args.slo, "workloads": args.workloads,
         "policies": args.policies, "time_scale": args.time_scale, "instances": args.instances,
         "requests": args.requests, "seed": args.seed, "bias_watch": args.bias_watch,
-        "until": args.until, "early_stop": args.early_stop,
+        "early_stop": args.early_stop,
         "command": " ".join(sys.argv), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                     time.gmtime()),
         "points": [], "capacity": {},
@@ -157,7 +158,6 @@ def main(argv: list[str] | None = None) -> int:
                     workload, policy, rate, args.time_scale, args.instances, args.database_url,
                     args.redis_url, args.model_path, args.api_port, args.flower_port,
                     args.max_model_len, args.drain_timeout, args.bias_watch,
-                    until=args.until.replace("-", "_"),
                     stop_above_slo_s=args.slo if args.early_stop else None),
                     log=console.print)
                 point["wall"]["point_s"] = time.time() - started

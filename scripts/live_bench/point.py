@@ -23,9 +23,12 @@ import redis
 import sqlalchemy as sa
 
 from app.cli.stack import Stack
+from app.fleet import Fleet
 from app.migrate import recreate_database, upgrade
 from app.settings import Settings
 from live_bench.stats import (
+    RequestProgress,
+    count_done_and_late,
     emulated_s,
     percentile,
     percentile_certainly_above,
@@ -73,9 +76,6 @@ class PointSpec:
     #: Longest wait (wall s) for the last request after the last arrival.
     drain_timeout_s: float
     bias_watch: bool = False
-    #: "finished": wait for every request to end (TTFT and end-to-end); "first_token": stop
-    #: once every request has its first token (TTFT only: enough for the capacity search).
-    until: str = "finished"
     #: TTFT p99 bound (emulated s): when set, the point stops (sending included) as soon as
     #: enough requests are later than it that the p99 is certain to exceed it.
     stop_above_slo_s: float | None = None
@@ -208,37 +208,54 @@ async def _send(base_url: str, api_key: str, workload: LiveWorkload,
 
 
 class _Watcher(threading.Thread):
-    """Counts, once a second from PostgreSQL, the requests that are done (ended, or with
-    `until="first_token"` past their first token) and those already later than the SLO (first
-    token after it, or still without one past it); sets `missed` once the late ones make the
-    TTFT p99 certain to exceed the SLO."""
+    """Once a second, counts the requests that are done and those certainly later than the
+    SLO; sets `missed` once the late ones make the TTFT p99 certain to exceed it.
 
-    def __init__(self, database_url: str, spec: PointSpec, total: int) -> None:
+    NOTE: the engine worker writes `first_token_at` with the completion, so a running
+    request's first token is not in PostgreSQL. A request counts as late only when that is
+    certain: ended with its first token (or none) past the SLO; shown without output in its
+    engine's published state taken past the SLO; or not yet admitted by an engine worker
+    (`started_at` unset, read after the states) past the SLO. The states are read first, so a
+    request cannot slip between the two reads unseen.
+    """
+
+    def __init__(self, spec: PointSpec, total: int) -> None:
         super().__init__(daemon=True)
-        self.engine = sa.create_engine(database_url)
+        self.engine = sa.create_engine(spec.database_url)
+        self.fleet = Fleet(redis.Redis.from_url(spec.redis_url), heartbeat_ttl_s=3600.0)
         self.total, self.done, self.late = total, 0, 0
         self.slo_wall_s = (spec.stop_above_slo_s * spec.time_scale
                            if spec.stop_above_slo_s is not None else None)
-        done = "status IN ({})".format(", ".join(f"'{t}'" for t in _TERMINAL))
-        if spec.until == "first_token":
-            done += " OR first_token_at IS NOT NULL"
-        late = ("coalesce(first_token_at, clock_timestamp()) - created_at > "
-                "make_interval(secs => :slo)" if self.slo_wall_s is not None else "false")
-        self.query = sa.text(f"SELECT count(*) FILTER (WHERE {done}), "
-                             f"count(*) FILTER (WHERE {late}) FROM requests")
         self.missed, self.stop = threading.Event(), threading.Event()
 
     def run(self) -> None:
         try:
             while not self.stop.wait(1.0):
-                with self.engine.connect() as conn:
-                    done, late = conn.execute(self.query, {"slo": self.slo_wall_s}).one()
-                self.done, self.late = int(done), int(late)
+                self.done, self.late = self._count()
                 if self.slo_wall_s is not None and percentile_certainly_above(
                         self.late, self.total, 99):
                     self.missed.set()
         finally:
             self.engine.dispose()
+
+    def _count(self) -> tuple[int, int]:
+        waiting_since: dict[str, float] = {}  # request -> taken_at of a state showing no output
+        for status in self.fleet.statuses():
+            for request in status.state.requests if status.state else ():
+                if request.num_output_tokens == 0:
+                    waiting_since[request.request_id] = status.state.taken_at
+        with self.engine.connect() as conn:
+            read_at = conn.execute(sa.text("SELECT extract(epoch FROM clock_timestamp())")
+                                   ).scalar_one()
+            rows = conn.execute(sa.text(
+                "SELECT id, status, extract(epoch FROM created_at), "
+                "extract(epoch FROM first_token_at), started_at IS NULL FROM requests")).all()
+        slo = self.slo_wall_s if self.slo_wall_s is not None else math.inf
+        return count_done_and_late(
+            [RequestProgress(str(rid), status in _TERMINAL, float(created),
+                             None if first is None else float(first), bool(not_admitted))
+             for rid, status, created, first, not_admitted in rows],
+            waiting_since, float(read_at), slo)
 
     def wait(self, accepted: int, deadline: float) -> None:
         """Until `accepted` requests are done, the SLO is certainly missed, or the deadline."""
@@ -295,7 +312,7 @@ def run_point(spec: PointSpec, log: Any = print) -> dict[str, Any]:
                 f"at {spec.rate:g}/s emulated ({wall_per_s:.2f}/s wall)")
             sampler = _LoadSampler()
             sampler.start()
-            watcher = _Watcher(spec.database_url, spec, len(workload.requests))
+            watcher = _Watcher(spec, len(workload.requests))
             watcher.start()
             cpu_before, t0 = _cpu_s(stack), time.time()
             assert stack.api_key is not None
@@ -322,7 +339,7 @@ def run_point(spec: PointSpec, log: Any = print) -> dict[str, Any]:
     idle = {"control_plane": sum(v for k, v in idle_cores.items() if k in CONTROL_PLANE),
             "engines": sum(v for k, v in idle_cores.items() if k not in CONTROL_PLANE)}
     result["idle_cores"] = idle
-    n = result["requests"] if spec.until == "finished" and not stopped_early else 0
+    n = 0 if stopped_early else result["requests"]
     # CPU the requests cost: the window's CPU less the idle rate over the window (only when the
     # window covers every request's whole life).
     result["cpu_ms_per_request_above_idle"] = {
@@ -367,8 +384,7 @@ def _result(spec: PointSpec, sends: list[dict[str, Any]], rows: list[dict[str, A
     post_s = [s["answered"] - s["sent"] for s in sends]
     control = sum(v for k, v in cpu.items() if k in CONTROL_PLANE)
     engines = sum(v for k, v in cpu.items() if k not in CONTROL_PLANE)
-    # CPU per request only when the window covers every request's whole life.
-    n = len(sends) if spec.until == "finished" else 0
+    n = len(sends)
     return {
         "workload": spec.workload.name, "policy": spec.policy, "rate": spec.rate,
         "time_scale": scale, "instances": spec.instances,
@@ -384,11 +400,9 @@ def _result(spec: PointSpec, sends: list[dict[str, Any]], rows: list[dict[str, A
         "predictors": predictors,
         "table_misses": predictors.get("table.missing", 0),
         "http_errors": sorted({s["error"] for s in sends if s["error"]})[:5],
-        "until": spec.until, "stopped_early": False,
+        "stopped_early": False,
         "ttft_s": summarize(ttft, scale).as_dict(),
-        # Not measured when the point stops at the first tokens.
-        "e2e_s": (summarize(e2e, scale).as_dict() if spec.until == "finished"
-                  else {"p50": None, "p99": None, "count": 0}),
+        "e2e_s": summarize(e2e, scale).as_dict(),
         "accept_to_routed_s": summarize(overhead, scale).as_dict(),
         "accept_to_routed_wall_ms": {"p50": percentile(overhead, 50) * 1000,
                                      "p99": percentile(overhead, 99) * 1000},

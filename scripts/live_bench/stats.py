@@ -12,8 +12,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["LatencySummary", "CapacityResult", "emulated_s", "wall_rate", "percentile",
-           "percentile_certainly_above", "summarize", "search_capacity"]
+__all__ = ["LatencySummary", "CapacityResult", "RequestProgress", "count_done_and_late",
+           "emulated_s", "wall_rate", "percentile", "percentile_certainly_above", "summarize",
+           "search_capacity"]
 
 
 def emulated_s(wall_s: float, time_scale: float) -> float:
@@ -54,6 +55,39 @@ def percentile_certainly_above(num_above: int, total: int, q: float) -> bool:
     if total <= 0:
         return False
     return num_above >= total - math.floor(q / 100 * (total - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class RequestProgress:
+    """A request as PostgreSQL shows it mid-run (times in epoch seconds)."""
+
+    request_id: str
+    ended: bool  # succeeded, failed or cancelled
+    created: float
+    first_token: float | None  # written with the completion: None while it runs
+    not_admitted: bool  # no engine worker has taken it yet (started_at unset)
+
+
+def count_done_and_late(requests: Sequence[RequestProgress], waiting_since: dict[str, float],
+                        read_at: float, slo_s: float) -> tuple[int, int]:
+    """(ended, certainly later than `slo_s`) among `requests`.
+
+    Late only when certain: ended with its first token past the SLO or without one; shown
+    without output in an engine state taken (`waiting_since`, read before the rows) past the
+    SLO; or not admitted by `read_at` (the rows' read) past the SLO. A running request whose
+    state shows output, or that was admitted after its engine's state was taken, is not late
+    yet, whatever its age.
+    """
+    done = late = 0
+    for r in requests:
+        if r.ended:
+            done += 1
+            late += r.first_token is None or r.first_token - r.created > slo_s
+        elif r.request_id in waiting_since:
+            late += waiting_since[r.request_id] - r.created > slo_s
+        elif r.not_admitted:
+            late += read_at - r.created > slo_s
+    return done, late
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,3 +104,23 @@ def test_certainty_needs_the_values_at_and_above_the_lower_interpolation_point()
     assert stats.percentile_certainly_above(11, 1000, 99)
     assert not stats.percentile_certainly_above(10, 1000, 99)
     assert not stats.percentile_certainly_above(0, 0, 99)
+
+
+def test_only_certainly_late_requests_count_as_late() -> None:
+    stats = _stats()
+    progress = stats.RequestProgress
+    rows = [
+        progress("ended-on-time", True, 0.0, 2.0, False),
+        progress("ended-late", True, 0.0, 4.0, False),
+        progress("failed", True, 0.0, None, False),
+        progress("waiting-in-engine-past-slo", False, 0.0, None, False),
+        progress("waiting-in-engine-not-yet", False, 8.0, None, False),
+        # Running with output in its state, or admitted after the states were read: unknown.
+        progress("running-old", False, 0.0, None, False),
+        progress("queued-before-engine", False, 1.0, None, True),
+        progress("queued-recently", False, 9.0, None, True),
+    ]
+    waiting = {"waiting-in-engine-past-slo": 3.5, "waiting-in-engine-not-yet": 9.5}
+    assert stats.count_done_and_late(rows, waiting, read_at=10.0, slo_s=3.0) == (3, 4)
+    # An unbounded SLO: only the request that never got a first token is late.
+    assert stats.count_done_and_late(rows, waiting, read_at=10.0, slo_s=math.inf) == (3, 1)
