@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from live_bench import workloads  # noqa: E402
 from live_bench.point import POLICIES, PointSpec, run_point  # noqa: E402
 from live_bench.report import fmt, plot, print_report  # noqa: E402
-from live_bench.stats import search_capacity  # noqa: E402
+from live_bench.stats import rates_around_simulated, search_capacity  # noqa: E402
 
 WORKLOADS = ("conversations", "sharegpt-azure")
 DEFAULT_RATES = (30.0, 40.0, 50.0, 60.0, 70.0)
@@ -47,6 +47,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--policies", nargs="+", choices=list(POLICIES), default=list(POLICIES))
     parser.add_argument("--rates", type=float, nargs="+", default=list(DEFAULT_RATES),
                         help="emulated requests/s, tried in order until the SLO fails")
+    parser.add_argument("--around-sim", type=Path, metavar="JSON",
+                        help="per policy, try the rates --spread around the capacity that "
+                             "`bench_cluster.py --live-settings --json` found for the same "
+                             "workload, request count and seed (instead of --rates; a policy "
+                             "the file lacks falls back to --rates)")
+    parser.add_argument("--spread", type=float, default=0.1,
+                        help="with --around-sim: try capacity x (1 -/+ spread)")
     parser.add_argument("--bisect", type=int, default=2,
                         help="bisection steps between the last passing and first failing rate")
     parser.add_argument("--slo", type=float, default=3.0, help="TTFT p99 SLO, emulated s")
@@ -117,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM as an exception, so that a point's `finally` stops its stack (whose processes
     # run in sessions of their own and would otherwise keep the ports).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    console = Console()
+    # Wide tables stay readable when the output goes to a file.
+    console = Console() if sys.stdout.isatty() else Console(width=200)
     if args.replot:
         raw = json.loads(args.replot.read_text())
         print_report(raw, console)
@@ -138,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             args.json.write_text(json.dumps(raw, default=_json_default) + "\n")
 
+    simulated = (json.loads(args.around_sim.read_text())["summary"] if args.around_sim
+                 else None)
+    raw["simulated"] = simulated
     for name in args.workloads:
         workload = _load_workload(name, args)
         console.print(f"[bold]{name}[/bold]: {len(workload.requests)} requests, mean output "
@@ -174,7 +185,12 @@ def main(argv: list[str] | None = None) -> int:
                 p99 = point["ttft_s"]["p99"]
                 return math.inf if math.isnan(p99) else p99
 
-            result = search_capacity(measure, args.rates, args.slo, bisect_steps=args.bisect)
+            rates = args.rates
+            if simulated is not None:
+                rates = rates_around_simulated(
+                    simulated, workload=name, policy=policy, num_requests=args.requests,
+                    seed=args.seed, spread=args.spread) or rates
+            result = search_capacity(measure, rates, args.slo, bisect_steps=args.bisect)
             raw["capacity"].setdefault(name, {})[policy] = {
                 "capacity": result.capacity, "first_failing": result.first_failing}
             save()

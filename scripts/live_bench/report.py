@@ -74,6 +74,8 @@ def print_report(raw: dict[str, Any], console: Console | None = None) -> None:
             cap.add_row(policy, fmt(capacity, 1) if capacity else "< lowest tried",
                         fmt(failing, 1) if failing else "none failed", fmt(ratio))
         console.print(cap)
+        if raw.get("simulated"):
+            console.print(_versus_simulated(raw, workload, capacities))
         for note in points[0]["notes"]:
             console.print(f"  note: {note}")
         trouble = [p for p in points if p["table_misses"] or p["failed"] or p["rerouted"]
@@ -82,6 +84,25 @@ def print_report(raw: dict[str, Any], console: Console | None = None) -> None:
             console.print(f"  [yellow]{p['policy']} @ {p['rate']:g}: table misses "
                           f"{p['table_misses']}, failed {p['failed']}, rerouted {p['rerouted']}, "
                           f"HTTP errors {p['http_errors']}[/yellow]")
+
+
+def _versus_simulated(raw: dict[str, Any], workload: str,
+                      capacities: dict[str, tuple[float | None, float | None]]) -> Table:
+    """Live capacity beside the discrete-event benchmark's for the same setup."""
+    table = Table(title=f"Live vs simulated capacity (req/s), {workload}, "
+                        f"{raw['requests']} requests, seed {raw['seed']}")
+    for column in ("policy", "live", "live first failing", "simulated", "live / simulated"):
+        table.add_column(column, justify="right")
+    for policy, (capacity, failing) in capacities.items():
+        sim = next((row.get("capacity_rps") for row in raw["simulated"]
+                    if (row.get("workload"), row.get("config"), row.get("num_requests"),
+                        row.get("seed")) == (workload, policy, raw["requests"], raw["seed"])),
+                   None)
+        ratio = capacity / sim if capacity and sim else None
+        table.add_row(policy, fmt(capacity, 1) if capacity else "< lowest tried",
+                      fmt(failing, 1) if failing else "none failed",
+                      fmt(sim, 1) if sim else "-", fmt(ratio))
+    return table
 
 
 def plot(raw: dict[str, Any], out_dir: Path, prefix: str = "live") -> list[Path]:

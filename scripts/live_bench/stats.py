@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 __all__ = ["LatencySummary", "CapacityResult", "RequestProgress", "count_done_and_late",
            "emulated_s", "wall_rate", "percentile", "percentile_certainly_above", "summarize",
-           "search_capacity"]
+           "search_capacity", "rates_around_simulated"]
 
 
 def emulated_s(wall_s: float, time_scale: float) -> float:
@@ -151,3 +151,19 @@ def search_capacity(measure: Callable[[float], float], rates: Sequence[float], s
         else:
             failing = rate
     return CapacityResult(passing, failing, tried)
+
+
+def rates_around_simulated(summary: Sequence[dict], *, workload: str, policy: str,
+                           num_requests: int, seed: int, spread: float) -> list[float] | None:
+    """The rates a live capacity search tries around the discrete-event benchmark's capacity
+    for the same workload, policy, request count and seed (`bench_cluster.py --live-settings
+    --json`'s `summary` rows): capacity x (1 - spread) and x (1 + spread). Passing the first and
+    failing the second puts the live capacity within `spread` of the simulated one. None when
+    the summary has no such row or no capacity.
+    """
+    for row in summary:
+        if (row.get("workload"), row.get("config"), row.get("num_requests"), row.get("seed")) \
+                == (workload, policy, num_requests, seed) and row.get("capacity_rps"):
+            capacity = float(row["capacity_rps"])
+            return [round(capacity * (1 - spread), 2), round(capacity * (1 + spread), 2)]
+    return None

@@ -124,3 +124,23 @@ def test_only_certainly_late_requests_count_as_late() -> None:
     assert stats.count_done_and_late(rows, waiting, read_at=10.0, slo_s=3.0) == (3, 4)
     # An unbounded SLO: only the request that never got a first token is late.
     assert stats.count_done_and_late(rows, waiting, read_at=10.0, slo_s=math.inf) == (3, 1)
+
+
+def test_live_rates_bracket_the_simulated_capacity_of_the_same_setup() -> None:
+    stats = _stats()
+    summary = [
+        {"workload": "conversations", "config": "block", "num_requests": 4000, "seed": 0,
+         "capacity_rps": 50.0},
+        {"workload": "conversations", "config": "block", "num_requests": 1000, "seed": 0,
+         "capacity_rps": 80.0},
+        {"workload": "conversations", "config": "llumnix", "num_requests": 4000, "seed": 0,
+         "capacity_rps": None},
+    ]
+    around = stats.rates_around_simulated
+    assert around(summary, workload="conversations", policy="block", num_requests=4000, seed=0,
+                  spread=0.1) == [45.0, 55.0]
+    # Another request count, seed or policy is another setup; no capacity found is none.
+    assert around(summary, workload="conversations", policy="block", num_requests=4000, seed=1,
+                  spread=0.1) is None
+    assert around(summary, workload="conversations", policy="llumnix", num_requests=4000,
+                  seed=0, spread=0.1) is None
