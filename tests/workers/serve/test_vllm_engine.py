@@ -4,12 +4,14 @@ counts, the sample prompts it is exercised with."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
 from workers.serve.engine import GenerationRequest
-from workers.serve.vllm_engine import VllmEngineConfig
+from workers.serve.vllm_engine import VllmEngine, VllmEngineConfig
+from workers.sim import engine_priority
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SAMPLE_PROMPTS = REPO_ROOT / "app" / "demo" / "sample_prompts.jsonl"
@@ -36,6 +38,32 @@ def test_config_is_validated():
         VllmEngineConfig(model="m", block_size=0)
     with pytest.raises(ValueError):
         VllmEngineConfig(model="m", kv_cache_gib=0)
+    with pytest.raises(ValueError, match="scheduling_policy"):
+        VllmEngineConfig(model="m", scheduling_policy="sjf")
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_the_priority_vllm_gets_is_the_class_or_predicted_shortest_first(policy: str) -> None:
+    # Built, not started (no vLLM needed): what _track hands add_request and the state shows.
+    engine = VllmEngine(VllmEngineConfig(model="m", scheduling_policy=policy,
+                                         priority_ms_per_token=2.0))
+    tracked = {}
+    for request_id, predicted, klass in (("long", 500, 0), ("short", 10, 0), ("batch", 1, 1)):
+        request = GenerationRequest(request_id, "hi", max_tokens=600,
+                                    predicted_output_tokens=predicted, priority=klass)
+        tracked[request_id] = engine._track(request, Future(), None)
+    if policy == "fcfs":
+        assert [tracked[r].priority for r in ("long", "short", "batch")] == [0, 0, 1]
+    else:
+        long, short = tracked["long"], tracked["short"]
+        assert long.priority == engine_priority(0, long.admitted_at, 500, 2.0)
+        assert short.priority < long.priority < tracked["batch"].priority
+    with engine._cond:
+        engine._inflight.update(tracked)
+    state = engine.snapshot()
+    assert state.scheduling_policy == policy
+    assert [r.priority for r in state.requests] == [tracked[r].priority
+                                                   for r in ("long", "short", "batch")]
 
 
 @pytest.mark.vllm
