@@ -13,9 +13,12 @@ before the submit). Predictions are then compared with what the request actually
   random model rarely emits EOS; requests that stop early are dropped from the errors).
 - Engine: block size 32 (vLLM's CPU minimum), a small KV cache (``--num-blocks``, 80 blocks =
   2560 tokens) so that the busier runs queue and preempt; max_num_seqs 48, 512-token budget.
-- Execution-time model: fitted (`fit_from_step_samples`) on the step samples of a separate
-  calibration run (other seed), never on the runs it predicts. See `StepRecorder` and
-  `reclassify_recompute` for the two corrections made to vLLM's step samples first.
+- Execution-time model: fitted (`fit_from_step_samples`) on the step samples of separate
+  calibration runs (other seeds; one at 24 req/s by default, ``--calibration-rate 8 32``
+  pools several), never on the runs it predicts. The samples carry the context features
+  (decode context, prefill chunk x context, chunk squared) that `VllmEngine` reads from
+  vLLM's scheduler; ``--no-context-features`` drops them (the fit before they existed).
+  See `StepRecorder` and `reclassify_recompute` for the corrections made to step samples.
 - Lengths are given to the simulator exactly (the final output length of every request): this
   measures the simulator and the execution-time model, not the length predictor (the Block
   paper's Block* setting).
@@ -38,7 +41,8 @@ before the submit). Predictions are then compared with what the request actually
 Usage::
 
     python scripts/bench_sim_fidelity.py [--model-dir DIR] [--data DIR] [--rates 8 16 24 32]
-        [--calibration-rate 24] [--duration-s 12] [--num-blocks 80] [--seed 0]
+        [--calibration-rate 24 [R ...]] [--no-context-features] [--duration-s 12]
+        [--num-blocks 80] [--seed 0]
         [--future-window-s W] [--plot docs/sim_fidelity.png]
         [--save-raw FILE | --load-raw FILE] [--markdown]
 
@@ -80,6 +84,7 @@ from workers.sim import (
     predict_what_if,
 )
 from workers.sim.engine_state import EngineState
+from workers.sim.exec_model import CONTEXT_KEYS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data"
@@ -93,7 +98,9 @@ BLOCK_SIZE = 32  # vLLM's CPU attention takes multiples of 32 only
 #: Share of the lowest evaluation rate that is the probe stream shared by all runs.
 PROBE_SHARE = 0.5
 DEFAULT_RATES = [8.0, 16.0, 24.0, 32.0]
-DEFAULT_CALIBRATION_RATE = 24.0
+DEFAULT_CALIBRATION_RATES = (24.0,)
+#: Label of a calibration run (a prefix: several runs are "calibration <rate> req/s").
+CALIBRATION = "calibration"
 DEFAULT_DURATION_S = 12.0
 DEFAULT_NUM_BLOCKS = 80
 
@@ -202,7 +209,8 @@ def reclassify_recompute(sample: dict[str, float]) -> dict[str, float]:
     "generation" token, so a resumed request recomputing 400 tokens shows up in
     `StepSample.num_decode_tokens` as 400 decodes. A step with more decode tokens than it
     has sequences left for decodes holds such a chunk: we take it as one recomputing request
-    beside one-token decodes in every other sequence.
+    beside one-token decodes in every other sequence. Samples of a `VllmEngine` that reads the
+    scheduler (`ScheduleTap`) already count recomputation as prefill: they pass unchanged.
     """
     num_seqs = int(sample["num_seqs"])
     num_decode = int(sample["num_decode_tokens"])
@@ -459,11 +467,37 @@ def error_row(label: str, predictions: list[Prediction], runs: Sequence[Run],
 
 
 def batch_stats(sample: dict[str, float]) -> BatchStats:
-    """The batch composition of a step sample (without the context terms it lacks)."""
+    """The batch composition of a step sample (context terms 0 where it lacks them)."""
     num_decodes = int(sample["num_decode_tokens"])
     return BatchStats(num_prefill_tokens=int(sample["num_prefill_tokens"]),
                       num_decode_seqs=num_decodes,
-                      num_prefill_seqs=max(int(sample["num_seqs"]) - num_decodes, 0))
+                      num_prefill_seqs=max(int(sample["num_seqs"]) - num_decodes, 0),
+                      **{key: int(sample.get(key, 0)) for key in CONTEXT_KEYS})
+
+
+def without_context(run: Run) -> Run:
+    """The run with its step samples stripped of the context features."""
+    samples = [{k: v for k, v in s.items() if k not in CONTEXT_KEYS} for s in run.samples]
+    return dataclasses.replace(run, samples=samples)
+
+
+def split_calibration(runs: Sequence[Run], rates: Sequence[float]) -> tuple[list[Run], list[Run]]:
+    """The calibration runs at `rates` (those the model is fitted on) and the evaluation runs."""
+    calibration = [r for r in runs if r.label.startswith(CALIBRATION)]
+    chosen = [r for r in calibration if r.rate in rates]
+    missing = set(rates) - {r.rate for r in chosen}
+    if missing:
+        saved = sorted(r.rate for r in calibration)
+        raise SystemExit(f"no calibration run at {sorted(missing)} req/s (saved: {saved})")
+    return chosen, [r for r in runs if not r.label.startswith(CALIBRATION)]
+
+
+def fit_calibration(calibration: Sequence[Run]) -> ExecModel:
+    """The execution-time model fitted on the pooled step samples of the calibration runs."""
+    samples = [s for r in calibration for s in r.samples]
+    rates = " + ".join(f"{r.rate:g}" for r in calibration)
+    return fit_from_step_samples(samples, name="tiny-llama-cpu",
+                                 source=f"bench_sim_fidelity calibration runs ({rates} req/s)")
 
 
 def recomputed_tokens(run: Run) -> int:
@@ -523,7 +557,7 @@ def rank_row(label: str, made: list[Choice]) -> RankRow:
 # ------------------------------------------------------------------------------ output
 
 
-def print_tables(fit: ExecModel, calibration: Run, error_rows: list[ErrorRow],
+def print_tables(fit: ExecModel, calibration: Sequence[Run], error_rows: list[ErrorRow],
                  rank_rows: list[RankRow], markdown: bool) -> None:
     error_headers = ("run", "requests", "dropped", "step-time bias", "recomputed tokens",
                      "mean e2e s",
@@ -544,8 +578,11 @@ def print_tables(fit: ExecModel, calibration: Run, error_rows: list[ErrorRow],
                    _pct(r.close_agreement), _pct(r.mean_regret), _pct(r.p90_regret))
                   for r in rank_rows]
     metrics = fit.metrics
-    print(f"execution-time model fitted on the {calibration.label} run "
-          f"({calibration.rate:g} req/s, {len(calibration.samples)} steps): held-out MAPE "
+    rates = " + ".join(f"{r.rate:g}" for r in calibration)
+    used = [k for k in CONTEXT_KEYS if fit.coefficients_ms.get(k, 0.0) != 0.0]
+    print(f"execution-time model fitted on the calibration runs "
+          f"({rates} req/s, {sum(len(r.samples) for r in calibration)} steps; context "
+          f"features: {', '.join(used) or 'none'}): held-out MAPE "
           f"{metrics.get('mape_holdout', float('nan')):.3f}, "
           f"R^2 {metrics.get('r2_holdout', float('nan')):.3f}")
     _print_table("Per-request error |predicted - actual| / actual (what-if at arrival; replay: "
@@ -653,8 +690,12 @@ def parse_args() -> argparse.Namespace:
                         help="arrival rates (requests/s) of the evaluation runs")
     parser.add_argument("--duration-s", type=float, default=DEFAULT_DURATION_S,
                         help="arrival window of each run (a run lasts until all finish)")
-    parser.add_argument("--calibration-rate", type=float, default=DEFAULT_CALIBRATION_RATE,
-                        help="arrival rate of the run the execution-time model is fitted on")
+    parser.add_argument("--calibration-rate", type=float, nargs="+",
+                        default=list(DEFAULT_CALIBRATION_RATES),
+                        help="arrival rates of the calibration runs the execution-time model "
+                             "is fitted on (pooled); with --load-raw, which saved ones to use")
+    parser.add_argument("--no-context-features", action="store_true",
+                        help="fit without the step samples' context features")
     parser.add_argument("--num-blocks", type=int, default=DEFAULT_NUM_BLOCKS,
                         help="KV-cache blocks of the engine (small: forces preemption)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
@@ -692,10 +733,14 @@ def measure(args: argparse.Namespace) -> list[Run]:
     recorder = StepRecorder()
     engine = build_engine(args, recorder)
     try:
-        calibration = poisson_stream(random.Random(args.seed + 1000), lengths,
-                                     args.calibration_rate, args.duration_s, "c")
-        runs = [replay(engine, recorder, prompts, calibration, "calibration",
-                       args.calibration_rate)]
+        runs = []
+        several = len(args.calibration_rate) > 1
+        for index, rate in enumerate(args.calibration_rate):
+            # NOTE: the first keeps the seed a single calibration run always had.
+            calibration = poisson_stream(random.Random(args.seed + 1000 + index), lengths,
+                                         rate, args.duration_s, f"c{index or ''}")
+            label = f"{CALIBRATION} {rate:g} req/s" if several else CALIBRATION
+            runs.append(replay(engine, recorder, prompts, calibration, label, rate))
         probe_rate = PROBE_SHARE * min(args.rates)
         probes = poisson_stream(rng, lengths, probe_rate, args.duration_s, "p", is_probe=True)
         for rate in args.rates:
@@ -716,9 +761,10 @@ def main() -> None:
     runs = load_runs(args.load_raw) if args.load_raw else measure(args)
     if args.save_raw:
         save_runs(args.save_raw, runs)
-    calibration, runs = runs[0], runs[1:]
-    exec_model = fit_from_step_samples(calibration.samples, name="tiny-llama-cpu",
-                                       source="bench_sim_fidelity calibration run")
+    if args.no_context_features:
+        runs = [without_context(run) for run in runs]
+    calibration, runs = split_calibration(runs, args.calibration_rate)
+    exec_model = fit_calibration(calibration)
     predictions = {run.label: predict_run(run, exec_model, args.future_window_s)
                    for run in runs}
     error_rows = [error_row(run.label, predictions[run.label], [run], exec_model)
