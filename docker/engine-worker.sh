@@ -12,4 +12,5 @@ case "${ENGINE_QUEUE:-}" in
         ;;
 esac
 exec celery -A workers worker -Q "$ENGINE_QUEUE" -n "$ENGINE_QUEUE@%h" --pool threads \
-    --concurrency "${BLOCKQ_ENGINE_CONCURRENCY:-128}" -l "${BLOCKQ_LOG_LEVEL:-INFO}" "$@"
+    --concurrency "${BLOCKQ_ENGINE_CONCURRENCY:-128}" -l "${BLOCKQ_LOG_LEVEL:-INFO}" \
+    --without-gossip --without-mingle "$@"

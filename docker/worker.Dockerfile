@@ -58,4 +58,4 @@ USER blockq
 HEALTHCHECK --interval=30s --timeout=15s --start-period=60s --retries=3 \
     CMD ["python", "/app/docker/healthcheck.py", "worker"]
 CMD ["celery", "-A", "workers", "worker", "-Q", "predict,learn", "-n", "predict@%h", \
-     "--pool", "threads", "--concurrency", "16", "-l", "INFO"]
+     "--pool", "threads", "--concurrency", "16", "-l", "INFO", "--without-gossip", "--without-mingle"]

@@ -30,7 +30,7 @@ import yaml
 from dockerfile_parse import DockerfileParser
 
 from app.cli import main as blockq_cli
-from app.cli.stack import process_commands
+from app.cli.stack import WORKER_OPTIONS, process_commands
 from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -590,6 +590,20 @@ def test_worker_queues_and_names_match_the_local_stack() -> None:
         assert option(engine, flag) == option(stack[instance][1:], flag), f"engine {flag}"
     concurrency = Settings.model_fields["engine_concurrency"].default
     assert option(engine, "--concurrency") == f"${{BLOCKQ_ENGINE_CONCURRENCY:-{concurrency}}}"
+
+
+def test_every_worker_runs_without_gossip_and_mingle_as_the_local_stack_does() -> None:
+    """Gossip costs every idle worker a read of every other worker's heartbeat."""
+    settings = Settings()
+    stack = process_commands(settings)
+    commands = {name: services()[name]["command"]
+                for name in ("predict", "predict_bulk", "route", "health", "batches", "webhooks")}
+    commands["engine"] = engine_script_command()
+    commands["image default"] = json.loads(DockerfileParser(str(DOCKER / "worker.Dockerfile")).cmd)
+    for name, command in {**commands, **{f"local {n}": c for n, c in stack.items()
+                                         if "worker" in c}}.items():
+        for flag in WORKER_OPTIONS:
+            assert flag in str(command), f"{name} lacks {flag}"
 
 
 def engine_script_command() -> list[str]:
