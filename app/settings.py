@@ -302,7 +302,9 @@ class Settings(BaseSettings):
         "on; an older unacknowledged one is presumed to have died with its worker.",
     )
     outbox_relay_interval_s: float = Field(
-        1.0, gt=0, description="How often the health worker sends what the outbox still holds."
+        2.0, gt=0, description="How often the health worker sends what the outbox still holds "
+        "(only entries older than outbox_relay_after_s: their senders crashed or met a broker "
+        "outage, so a shorter period buys little and costs an idle stack CPU).",
     )
     outbox_relay_after_s: float = Field(
         2.0,
@@ -385,8 +387,9 @@ class Settings(BaseSettings):
         "over all batches; the releaser shares these slots among teams by their share.",
     )
     batch_release_interval_s: float = Field(
-        0.5, gt=0, description="How often beat runs the batch releaser (which also hands "
-        "finished batches to finalization).",
+        1.0, gt=0, description="How often beat runs the batch releaser (which also hands "
+        "finished batches to finalization). Each run costs an idle stack CPU; a slot freed "
+        "waits at most this long for the next line (max_batch_in_flight lines run meanwhile).",
     )
     batch_expiry_check_interval_s: float = Field(
         10.0, gt=0, description="How often beat looks for batches past their completion window.",
