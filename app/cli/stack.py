@@ -11,6 +11,7 @@ resets once the process has stayed up STABLE_AFTER_S; the others keep running me
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -369,6 +370,21 @@ class Stack:
             process.wait()
         with self._lock:
             self.processes.clear()
+
+    def kill_all(self) -> None:
+        """SIGKILL every process group at once, with no shutdown: for a throwaway stack whose
+        database and queues nobody reads again (a benchmark point). Unfinished work is lost."""
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join()
+            self._supervisor = None
+        with self._lock:
+            processes, self.processes = dict(self.processes), {}
+        for process in processes.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        for process in processes.values():
+            process.wait()
 
     def stop_grace_s(self, name: str) -> float:
         """How long process `name` may take over its warm shutdown."""

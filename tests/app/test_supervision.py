@@ -138,3 +138,22 @@ def _running(pid: int) -> bool:
             return stat.read().split()[2] != "Z"  # a zombie is dead, waiting to be reaped
     except FileNotFoundError:
         return False
+
+
+def test_kill_all_ends_every_process_at_once_even_one_ignoring_sigterm(tmp_path: Path) -> None:
+    stack = Stack(Settings(data_dir=tmp_path), env={})
+    stack.log_dir.mkdir(parents=True)
+    stubborn = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                "signal.SIG_IGN); time.sleep(600)"]
+    stack.start_process("stubborn", stubborn)
+    stack.start_process("worker", SLEEPER)
+    stack.supervise()
+    processes = list(stack.processes.values())
+    started = time.monotonic()
+
+    stack.kill_all()
+
+    assert time.monotonic() - started < 5  # no grace waited for
+    assert all(process.returncode == -signal.SIGKILL for process in processes)
+    assert stack.processes == {} and not stack.supervising
+    assert stack.restart_count("worker") == 0
