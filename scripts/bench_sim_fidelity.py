@@ -179,18 +179,28 @@ class StepRecorder(EngineListener):
     previous step ended. That adds the engine loop's own work between two `step()` calls
     (admitting requests, listener calls, locking: 3-5 % of a step of the tiny model), which
     the requests wait through just the same, and which the simulator's steps must include.
+
+    Each row also gets ``cpu_ms``: the engine thread's CPU time since the previous step
+    (`time.thread_time`; `on_step` runs on that thread). The forward pass runs on it (one torch
+    thread), so on a machine that other work slows down the wall time stretches and this
+    does not: fitted on its own, it tells a step the model under-prices from a stalled one.
     """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.samples: list[dict[str, float]] = []
         self._previous: StepSample | None = None
+        self._previous_cpu_s: float | None = None
 
     def on_step(self, sample: StepSample) -> None:
         row = reclassify_recompute(dataclasses.asdict(sample))
         previous = self._previous
         if previous is not None and previous.num_running + previous.num_waiting > 0:
             row["duration_ms"] = max(row["duration_ms"], (sample.at - previous.at) * 1000.0)
+        cpu_s = time.thread_time()
+        if self._previous_cpu_s is not None:
+            row["cpu_ms"] = (cpu_s - self._previous_cpu_s) * 1000.0
+        self._previous_cpu_s = cpu_s
         self._previous = sample
         with self.lock:
             self.samples.append(row)
@@ -199,6 +209,7 @@ class StepRecorder(EngineListener):
         with self.lock:
             taken, self.samples = self.samples, []
             self._previous = None
+            self._previous_cpu_s = None
         return taken
 
 
@@ -431,6 +442,9 @@ class ErrorRow:
     #: Sum of the model's step times over the sum of the measured ones, minus 1: how far the
     #: machine ran from what calibration saw (a busy neighbour shows up here first).
     step_time_bias: float
+    #: The same on the engine thread's CPU time (model fitted on calibration CPU times): near 0
+    #: while the wall-time bias is not means the machine, not the model, made the difference.
+    cpu_step_time_bias: float
     num_recomputed_tokens: int
     mean_e2e_s: float
     ttft_median: float
@@ -446,7 +460,7 @@ class ErrorRow:
 
 
 def error_row(label: str, predictions: list[Prediction], runs: Sequence[Run],
-              exec_model: ExecModel) -> ErrorRow:
+              exec_model: ExecModel, cpu_model: ExecModel | None = None) -> ErrorRow:
     def abs_errors(metric: str, mode: str = "whatif") -> list[float]:
         return [abs(p.error(metric, mode)) for p in predictions]
 
@@ -459,7 +473,8 @@ def error_row(label: str, predictions: list[Prediction], runs: Sequence[Run],
     measured_ms = sum(s["duration_ms"] for s in samples)
     return ErrorRow(
         label, len(predictions), sum(not o.complete for r in runs for o in r.observations),
-        modelled_ms / measured_ms - 1.0, sum(recomputed_tokens(r) for r in runs),
+        modelled_ms / measured_ms - 1.0, cpu_bias(cpu_model, samples),
+        sum(recomputed_tokens(r) for r in runs),
         statistics.fmean(p.observation.e2e_s for p in predictions),
         quantile(ttft, 0.5), quantile(ttft, 0.9), quantile(e2e, 0.5), quantile(e2e, 0.9),
         bias("whatif"), quantile(replay_e2e, 0.5), quantile(replay_e2e, 0.9), bias("replay"),
@@ -473,6 +488,20 @@ def batch_stats(sample: dict[str, float]) -> BatchStats:
                       num_decode_seqs=num_decodes,
                       num_prefill_seqs=max(int(sample["num_seqs"]) - num_decodes, 0),
                       **{key: int(sample.get(key, 0)) for key in CONTEXT_KEYS})
+
+
+def cpu_samples(samples: Sequence[dict[str, float]]) -> list[dict[str, float]]:
+    """The samples that carry the engine thread's CPU time, with it as their duration."""
+    return [{**s, "duration_ms": s["cpu_ms"]} for s in samples if s.get("cpu_ms", 0) > 0]
+
+
+def cpu_bias(cpu_model: ExecModel | None, samples: Sequence[dict[str, float]]) -> float:
+    """Step-time bias on CPU time (NaN without a CPU-time model or samples)."""
+    timed = cpu_samples(samples)
+    if cpu_model is None or not timed:
+        return float("nan")
+    modelled = sum(cpu_model.step_ms(batch_stats(s)) for s in timed)
+    return modelled / sum(s["duration_ms"] for s in timed) - 1.0
 
 
 def without_context(run: Run) -> Run:
@@ -498,6 +527,12 @@ def fit_calibration(calibration: Sequence[Run]) -> ExecModel:
     rates = " + ".join(f"{r.rate:g}" for r in calibration)
     return fit_from_step_samples(samples, name="tiny-llama-cpu",
                                  source=f"bench_sim_fidelity calibration runs ({rates} req/s)")
+
+
+def fit_calibration_cpu(calibration: Sequence[Run]) -> ExecModel | None:
+    """The same fit on the engine thread's CPU times (None where samples lack them)."""
+    samples = cpu_samples([s for r in calibration for s in r.samples])
+    return fit_from_step_samples(samples, name="tiny-llama-cpu-time") if samples else None
 
 
 def recomputed_tokens(run: Run) -> int:
@@ -559,13 +594,15 @@ def rank_row(label: str, made: list[Choice]) -> RankRow:
 
 def print_tables(fit: ExecModel, calibration: Sequence[Run], error_rows: list[ErrorRow],
                  rank_rows: list[RankRow], markdown: bool) -> None:
-    error_headers = ("run", "requests", "dropped", "step-time bias", "recomputed tokens",
+    error_headers = ("run", "requests", "dropped", "step-time bias", "CPU step-time bias",
+                     "recomputed tokens",
                      "mean e2e s",
                      "TTFT median", "TTFT p90", "e2e median", "e2e p90", "e2e bias",
                      "replay e2e median", "replay e2e p90", "replay e2e bias",
                      "what-if vs replay e2e median", "what-if vs replay e2e bias")
     error_cells = [(r.label, str(r.num_requests), str(r.num_dropped),
-                    _signed_pct(r.step_time_bias), str(r.num_recomputed_tokens),
+                    _signed_pct(r.step_time_bias), _signed_pct(r.cpu_step_time_bias),
+                    str(r.num_recomputed_tokens),
                     f"{r.mean_e2e_s:.2f}", _pct(r.ttft_median), _pct(r.ttft_p90),
                     _pct(r.e2e_median), _pct(r.e2e_p90),
                     _signed_pct(r.e2e_bias), _pct(r.replay_e2e_median), _pct(r.replay_e2e_p90),
@@ -596,7 +633,7 @@ def _pct(value: float) -> str:
 
 
 def _signed_pct(value: float) -> str:
-    return f"{100 * value:+.1f} %"
+    return "-" if value != value else f"{100 * value:+.1f} %"
 
 
 def _print_table(title: str, headers: Sequence[str], rows: list[Sequence[str]],
@@ -767,10 +804,11 @@ def main() -> None:
     exec_model = fit_calibration(calibration)
     predictions = {run.label: predict_run(run, exec_model, args.future_window_s)
                    for run in runs}
-    error_rows = [error_row(run.label, predictions[run.label], [run], exec_model)
+    cpu_model = fit_calibration_cpu(calibration)
+    error_rows = [error_row(run.label, predictions[run.label], [run], exec_model, cpu_model)
                   for run in runs]
     error_rows.append(error_row("all", [p for ps in predictions.values() for p in ps], runs,
-                                exec_model))
+                                exec_model, cpu_model))
     pairs = {f"{a.label} vs {b.label}": choices(predictions[a.label], predictions[b.label])
              for i, a in enumerate(runs) for b in runs[i + 1:]}
     pairs = {label: made for label, made in pairs.items() if made}
