@@ -36,6 +36,7 @@ from app.models import (
 )
 from app.store import ACTIVE_STATUSES
 from workers.batch.fair_share import Flow, allocate
+from workers.batch.headroom_window import batch_window
 from workers.batch.locks import RELEASER_LOCK
 from workers.locks import held
 from workers.runtime import Runtime
@@ -62,7 +63,7 @@ def release(rt: Runtime) -> ReleaseReport:
             return report
         with rt.db.session() as session:
             flows, num_in_flight = _flows(session)
-        grants = allocate(flows, rt.settings.max_batch_in_flight - num_in_flight)
+        grants = allocate(flows, batch_window(rt) - num_in_flight)
         teams = {f.batch_id: f.team_id for f in flows}
         for batch_id, count in grants.items():
             report.released += _release_batch(rt, batch_id, teams[batch_id], count)

@@ -29,9 +29,12 @@ from app.services import Services
 from app.settings import Settings
 from app.storage import file_store
 from app.teams import create_team
+from tests.engine_states import engine_state
+from tests.workers.request_rows import new_request
 from workers.batch.expand import Expansion, expand
 from workers.batch.expiry import expire_due
 from workers.batch.finalize import finalize
+from workers.batch.headroom_window import WINDOW_KEY, batch_window
 from workers.batch.release import release
 from workers.runtime import Runtime
 
@@ -316,3 +319,54 @@ def test_50000_lines_are_expanded_in_bounded_memory(rt: Runtime) -> None:
     print(f"50,000 lines: {file_mib:.1f} MiB file, peak traced memory {peak_mib:.1f} MiB")
     assert peak_mib < file_mib / 2  # never the whole file (nor all its rows) at once
     assert len(release(rt).released) == 8
+
+
+def _interactive_done(rt: Runtime, ttft_s: float, finished_ago_s: float = 0.0) -> None:
+    """An interactive request that finished `finished_ago_s` ago after a TTFT of `ttft_s`."""
+    finished = utcnow() - timedelta(seconds=finished_ago_s)
+    created = finished - timedelta(seconds=ttft_s + 1.0)
+    with rt.db.session() as session:
+        request_id = new_request(session)
+        session.execute(update(InferenceRequest).where(InferenceRequest.id == request_id).values(
+            status=RequestStatus.SUCCEEDED, created_at=created, updated_at=finished,
+            first_token_at=created + timedelta(seconds=ttft_s), finished_at=finished))
+
+
+def test_the_batch_window_yields_to_interactive_traffic_and_grows_back(rt: Runtime) -> None:
+    rt = Runtime(rt.settings.model_copy(update={
+        "batch_headroom_ttft_s": 1.0, "batch_headroom_min_window": 2,
+        "batch_headroom_increase": 2.0, "batch_headroom_window_s": 30.0}))
+    batch_id = make_batch(rt, [chat_line(f"l{i}") for i in range(20)])
+    expand(rt, batch_id)
+    # Nothing interactive: the window starts at its minimum and grows by 2 a round.
+    assert len(release(rt).released) == 4
+    assert len(release(rt).released) == 2  # window 6
+    # An interactive request misses its 1 s target: the window halves (6 -> 3), nothing new.
+    _interactive_done(rt, ttft_s=3.0)
+    assert release(rt).released == []
+    finish(rt, [r.id for r in requests_of(rt, batch_id)])
+    assert len(release(rt).released) == 2  # halved again, to its minimum
+    # The miss ages out of the window: growth resumes (2 -> 4), on time requests keep it going.
+    with rt.db.session() as session:
+        session.execute(update(InferenceRequest)
+                        .where(InferenceRequest.priority == "interactive")
+                        .values(updated_at=utcnow() - timedelta(seconds=60),
+                                finished_at=utcnow() - timedelta(seconds=60)))
+    _interactive_done(rt, ttft_s=0.2)
+    assert len(release(rt).released) == 2
+    assert json.loads(rt.redis.get(WINDOW_KEY))["window"] == 4.0
+
+
+def test_a_growing_engine_queue_shrinks_the_batch_window(rt: Runtime) -> None:
+    rt = Runtime(rt.settings.model_copy(update={
+        "batch_headroom_ttft_s": 1.0, "batch_headroom_min_window": 1,
+        "batch_headroom_increase": 4.0}))
+    rt.redis.set(WINDOW_KEY, json.dumps({"window": 8.0, "num_waiting": 0}))
+    rt.fleet.publish("gpu.0", engine_state(num_waiting=5))
+    assert batch_window(rt) == 4
+    assert batch_window(rt) == 8  # still 5 waiting, but no longer growing
+    rt.fleet.publish("gpu.0", engine_state(num_waiting=9))
+    assert batch_window(rt) == 4
+    # Off (target 0): the fixed cap, whatever the queue.
+    assert batch_window(Runtime(rt.settings.model_copy(
+        update={"batch_headroom_ttft_s": 0.0}))) == rt.settings.max_batch_in_flight
