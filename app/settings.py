@@ -386,6 +386,25 @@ class Settings(BaseSettings):
         256, gt=0, description="Batch requests released to the pipeline and not finished yet, "
         "over all batches; the releaser shares these slots among teams by their share.",
     )
+    batch_headroom_ttft_s: float = Field(
+        0.0, ge=0, description="Interactive TTFT p99 (s) that batch work must not push past "
+        "(workers/batch/headroom.py): the releaser's window of batch requests in flight grows "
+        "by batch_headroom_increase per round while interactive requests finished over the "
+        "last batch_headroom_window_s meet it and no engine queue grows, and halves otherwise, "
+        "between batch_headroom_min_window and max_batch_in_flight. 0: off, a fixed "
+        "max_batch_in_flight.",
+    )
+    batch_headroom_window_s: float = Field(
+        30.0, gt=0, description="Interactive requests finished this recently give the TTFT "
+        "p99 the batch window is steered by.",
+    )
+    batch_headroom_min_window: int = Field(
+        4, ge=0, description="Batch requests always allowed in flight, however busy "
+        "interactive traffic is (the batch still progresses; 0 lets it stop).",
+    )
+    batch_headroom_increase: float = Field(
+        4.0, gt=0, description="Slots the batch window gains per release round without harm.",
+    )
     batch_release_interval_s: float = Field(
         1.0, gt=0, description="How often beat runs the batch releaser (which also hands "
         "finished batches to finalization). Each run costs an idle stack CPU; a slot freed "
