@@ -10,11 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Row, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -33,6 +33,7 @@ __all__ = [
     "create_request",
     "get_request",
     "transition",
+    "transition_returning",
     "request_to_dict",
     "ACTIVE_STATUSES",
 ]
@@ -119,8 +120,27 @@ def transition(
 
     Returns whether this call made the change. `fields` are set in the same UPDATE.
     """
+    return transition_returning(session, request_id, to, allowed_from=allowed_from,
+                                detail=detail, extra_where=extra_where,
+                                returning=(InferenceRequest.id,), **fields) is not None
+
+
+def transition_returning(
+    session: Session,
+    request_id: str,
+    to: RequestStatus,
+    *,
+    allowed_from: Iterable[RequestStatus],
+    returning: Sequence[Any],
+    detail: str | None = None,
+    extra_where: Iterable[Any] = (),
+    **fields: Any,
+) -> Row[Any] | None:
+    """`transition` that also reads the changed row's `returning` columns (their values after
+    the UPDATE) in the same statement, saving the hot path a SELECT; None when nothing changed.
+    """
     now = utcnow()
-    result = session.execute(
+    row = session.execute(
         update(InferenceRequest)
         .where(
             InferenceRequest.id == request_id,
@@ -128,14 +148,15 @@ def transition(
             *extra_where,
         )
         .values(status=str(to), updated_at=now, **fields)
+        .returning(*returning)
         .execution_options(synchronize_session=False)
-    )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
-        return False
+    ).first()
+    if row is None:
+        return None
     session.execute(
         insert(RequestEvent).values(request_id=request_id, status=str(to), at=now, detail=detail)
     )
-    return True
+    return row
 
 
 def _iso(value: datetime | None) -> str | None:

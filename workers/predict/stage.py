@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import text, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from app import model_registry, store
@@ -177,15 +177,27 @@ def start(db: Database, request_id: str) -> Started | None:
             # for the WAL flush: lost, the request is queued again, and its predict message,
             # unacknowledged until this task ends, is delivered again.
             session.execute(text("SET LOCAL synchronous_commit TO off"))
-        store.transition(
-            session, request_id, RequestStatus.PREDICTING, allowed_from={RequestStatus.QUEUED}
-        )
-        request = session.get(InferenceRequest, request_id)
-        if request is None or request.status != RequestStatus.PREDICTING:
+        # NOTE: the columns come back from the UPDATE itself (no second read, no ORM object);
+        # only a redelivery, which finds the request already predicting, reads them.
+        request = store.transition_returning(
+            session, request_id, RequestStatus.PREDICTING, allowed_from={RequestStatus.QUEUED},
+            returning=_STARTED_COLUMNS)
+        if request is None:
+            request = session.execute(
+                select(*_STARTED_COLUMNS).where(
+                    InferenceRequest.id == request_id,
+                    InferenceRequest.status == str(RequestStatus.PREDICTING))).first()
+        if request is None:
             return None
         query = LengthQuery(request.messages or request.prompt, request.max_tokens,
                             Priority(request.priority).rank)
         return Started(query, request.prompt_tokens, request.attempt)
+
+
+#: What `start` reads of a request.
+_STARTED_COLUMNS = (InferenceRequest.messages, InferenceRequest.prompt,
+                    InferenceRequest.max_tokens, InferenceRequest.priority,
+                    InferenceRequest.prompt_tokens, InferenceRequest.attempt)
 
 
 def prediction_columns(answer: LengthAnswer) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import model_registry, store
@@ -136,7 +135,7 @@ def record(session: Session, request_id: str, plan: Plan, routing: dict[str, Any
     new attempt, or None when the request left `allowed_from` meanwhile."""
     decision = plan.decision
     ttft_s, e2e_s = plan.what_ifs.get(decision.instance_id, (None, None))
-    routed = store.transition(
+    routed = store.transition_returning(
         session,
         request_id,
         RequestStatus.ROUTED,
@@ -150,12 +149,10 @@ def record(session: Session, request_id: str, plan: Plan, routing: dict[str, Any
         predicted_e2e_s=e2e_s,
         routed_at=utcnow(),
         attempt=InferenceRequest.attempt + 1,
+        returning=(InferenceRequest.attempt,),
         **columns,
     )
-    if not routed:
-        return None
-    return session.scalar(
-        select(InferenceRequest.attempt).where(InferenceRequest.id == request_id))
+    return None if routed is None else int(routed.attempt)
 
 
 def overhead(timing: dict[str, float], route_started_at: float) -> dict[str, object]:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app import store
 from app.models import InferenceRequest, OutboxEntry, RequestEvent, RequestStatus
@@ -142,3 +142,73 @@ def test_a_request_cancelled_while_predicting_is_not_routed(
     assert _outbox(rt) == []
     (status,) = rt.fleet.statuses()
     assert status.assigned == ()  # the decision's assignment was taken back
+
+
+def _generate_attempts(rt: Runtime, queue: str) -> list[int]:
+    """The `attempt` of each generate message waiting in `queue` (kombu's JSON envelope)."""
+    import base64
+    import json
+
+    from app.queues import queue_keys
+
+    attempts = []
+    for key in queue_keys(queue):
+        for raw in rt.redis.lrange(key, 0, -1):
+            (_request_id, attempt), _kwargs, _embed = json.loads(
+                base64.b64decode(json.loads(raw)["body"]))
+            attempts.append(attempt)
+    return attempts
+
+
+def test_a_redelivered_predict_of_a_request_already_predicting_predicts_and_routes_it(
+        worker: Callable[..., Runtime], queued: Callable[[Runtime], str]) -> None:
+    """The worker died after the predicting mark: its message comes again, and the request
+    (read back without the mark's UPDATE) is predicted and routed once."""
+    rt = worker()
+    rt.fleet.publish("gpu.0", engine_state())
+    request_id = queued(rt)
+    with rt.db.session() as session:
+        assert store.transition(session, request_id, RequestStatus.PREDICTING,
+                                allowed_from={RequestStatus.QUEUED})
+
+    predict_tasks.annotate(request_id)
+
+    row = _row(rt, request_id)
+    assert (row.status, row.instance_id, row.attempt) == (RequestStatus.ROUTED, "gpu.0", 1)
+    assert row.predicted_output_tokens is not None
+    assert _events(rt, request_id) == ["queued", "predicting", "routed"]
+    assert _generate_attempts(rt, "gpu.0") == [1]
+
+
+def test_the_engine_is_sent_the_attempt_the_decision_wrote(
+        worker: Callable[..., Runtime], queued: Callable[[Runtime], str]) -> None:
+    """A request queued again after two attempts is routed as attempt 3, in its row and in
+    the generate message (the decision's UPDATE returns it)."""
+    rt = worker()
+    rt.fleet.publish("gpu.0", engine_state())
+    request_id = queued(rt)
+    with rt.db.session() as session:
+        session.execute(update(InferenceRequest).where(InferenceRequest.id == request_id)
+                        .values(attempt=2))
+
+    predict_tasks.annotate(request_id)
+
+    assert _row(rt, request_id).attempt == 3
+    assert _generate_attempts(rt, "gpu.0") == [3]
+
+
+def test_a_request_past_predicting_is_left_alone(
+        worker: Callable[..., Runtime], queued: Callable[[Runtime], str]) -> None:
+    rt = worker()
+    rt.fleet.publish("gpu.0", engine_state())
+    request_id = queued(rt)
+    with rt.db.session() as session:
+        assert store.transition(session, request_id, RequestStatus.CANCELLED,
+                                allowed_from={RequestStatus.QUEUED})
+
+    assert predict_stage.start(rt.db, request_id) is None
+    predict_tasks.annotate(request_id)
+
+    assert _row(rt, request_id).status == RequestStatus.CANCELLED
+    assert _events(rt, request_id) == ["queued", "cancelled"]
+    assert _in_queue(rt, "gpu.0") == set()
