@@ -42,5 +42,10 @@ celery = create_celery(Settings.load(), include=TASK_MODULES)
 QUIET_TASKS = (TASK_PREDICT, TASK_ROUTE, TASK_RELAY_OUTBOX, TASK_REQUEUE_ORPHANS,
                TASK_BATCH_RELEASE, TASK_BATCH_EXPIRE)
 celery.conf.task_annotations = {task: {"send_events": False} for task in QUIET_TASKS}
+# NOTE: every worker sends its tasks' events from its start (Celery's `-E`), not only once
+# Flower's `enable_events` broadcast (every 5 s) reaches it: a worker that started after Flower
+# and took work at once (an engine worker, as soon as the stack is ready) counted none of those
+# tasks, so Flower showed the GPU queues online with 0 processed. The quiet tasks above stay quiet.
+celery.conf.worker_send_task_events = True
 # NOTE: a lost Redis connection must not end a worker with tasks in flight (workers/broker.py).
 celery.conf.broker_transport = BROKER_TRANSPORT

@@ -32,3 +32,11 @@ def test_quiet_tasks_send_no_events(tasks: dict[str, Task], name: str) -> None:
 ])
 def test_other_tasks_keep_their_events(tasks: dict[str, Task], name: str) -> None:
     assert tasks[name].send_events is True
+
+
+def test_workers_send_task_events_from_their_start() -> None:
+    """Not only after Flower's periodic enable_events broadcast reaches them: the work a worker
+    takes before it (an engine worker's first requests) would never show in Flower."""
+    from workers.celery import celery
+
+    assert celery.conf.worker_send_task_events is True
