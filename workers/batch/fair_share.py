@@ -2,15 +2,17 @@
 
 The releaser keeps at most `max_batch_in_flight` batch requests in the pipeline. Each free slot
 goes, one at a time, to the team with the least work in flight per unit of its `share` (among
-teams with lines waiting), and within that team to its batch with the least in flight (the
-oldest on ties). While every team has work waiting, their in-flight counts converge to their
-shares' proportions, and so do their completion rates; a team alone gets every slot. A team
-over its share (it had the slots to itself a moment ago) gets nothing until it is back under.
+teams with lines waiting), and within that team to its batch with the earliest deadline (its
+completion window's end; the oldest on ties): a team's batches run in deadline order. While
+every team has work waiting, their in-flight counts converge to their shares' proportions, and
+so do their completion rates; a team alone gets every slot. A team over its share (it had the
+slots to itself a moment ago) gets nothing until it is back under.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ class Flow:
     share: int  # the team's weight (teams.share)
     num_in_flight: int  # released and not finished
     num_pending: int  # not released yet
+    deadline: float = math.inf  # when its completion window ends (epoch s)
 
 
 @dataclass(slots=True)
@@ -37,6 +40,7 @@ class _Queue:
     batch_id: str
     num_in_flight: int
     num_pending: int
+    deadline: float
 
 
 def allocate(flows: Sequence[Flow], num_free: int) -> dict[str, int]:
@@ -53,7 +57,7 @@ def allocate(flows: Sequence[Flow], num_free: int) -> dict[str, int]:
         team_share[flow.team_id] = max(flow.share, 1)
         if flow.num_pending > 0:
             queues[flow.team_id].append(
-                _Queue(order, flow.batch_id, flow.num_in_flight, flow.num_pending))
+                _Queue(order, flow.batch_id, flow.num_in_flight, flow.num_pending, flow.deadline))
     heap = [(team_in_flight[team] / team_share[team], team) for team in queues]
     heapq.heapify(heap)
     grants: dict[str, int] = defaultdict(int)
@@ -62,7 +66,7 @@ def allocate(flows: Sequence[Flow], num_free: int) -> dict[str, int]:
             break
         _, team = heapq.heappop(heap)
         queue = min((q for q in queues[team] if q.num_pending > 0),
-                    key=lambda q: (q.num_in_flight, q.order))
+                    key=lambda q: (q.deadline, q.order))
         grants[queue.batch_id] += 1
         queue.num_in_flight += 1
         queue.num_pending -= 1

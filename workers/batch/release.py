@@ -148,7 +148,7 @@ def _flows(session: Session) -> tuple[list[Flow], int]:
         .group_by(InferenceRequest.batch_id)
     ).all())
     active = session.execute(
-        select(Batch.id, Batch.team_id, Team.share)
+        select(Batch.id, Batch.team_id, Team.share, Batch.expires_at)
         .join(Team, Team.id == Batch.team_id)
         .where(Batch.status == BatchStatus.IN_PROGRESS)
         .order_by(Batch.created_at, Batch.id)
@@ -160,7 +160,8 @@ def _flows(session: Session) -> tuple[list[Flow], int]:
         .group_by(BatchLine.batch_id)
     ).all()) if active else {}
     flows = [Flow(batch_id=row.id, team_id=row.team_id, share=row.share,
-                  num_in_flight=in_flight.get(row.id, 0), num_pending=pending.get(row.id, 0))
+                  num_in_flight=in_flight.get(row.id, 0), num_pending=pending.get(row.id, 0),
+                  deadline=row.expires_at.timestamp())
              for row in active]
     return flows, sum(in_flight.values())
 

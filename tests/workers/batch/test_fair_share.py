@@ -6,8 +6,8 @@ from workers.batch.fair_share import Flow, allocate
 
 
 def flow(batch_id: str, team_id: str, *, share: int = 1, in_flight: int = 0,
-         pending: int = 1000) -> Flow:
-    return Flow(batch_id, team_id, share, in_flight, pending)
+         pending: int = 1000, deadline: float = 0.0) -> Flow:
+    return Flow(batch_id, team_id, share, in_flight, pending, deadline)
 
 
 def test_a_team_alone_gets_every_free_slot_up_to_its_pending_lines() -> None:
@@ -35,10 +35,15 @@ def test_unused_share_goes_to_the_others() -> None:
     assert grants == {"a": 1, "b": 7}
 
 
-def test_a_teams_batches_share_its_slots_oldest_first_on_ties() -> None:
+def test_a_teams_batches_run_in_deadline_order_oldest_first_on_ties() -> None:
     flows = [flow("old", "t"), flow("new", "t"), flow("other", "u")]
-    assert allocate(flows, 5) == {"old": 2, "new": 1, "other": 2}
-    assert allocate([flow("old", "t", in_flight=4), flow("new", "t")], 2) == {"new": 2}
+    assert allocate(flows, 5) == {"old": 3, "other": 2}
+    assert allocate([flow("old", "t", in_flight=4), flow("new", "t")], 2) == {"old": 2}
+    # A later batch with an earlier deadline (a shorter completion window) goes first, and
+    # the next one gets the slots its lines leave.
+    due = [flow("relaxed", "t", deadline=2000.0), flow("urgent", "t", deadline=1000.0,
+                                                        pending=2)]
+    assert allocate(due, 5) == {"urgent": 2, "relaxed": 3}
 
 
 def test_finished_batches_still_count_for_their_team() -> None:
