@@ -15,6 +15,7 @@ from app.cli.client import batch, submit
 from app.cli.demo import JobSummary, load_sample_prompts, run_sample_job, summarize
 from app.cli.models import models
 from app.cli.retention import purge
+from app.cli.showcase import print_showcase, run_showcase
 from app.cli.stack import Stack, StackError
 from app.logs import configure as configure_logs
 from app.migrate import upgrade
@@ -56,9 +57,25 @@ def main() -> None:
     show_default=True,
     help="How many sample prompts to send (the shipped file has 300).",
 )
-def demo(num_requests: int) -> None:
-    """Start the local stack, run the sample job through the API, print a summary, shut down."""
+@click.option("--showcase/--no-showcase", default=True, show_default=True,
+              help="After the sample job, the routing showcase on an emulated fleet.")
+def demo(num_requests: int, showcase: bool) -> None:
+    """Start the local stack, run the sample job through the API, print a summary, shut down;
+    then the routing showcase (round_robin against block on an emulated fleet)."""
     settings = Settings.load()
+    _sample_job(settings, num_requests)
+    if showcase:
+        console.rule("Routing showcase")
+        try:
+            print_showcase(run_showcase(settings, _prepare, console), console)
+        except StackError as exc:
+            raise click.ClickException(str(exc)) from None
+    _where_to_look(settings)
+    console.print("done")
+
+
+def _sample_job(settings: Settings, num_requests: int) -> None:
+    """The sample job on the real vLLM engines (the tiny test model)."""
     stack = Stack(settings, env=_prepare(settings))
     console.print(
         f"starting the local stack ({settings.num_instances} engine workers, "
@@ -79,7 +96,24 @@ def demo(num_requests: int) -> None:
     finally:
         console.print("shutting down")
         stack.stop()
-    console.print("done")
+
+
+def _where_to_look(settings: Settings) -> None:
+    """Where an operator looks next, once `blockq serve` keeps the stack up."""
+    metrics = " (Authorization: Bearer $BLOCKQ_METRICS_TOKEN)" if settings.metrics_token else ""
+    auth = ("BLOCKQ_FLOWER_BASIC_AUTH" if settings.flower_basic_auth else
+            f"user:password in {settings.data_dir / 'flower_basic_auth'}")
+    api = f"http://{settings.api_host}:{settings.api_port}"
+    console.rule("Where to look next")
+    console.print(
+        "`blockq serve` (or `make serve`) keeps the stack up; then:\n"
+        f"  Flower (Celery workers and queues; gpu.<k> are the engines): "
+        f"http://{settings.api_host}:{settings.flower_port}  basic auth: {auth}\n"
+        f"  Prometheus metrics of every process: {api}/metrics{metrics}\n"
+        f"  the API reference: {api}/docs\n"
+        "  benchmarks: docs/benchmarks_live.md (routing, live), docs/benchmarks_cluster.md "
+        "(routing, simulated), docs/benchmarks_length.md (the length model), "
+        "docs/benchmarks.md (all)")
 
 
 @main.command()
