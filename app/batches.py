@@ -45,6 +45,10 @@ __all__ = ["CreateBatch", "OutputExpiresAfter", "LineCounts", "create_batch", "g
            "list_batches", "cancel_batch", "line_counts", "batch_to_dict", "new_batch_id",
            "STOPPABLE", "TERMINAL_BATCH_STATUSES", "EVENT_TYPES"]
 
+#: The batch releaser's window of batch requests in flight (workers/batch/headroom_window.py):
+#: JSON {"window", "num_waiting", "ttft_p99_s"} of its last round, read by /metrics.
+BATCH_WINDOW_KEY = "blockq:batches:window"
+
 logger = logging.getLogger(__name__)
 
 #: Statuses a cancel or the completion window can still stop.

@@ -45,6 +45,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.batches import BATCH_WINDOW_KEY
 from app.bias import fallback_state, relative_error
 from app.db import Database
 from app.fleet import Fleet
@@ -336,6 +337,29 @@ class FallbackCollector:
                                 value=remaining_s)
 
 
+class BatchWindowCollector:
+    """The batch releaser's window (workers/batch/headroom_window.py), when it steers one."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+
+    def collect(self) -> Iterator[Metric]:
+        raw = self.redis.get(BATCH_WINDOW_KEY)
+        if raw is None:
+            return  # headroom control off, or the releaser has not run lately
+        state = json.loads(raw)
+        yield GaugeMetricFamily(
+            "blockq_batch_window_requests",
+            "Batch requests the releaser allows in flight now: grows while interactive "
+            "traffic meets batch_headroom_ttft_s, halves when it misses.",
+            value=state["window"])
+        if state.get("ttft_p99_s") is not None:
+            yield GaugeMetricFamily(
+                "blockq_batch_headroom_interactive_ttft_p99_seconds",
+                "Interactive TTFT p99 over batch_headroom_window_s, as the releaser saw it.",
+                value=state["ttft_p99_s"])
+
+
 class GuardedCollectors:
     """Collects each named collector; one whose database or Redis fails is left out of the
     scrape (logged, and `blockq_scrape_collector_success` says 0) instead of failing it all."""
@@ -389,6 +413,7 @@ def scrape_registry(svc: Services) -> CollectorRegistry:
         ),
         "fleet": FleetCollector(fleet),
         "fallback": FallbackCollector(fleet.redis),
+        "batch_window": BatchWindowCollector(fleet.redis),
     }))
     return registry
 

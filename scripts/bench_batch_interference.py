@@ -2,10 +2,16 @@
 
 Starts the local stack with emulated instances, then sends the same Poisson stream of
 interactive chat completions twice (the same prompts and arrival times): once alone, once while
-a 2,000-line batch (Batch API, priority `batch`) is in progress. Prints interactive TTFT and
+a 10,000-line batch (Batch API, priority `batch`) is in progress. Prints interactive TTFT and
 end-to-end p50/p99 for both phases, and the batch's progress.
 
     .venv/bin/python scripts/bench_batch_interference.py --instances 4 --rate 4 --duration 60
+
+Each configuration (`--headroom-ttft`: 0 is the fixed `max_batch_in_flight`, a target in
+seconds steers the batch window by interactive TTFT, workers/batch/headroom.py) gets its own
+stack and three phases: interactive alone, the batch alone (its output tokens/s: the fleet's
+capacity for it), both. The batch's share of free capacity is its output tokens/s beside the
+interactive stream over (capacity - the interactive stream's output tokens/s alone).
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import openai
@@ -92,20 +100,42 @@ def _latencies(db: Database, ids: list[str]) -> dict[str, float]:
             "e2e_p99": float(np.percentile(e2e, 99))}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--instances", type=int, default=4)
-    parser.add_argument("--rate", type=float, default=4.0, help="interactive requests/s")
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds per phase")
-    parser.add_argument("--batch-lines", type=int, default=2000)
-    parser.add_argument("--time-scale", type=float, default=0.5)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--database-url",
-                        default="postgresql+psycopg://postgres@127.0.0.1:5432/blockq_bench")
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
-    parser.add_argument("--json", type=Path, help="write the results to this file")
-    args = parser.parse_args()
+def _tokens_per_s(db: Database, *, batch: bool, since: float, until: float) -> float:
+    """Output tokens per second of the batch's (or the interactive) requests that finished in
+    [since, until] (epoch seconds)."""
+    start = datetime.fromtimestamp(since, UTC)
+    end = datetime.fromtimestamp(until, UTC)
+    kind = (InferenceRequest.batch_id.is_not(None) if batch
+            else InferenceRequest.batch_id.is_(None))
+    with db.session() as session:
+        tokens = session.scalar(
+            sa.select(sa.func.coalesce(sa.func.sum(InferenceRequest.output_tokens), 0))
+            .where(kind, InferenceRequest.status == "succeeded",
+                   InferenceRequest.finished_at >= start, InferenceRequest.finished_at <= end))
+    return float(tokens) / (until - since)
 
+
+def _wait_in_progress(client: openai.OpenAI, batch_id: str, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while client.batches.retrieve(batch_id).status != "in_progress":
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"batch {batch_id} not in progress after {timeout_s:.0f} s")
+        time.sleep(1.0)
+
+
+def _interactive_phase(client: openai.OpenAI, db: Database, model: str, prompts: list[dict],
+                       args: argparse.Namespace) -> dict[str, Any]:
+    started = time.time()
+    ids = _interactive(client, model, prompts, args.rate, args.duration, args.seed)
+    ended = time.time()
+    return {**_latencies(db, ids),
+            "interactive_tokens_s": _tokens_per_s(db, batch=False, since=started, until=ended),
+            "batch_tokens_s": _tokens_per_s(db, batch=True, since=started, until=ended)}
+
+
+def run_config(args: argparse.Namespace, headroom_ttft_s: float) -> dict[str, Any]:
+    """One stack: interactive alone, then the batch alone (the fleet's capacity for it), then
+    both; the batch's throughput beside interactive traffic against the capacity it leaves."""
     recreate_database(args.database_url)
     upgrade(args.database_url)
     redis.Redis.from_url(args.redis_url).flushdb()
@@ -116,6 +146,7 @@ def main() -> int:
             model_path=ROOT / ".blockq" / "models" / "tiny-llama", api_port=8793,
             flower_port=5593, num_instances=args.instances, engine_kind="emulated",
             emulated_time_scale=args.time_scale, routing_policy="block", engine_concurrency=96,
+            max_batch_in_flight=args.max_batch_in_flight, batch_headroom_ttft_s=headroom_ttft_s,
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKQ_")}
         stack = Stack(settings, env={**env, **settings.as_env()})
@@ -126,46 +157,89 @@ def main() -> int:
             client = openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key=stack.api_key,
                                    max_retries=0, timeout=600)
             model = settings.model_name
-            alone = _interactive(client, model, prompts, args.rate, args.duration, args.seed)
+            console.print(f"[bold]headroom target {headroom_ttft_s:g} s[/bold]: interactive alone")
+            alone = _interactive_phase(client, db, model, prompts, args)
             time.sleep(5)
             upload = client.files.create(
                 file=("bulk.jsonl", io.BytesIO(_batch_file(prompts, model, args.batch_lines))),
                 purpose="batch")
             batch = client.batches.create(input_file_id=upload.id, completion_window="24h",
                                           endpoint="/v1/chat/completions")
-            time.sleep(5)  # let the batch fill the instances first
-            beside = _interactive(client, model, prompts, args.rate, args.duration, args.seed)
+            _wait_in_progress(client, batch.id)
+            console.print("batch alone")
+            time.sleep(args.warmup)  # the window opens, the instances fill
+            since = time.time()
+            time.sleep(args.duration)
+            capacity = _tokens_per_s(db, batch=True, since=since, until=time.time())
+            console.print("interactive beside the batch")
+            beside = _interactive_phase(client, db, model, prompts, args)
             progress = client.batches.retrieve(batch.id)
-            results = {"alone": _latencies(db, alone), "with_batch": _latencies(db, beside),
-                       "batch": {"status": progress.status,
-                                 "completed": progress.request_counts.completed
-                                 if progress.request_counts else None,
-                                 "total": args.batch_lines}}
             client.batches.cancel(batch.id)
         finally:
             stack.stop()
             db.dispose()
+    free = capacity - alone["interactive_tokens_s"]
+    return {"headroom_ttft_s": headroom_ttft_s, "alone": alone, "with_batch": beside,
+            "batch": {"status": progress.status, "total": args.batch_lines,
+                      "completed": (progress.request_counts.completed
+                                    if progress.request_counts else None),
+                      "capacity_tokens_s": capacity, "free_tokens_s": free,
+                      "share_of_free": beside["batch_tokens_s"] / free if free > 0 else None}}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--instances", type=int, default=4)
+    parser.add_argument("--rate", type=float, default=4.0, help="interactive requests/s")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds per phase")
+    parser.add_argument("--warmup", type=float, default=15.0,
+                        help="seconds of batch before its capacity is measured")
+    parser.add_argument("--batch-lines", type=int, default=10_000)
+    parser.add_argument("--max-batch-in-flight", type=int, default=256)
+    parser.add_argument("--headroom-ttft", type=float, nargs="+", default=[0.0, 1.0],
+                        help="batch_headroom_ttft_s of each configuration, in order (0: the "
+                             "fixed max_batch_in_flight)")
+    parser.add_argument("--time-scale", type=float, default=0.5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--database-url",
+                        default="postgresql+psycopg://postgres@127.0.0.1:5432/blockq_bench")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
+    parser.add_argument("--json", type=Path, help="write the results to this file")
+    args = parser.parse_args()
+    results = [run_config(args, target) for target in args.headroom_ttft]
     _print(results, args)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0
 
 
-def _print(results: dict, args: argparse.Namespace) -> None:
-    table = Table(title=f"Interactive chat completions at {args.rate}/s for {args.duration:g} s, "
-                        f"{args.instances} emulated instances, block routing")
-    for column in ("phase", "requests", "TTFT p50 (s)", "TTFT p99 (s)", "e2e p50 (s)",
-                   "e2e p99 (s)"):
+def _print(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    table = Table(title=f"Interactive chat completions at {args.rate}/s for {args.duration:g} s "
+                        f"beside a {args.batch_lines}-line batch, {args.instances} emulated "
+                        f"instances (time scale {args.time_scale:g}), block routing")
+    for column in ("batch window", "phase", "requests", "TTFT p50 (s)", "TTFT p99 (s)",
+                   "e2e p50 (s)", "e2e p99 (s)", "TTFT p99 vs alone", "batch tokens/s",
+                   "batch share of free capacity"):
         table.add_column(column, justify="right")
-    for name, label in (("alone", "no batch"), ("with_batch", f"{args.batch_lines}-line batch "
-                                                               "running")):
-        r = results[name]
-        table.add_row(label, str(r["requests"]), f"{r['ttft_p50']:.3f}", f"{r['ttft_p99']:.3f}",
-                      f"{r['e2e_p50']:.3f}", f"{r['e2e_p99']:.3f}")
+    for r in results:
+        window = (f"headroom {r['headroom_ttft_s']:g} s" if r["headroom_ttft_s"]
+                  else f"fixed {args.max_batch_in_flight}")
+        for name, label in (("alone", "no batch"), ("with_batch", "batch running")):
+            p = r[name]
+            ratio = p["ttft_p99"] / r["alone"]["ttft_p99"]
+            share = r["batch"]["share_of_free"] if name == "with_batch" else None
+            table.add_row(window, label, str(p["requests"]), f"{p['ttft_p50']:.3f}",
+                          f"{p['ttft_p99']:.3f}", f"{p['e2e_p50']:.3f}", f"{p['e2e_p99']:.3f}",
+                          f"{ratio:.2f}x", f"{p['batch_tokens_s']:.0f}",
+                          "-" if share is None else f"{share:.0%}")
     console.print(table)
-    batch = results["batch"]
-    console.print(f"batch at the end of the second phase: {batch['status']}, "
-                  f"{batch['completed']}/{batch['total']} lines done")
+    for r in results:
+        b = r["batch"]
+        console.print(f"headroom {r['headroom_ttft_s']:g}: batch alone "
+                      f"{b['capacity_tokens_s']:.0f} output tokens/s (the fleet's capacity "
+                      f"for it); free beside the "
+                      f"interactive stream {b['free_tokens_s']:.0f}; at the end {b['status']}, "
+                      f"{b['completed']}/{b['total']} lines done")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import httpx
@@ -12,10 +13,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
+from app.batches import BATCH_WINDOW_KEY
 from app.bias import BiasRule, BiasWatch
 from app.celery_app import create_celery
 from app.fleet import Fleet
 from app.metrics import (
+    BatchWindowCollector,
     EngineStepMetrics,
     FallbackCollector,
     FleetCollector,
@@ -183,3 +186,13 @@ def test_a_worker_serves_its_own_metrics_when_given_a_port() -> None:
     labels = (("engine_kind", "emulated"), ("instance_id", "gpu.test"))
     assert got[("blockq_engine_generated_tokens_total", labels)] >= 4
     assert got[("blockq_engine_step_duration_seconds_count", labels)] >= 1
+
+
+def test_batch_window_collector_shows_the_releasers_last_round(client: redis.Redis) -> None:
+    client.delete(BATCH_WINDOW_KEY)
+    assert samples(BatchWindowCollector(client)) == {}  # headroom control off
+    client.set(BATCH_WINDOW_KEY, json.dumps({"window": 12.0, "num_waiting": 3,
+                                             "ttft_p99_s": 0.8}))
+    got = samples(BatchWindowCollector(client))
+    assert got[("blockq_batch_window_requests", ())] == 12.0
+    assert got[("blockq_batch_headroom_interactive_ttft_p99_seconds", ())] == 0.8

@@ -9,6 +9,7 @@ from datetime import timedelta
 import numpy as np
 from sqlalchemy import select
 
+from app.batches import BATCH_WINDOW_KEY
 from app.fleet import Fleet
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
 from workers.batch.headroom import HeadroomConfig, HeadroomSignal, next_window
@@ -16,8 +17,7 @@ from workers.runtime import Runtime
 
 __all__ = ["WINDOW_KEY", "batch_window", "engines_waiting", "interactive_ttft_p99_s"]
 
-#: {"window": float, "num_waiting": int, "ttft_p99_s": float | null}: the last round's.
-WINDOW_KEY = "blockq:batches:window"
+WINDOW_KEY = BATCH_WINDOW_KEY
 #: A window not renewed for this long is forgotten (the releaser stopped): start again low.
 _WINDOW_TTL_S = 600
 
