@@ -19,6 +19,8 @@ before the submit). Predictions are then compared with what the request actually
   (decode context, prefill chunk x context, chunk squared) that `VllmEngine` reads from
   vLLM's scheduler; ``--no-context-features`` drops them (the fit before they existed).
   See `StepRecorder` and `reclassify_recompute` for the corrections made to step samples.
+  ``--fit-loss time`` fits step times that add up (relative error, the default, runs short
+  on the sum; see `fit_from_step_samples`).
 - Lengths are given to the simulator exactly (the final output length of every request): this
   measures the simulator and the execution-time model, not the length predictor (the Block
   paper's Block* setting).
@@ -41,7 +43,8 @@ before the submit). Predictions are then compared with what the request actually
 Usage::
 
     python scripts/bench_sim_fidelity.py [--model-dir DIR] [--data DIR] [--rates 8 16 24 32]
-        [--calibration-rate 24 [R ...]] [--no-context-features] [--duration-s 12]
+        [--calibration-rate 24 [R ...]] [--no-context-features] [--fit-loss relative|time]
+        [--duration-s 12]
         [--num-blocks 80] [--seed 0]
         [--future-window-s W] [--plot docs/sim_fidelity.png]
         [--save-raw FILE | --load-raw FILE] [--markdown]
@@ -84,7 +87,7 @@ from workers.sim import (
     predict_what_if,
 )
 from workers.sim.engine_state import EngineState
-from workers.sim.exec_model import CONTEXT_KEYS
+from workers.sim.exec_model import CONTEXT_KEYS, FIT_LOSSES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data"
@@ -521,18 +524,19 @@ def split_calibration(runs: Sequence[Run], rates: Sequence[float]) -> tuple[list
     return chosen, [r for r in runs if not r.label.startswith(CALIBRATION)]
 
 
-def fit_calibration(calibration: Sequence[Run]) -> ExecModel:
+def fit_calibration(calibration: Sequence[Run], loss: str = "relative") -> ExecModel:
     """The execution-time model fitted on the pooled step samples of the calibration runs."""
     samples = [s for r in calibration for s in r.samples]
     rates = " + ".join(f"{r.rate:g}" for r in calibration)
-    return fit_from_step_samples(samples, name="tiny-llama-cpu",
+    return fit_from_step_samples(samples, name="tiny-llama-cpu", loss=loss,
                                  source=f"bench_sim_fidelity calibration runs ({rates} req/s)")
 
 
-def fit_calibration_cpu(calibration: Sequence[Run]) -> ExecModel | None:
+def fit_calibration_cpu(calibration: Sequence[Run], loss: str = "relative") -> ExecModel | None:
     """The same fit on the engine thread's CPU times (None where samples lack them)."""
     samples = cpu_samples([s for r in calibration for s in r.samples])
-    return fit_from_step_samples(samples, name="tiny-llama-cpu-time") if samples else None
+    return (fit_from_step_samples(samples, name="tiny-llama-cpu-time", loss=loss)
+            if samples else None)
 
 
 def recomputed_tokens(run: Run) -> int:
@@ -733,6 +737,9 @@ def parse_args() -> argparse.Namespace:
                              "is fitted on (pooled); with --load-raw, which saved ones to use")
     parser.add_argument("--no-context-features", action="store_true",
                         help="fit without the step samples' context features")
+    parser.add_argument("--fit-loss", choices=FIT_LOSSES, default="relative",
+                        help="execution-time model fit: relative squared error (the old "
+                             "table), or 'time': step times that add up, stalls left out")
     parser.add_argument("--num-blocks", type=int, default=DEFAULT_NUM_BLOCKS,
                         help="KV-cache blocks of the engine (small: forces preemption)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
@@ -801,10 +808,10 @@ def main() -> None:
     if args.no_context_features:
         runs = [without_context(run) for run in runs]
     calibration, runs = split_calibration(runs, args.calibration_rate)
-    exec_model = fit_calibration(calibration)
+    exec_model = fit_calibration(calibration, args.fit_loss)
     predictions = {run.label: predict_run(run, exec_model, args.future_window_s)
                    for run in runs}
-    cpu_model = fit_calibration_cpu(calibration)
+    cpu_model = fit_calibration_cpu(calibration, args.fit_loss)
     error_rows = [error_row(run.label, predictions[run.label], [run], exec_model, cpu_model)
                   for run in runs]
     error_rows.append(error_row("all", [p for ps in predictions.values() for p in ps], runs,
