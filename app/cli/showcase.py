@@ -42,8 +42,9 @@ from rich.table import Table
 from app.settings import Settings
 
 __all__ = [
-    "FLEET", "PassResult", "ShowcaseFleet", "ShowcasePrompt", "StreamRequest", "build_stream",
-    "load_showcase_prompts", "run_pass", "showcase_settings", "showcase_table",
+    "FLEET", "LengthScores", "PassResult", "ShowcaseFleet", "ShowcasePrompt", "StreamRequest",
+    "build_stream", "length_scores", "length_table", "load_showcase_prompts", "run_pass",
+    "run_showcase", "showcase_settings", "showcase_table",
 ]
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -219,18 +220,45 @@ class PassResult:
                    [r["predicted_output_tokens"] or 0 for r in ok],
                    [r["output_tokens"] or 0 for r in ok])
 
-    def length_errors(self) -> tuple[float, float]:
-        """Median relative error of the learned predictions, and of the mean-length baseline
-        (every request predicted as this stream's mean answer length, known in hindsight)."""
-        return median_relative_error(self.predicted_tokens, self.actual_tokens)
 
 
-def median_relative_error(predicted: list[int], actual: list[int]) -> tuple[float, float]:
-    """(learned, mean baseline) median of |predicted - actual| / actual."""
+@dataclass(frozen=True)
+class LengthScores:
+    """How well a length predictor did on the stream's requests."""
+
+    mae_tokens: float
+    median_rel_error: float
+    #: Rank correlation with the true lengths (what a router ordering work relies on); None for
+    #: a constant predictor, which ranks nothing.
+    spearman: float | None
+
+
+def length_scores(predicted: list[int], actual: list[int]) -> tuple[LengthScores, LengthScores]:
+    """(the learned model, the mean-length baseline): the baseline predicts the stream's mean
+    answer length for every request (known only in hindsight: a generous baseline)."""
     truth = np.maximum(np.array(actual, dtype=float), 1.0)
+    learned = np.array(predicted, dtype=float)
     mean = np.full_like(truth, max(1.0, round(float(truth.mean()))))
-    learned = np.abs(np.array(predicted, dtype=float) - truth) / truth
-    return float(np.median(learned)), float(np.median(np.abs(mean - truth) / truth))
+    return _scores(learned, truth), _scores(mean, truth)
+
+
+def _scores(predicted: np.ndarray, truth: np.ndarray) -> LengthScores:
+    error = np.abs(predicted - truth)
+    spearman = None
+    if len(truth) > 1 and np.ptp(predicted) > 0 and np.ptp(truth) > 0:
+        spearman = float(np.corrcoef(_ranks(predicted), _ranks(truth))[0, 1])
+    return LengthScores(float(error.mean()), float(np.median(error / truth)), spearman)
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks with ties averaged (Spearman's)."""
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(len(values), dtype=float)
+    for value in np.unique(values):
+        tied = values == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks
 
 
 def _p(values: list[float], q: float) -> str:
@@ -250,24 +278,37 @@ def showcase_table(results: list[PassResult], fleet: ShowcaseFleet = FLEET) -> T
         ("TTFT p99 (s)", lambda r: _p(r.ttft_s, 99)),
         ("end-to-end p50 (s)", lambda r: _p(r.e2e_s, 50)),
         ("end-to-end p99 (s)", lambda r: _p(r.e2e_s, 99)),
-        ("output length: median rel. error, learned model",
-         lambda r: f"{r.length_errors()[0]:.2f}"),
-        ("output length: median rel. error, mean-length baseline",
-         lambda r: f"{r.length_errors()[1]:.2f}"),
     ]
     for name, cell in rows:
         table.add_row(name, *(cell(r) for r in results))
     return table
 
 
+def length_table(result: PassResult) -> Table:
+    """The learned model against the mean-length baseline on one pass's requests."""
+    learned, baseline = length_scores(result.predicted_tokens, result.actual_tokens)
+    table = Table(title=f"Output-length predictions on these {len(result.actual_tokens)} "
+                  "requests (prompts the model never saw)")
+    table.add_column("predictor")
+    for name in ("MAE (tokens)", "median rel. error", "Spearman"):
+        table.add_column(name, justify="right")
+    for name, scores in (("learned model (MiniLM + features)", learned),
+                         ("mean-length baseline", baseline)):
+        table.add_row(name, f"{scores.mae_tokens:.0f}", f"{scores.median_rel_error:.2f}",
+                      "-" if scores.spearman is None else f"{scores.spearman:.2f}")
+    return table
+
+
 def print_showcase(results: list[PassResult], console: Console,
                    fleet: ShowcaseFleet = FLEET) -> None:
     console.print(showcase_table(results, fleet))
+    console.print(length_table(results[-1]))
     console.print(
         "Both passes replay the same stream; round_robin ignores the predictions, block routes "
         "each request to the instance whose simulated end-to-end latency for it is lowest. The "
         "length model never saw these prompts (trained on the other 80 % of the conversations); "
-        "the baseline predicts this stream's mean answer length for every request.")
+        "the baseline predicts this stream's mean answer length for every request, and ranks "
+        "none of them.")
 
 
 def run_showcase(base: Settings, prepare: Callable[[Settings], dict[str, str]],
@@ -285,19 +326,25 @@ def run_showcase(base: Settings, prepare: Callable[[Settings], dict[str, str]],
     settings = showcase_settings(base, answers, fleet)
     stack = Stack(settings, env=prepare(settings))
     try:
+        started = time.monotonic()
         with console.status(f"starting {fleet.instances} emulated instances and the control "
                             "plane (the predictor loads the length model)"):
             stack.start()
             stack.supervise()
             stack.wait_ready(num_instances=fleet.instances)
+        console.print(f"emulated fleet ready in {time.monotonic() - started:.0f} s: "
+                      f"{fleet.requests} requests at {fleet.rate:g} req/s, under each policy")
         key = stack.issue_api_key("showcase")
         codec = PromptCodec(settings.resolved_model_path)
         results = []
         with stack.client(key) as client, stack.client() as admin, Progress() as progress:
             for policy in POLICIES:
+                started = time.monotonic()
                 done = run_pass(client, admin, policy, stream, count_tokens=codec.count,
                                 fleet=fleet, progress=progress)
                 results.append(PassResult.of(policy, done, fleet.time_scale))
+                progress.console.print(f"{policy}: {len(done)} requests in "
+                                       f"{time.monotonic() - started:.0f} s")
     finally:
         with console.status("stopping the emulated fleet"):
             stack.stop()

@@ -13,8 +13,9 @@ from app.cli.showcase import (
     PassResult,
     ShowcasePrompt,
     build_stream,
+    length_scores,
+    length_table,
     load_showcase_prompts,
-    median_relative_error,
     model_path,
     showcase_settings,
     showcase_table,
@@ -57,11 +58,17 @@ def test_fleet_settings_are_emulated_on_their_own_data_dir(tmp_path: Path) -> No
     assert settings.routing_policy == "block"
 
 
-def test_length_error_against_the_mean_baseline() -> None:
-    learned, baseline = median_relative_error([10, 100, 1000], [10, 100, 1000])
-    assert learned == 0.0 and baseline > 0.5
-    learned, _ = median_relative_error([20, 50, 1000], [10, 100, 1000])
-    assert learned == pytest.approx(0.5)
+def test_length_scores_against_the_mean_baseline() -> None:
+    learned, baseline = length_scores([10, 100, 1000], [10, 100, 1000])
+    assert learned.mae_tokens == 0.0 and learned.median_rel_error == 0.0
+    assert learned.spearman == pytest.approx(1.0)
+    assert baseline.mae_tokens == pytest.approx((360 + 270 + 630) / 3)  # mean 370
+    assert baseline.spearman is None  # a constant ranks nothing
+    learned, _ = length_scores([20, 50, 1000], [10, 100, 1000])
+    assert learned.median_rel_error == pytest.approx(0.5)
+    assert learned.spearman == pytest.approx(1.0)
+    learned, _ = length_scores([1000, 50, 20], [10, 100, 1000])
+    assert learned.spearman == pytest.approx(-1.0)
 
 
 def test_table_puts_the_policies_side_by_side() -> None:
@@ -73,3 +80,11 @@ def test_table_puts_the_policies_side_by_side() -> None:
              for i, row in enumerate(table.columns[0]._cells)}
     assert cells["requests succeeded"] == ["3 / 3", "3 / 3"]
     assert cells["TTFT p99 (s)"] == [f"{np.percentile([0.1, 0.2, 5.0], 99):.2f}"] * 2
+
+
+def test_length_table_compares_the_model_with_the_baseline() -> None:
+    result = PassResult("block", 3, 3, [], [], [20, 50, 1000], [10, 100, 1000])
+    table = length_table(result)
+    rows = table.columns[0]._cells
+    assert rows == ["learned model (MiniLM + features)", "mean-length baseline"]
+    assert table.columns[3]._cells == ["1.00", "-"]
