@@ -23,6 +23,7 @@ policy is measured as configured, without the fallback to round robin.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -152,15 +153,15 @@ def run_pass(client: httpx.Client, admin: httpx.Client, policy: str,
     request is terminal; the final request objects, in stream order."""
     admin.put("/v1/admin/routing", json={"policy": policy}).raise_for_status()
     ids: list[str | None] = [None] * len(stream)
+    rooms = [fleet.max_model_len - count_tokens(r.prompt.prompt) for r in stream]  # one thread
     sending = progress.add_task(f"{policy}: sending", total=len(stream))
     started = time.monotonic() + 0.2
 
     def send(i: int) -> None:
         request = stream[i]
         time.sleep(max(0.0, started + request.arrival_s * fleet.time_scale - time.monotonic()))
-        room = fleet.max_model_len - count_tokens(request.prompt.prompt)
         answer = client.post("/v1/requests", json={"prompt": request.prompt.prompt,
-                                                   "max_tokens": room, "temperature": 0})
+                                                   "max_tokens": rooms[i], "temperature": 0})
         answer.raise_for_status()
         ids[i] = answer.json()["id"]
         progress.advance(sending)
@@ -324,7 +325,14 @@ def run_showcase(base: Settings, prepare: Callable[[Settings], dict[str, str]],
     (base.data_dir / "showcase").mkdir(parents=True, exist_ok=True)
     answers = write_answers(base.data_dir / "showcase" / "answers.jsonl", prompts)
     settings = showcase_settings(base, answers, fleet)
-    stack = Stack(settings, env=prepare(settings))
+    migrations = logging.getLogger("alembic")
+    level = migrations.level
+    migrations.setLevel(logging.WARNING)  # a fresh database's dozen migrations, said once
+    try:
+        env = prepare(settings)
+    finally:
+        migrations.setLevel(level)
+    stack = Stack(settings, env=env)
     try:
         started = time.monotonic()
         with console.status(f"starting {fleet.instances} emulated instances and the control "
@@ -336,16 +344,26 @@ def run_showcase(base: Settings, prepare: Callable[[Settings], dict[str, str]],
                       f"{fleet.requests} requests at {fleet.rate:g} req/s, under each policy")
         key = stack.issue_api_key("showcase")
         codec = PromptCodec(settings.resolved_model_path)
-        results = []
         with stack.client(key) as client, stack.client() as admin, Progress() as progress:
-            for policy in POLICIES:
-                started = time.monotonic()
-                done = run_pass(client, admin, policy, stream, count_tokens=codec.count,
-                                fleet=fleet, progress=progress)
-                results.append(PassResult.of(policy, done, fleet.time_scale))
-                progress.console.print(f"{policy}: {len(done)} requests in "
-                                       f"{time.monotonic() - started:.0f} s")
+            try:
+                results = _passes(client, admin, stream, codec.count, fleet, progress)
+            finally:  # the override is kept (database): leave the configured policy in force
+                admin.put("/v1/admin/routing", json={"policy": None})
     finally:
         with console.status("stopping the emulated fleet"):
             stack.stop()
+    return results
+
+
+def _passes(client: httpx.Client, admin: httpx.Client, stream: list[StreamRequest],
+            count_tokens: Callable[[str], int], fleet: ShowcaseFleet,
+            progress: Progress) -> list[PassResult]:
+    results = []
+    for policy in POLICIES:
+        started = time.monotonic()
+        done = run_pass(client, admin, policy, stream, count_tokens=count_tokens, fleet=fleet,
+                        progress=progress)
+        results.append(PassResult.of(policy, done, fleet.time_scale))
+        progress.console.print(f"{policy}: {len(done)} requests in "
+                               f"{time.monotonic() - started:.0f} s")
     return results
