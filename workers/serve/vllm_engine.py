@@ -133,12 +133,15 @@ def scheduled_batch_stats(num_scheduled_tokens: Mapping[str, int],
     after `schedule()`, which has already advanced `num_computed_tokens` by the step's tokens.
     A preempted request computes from 0 again (no prefix caching), so its recomputation is a
     prefill chunk whose later pieces attend what the earlier ones computed; vLLM's own
-    iteration details count it as "generation" tokens instead.
+    iteration details count it as "generation" tokens instead. With async scheduling a
+    decode is scheduled before its previous token exists: `num_output_placeholders` counts
+    those tokens into the sequence, as vLLM's scheduler does.
     """
     chunks = []
     for request_id, num_new in num_scheduled_tokens.items():
         request = requests[request_id]
-        chunks.append((num_new, request.num_computed_tokens - num_new, request.num_tokens))
+        num_tokens = request.num_tokens + getattr(request, "num_output_placeholders", 0)
+        chunks.append((num_new, request.num_computed_tokens - num_new, num_tokens))
     return BatchStats.of_chunks(chunks)
 
 

@@ -89,6 +89,15 @@ def test_a_recompute_after_preemption_is_prefill_with_its_context() -> None:
         num_decode_seqs=1, decode_context_tokens=160)
 
 
+def test_an_async_scheduled_decode_counts_its_placeholder_token() -> None:
+    # Async scheduling: the previous token is not sampled yet (a placeholder), so vLLM's
+    # request holds 10 + 3 tokens while 14 are computed once this step's token is scheduled.
+    request = FakeRequest(10, 3, 14)
+    request.num_output_placeholders = 1  # type: ignore[attr-defined]
+    assert scheduled_batch_stats({"a": 1}, {"a": request}) == BatchStats(
+        num_decode_seqs=1, decode_context_tokens=14)
+
+
 def test_the_same_chunks_give_the_simulators_stats() -> None:
     requests = {"a": FakeRequest(64, 2, 66), "b": FakeRequest(500, 0, 300)}
     assert scheduled_batch_stats({"a": 1, "b": 200}, requests) == BatchStats.of_chunks(
