@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from workers.registry import Registry
 from workers.sim import (
@@ -59,6 +59,13 @@ class RequestView:
     # The length the router plans with: a prediction, or the true length in oracle benchmarks.
     predicted_output_tokens: int | None
     max_tokens: int
+    # The request's latency targets (seconds from now), if any: see `decide`.
+    ttft_target_s: float | None = None
+    e2e_target_s: float | None = None
+
+    @property
+    def has_target(self) -> bool:
+        return self.ttft_target_s is not None or self.e2e_target_s is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +88,8 @@ class InstanceView:
     what_if_ttft_s: float | None = None
     # Simulated end-to-end latency of the request being routed, as above.
     what_if_e2e_s: float | None = None
+    # Simulated delay the request would add to this instance's other requests, summed (s).
+    what_if_delay_to_others_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +106,9 @@ class Decision:
     # Score of every candidate the policy considered (lower is better); a power-of-k policy
     # considers only the instances it probed.
     scores: dict[str, float]
+    # For a request with latency targets: whether the chosen instance's what-if meets them
+    # (False: none did, the policy's own pick stands); None without targets or what-ifs.
+    meets_target: bool | None = None
 
 
 class Policy(Protocol):
@@ -256,7 +268,13 @@ def needs_what_if(policy_name: str) -> bool:
 def decide(
     policy_name: str, request: RequestView, fleet: Sequence[InstanceView], ctx: RoutingContext
 ) -> Decision:
-    """Apply the named policy to a non-empty fleet (sorted by id for stable round robin)."""
+    """Apply the named policy to a non-empty fleet (sorted by id for stable round robin).
+
+    A request with latency targets, under a policy that simulates, goes to an instance whose
+    what-if meets them, the one that delays the others least (the policy's score, then chance,
+    on ties); when none meets them, the policy's own pick stands and the decision says so
+    (`meets_target` False) for the caller to act on. Without what-ifs targets are not read.
+    """
     if not fleet:
         raise ValueError("no candidate instances")
     ordered = sorted(fleet, key=lambda i: i.instance_id)
@@ -264,9 +282,28 @@ def decide(
     considered = {inst.instance_id: s for inst, s in zip(ordered, scores, strict=True)
                   if s is not None}
     assert considered, f"{policy_name} considered no instance"
-    best = min(considered.values())
-    winners = [instance_id for instance_id, score in considered.items() if score == best]
-    return Decision(policy=policy_name, instance_id=ctx.rng.choice(winners), scores=considered)
+    if request.has_target and all(i.what_if_ttft_s is not None for i in ordered
+                                  if i.instance_id in considered):
+        feasible = [i for i in ordered if i.instance_id in considered and _meets(request, i)]
+        if feasible:
+            harm = {i.instance_id: (i.what_if_delay_to_others_s or 0.0,
+                                    considered[i.instance_id]) for i in feasible}
+            return Decision(policy_name, _lowest(harm, ctx), considered, meets_target=True)
+        return Decision(policy_name, _lowest(considered, ctx), considered, meets_target=False)
+    return Decision(policy=policy_name, instance_id=_lowest(considered, ctx), scores=considered)
+
+
+def _meets(request: RequestView, view: InstanceView) -> bool:
+    """Whether the instance's what-if meets every target the request has."""
+    ttft, e2e = request.ttft_target_s, request.e2e_target_s
+    return ((ttft is None or (view.what_if_ttft_s is not None and view.what_if_ttft_s <= ttft))
+            and (e2e is None or (view.what_if_e2e_s is not None and view.what_if_e2e_s <= e2e)))
+
+
+def _lowest(keys: Mapping[str, Any], ctx: RoutingContext) -> str:
+    """The id with the lowest key; chance among equals."""
+    best = min(keys.values())
+    return ctx.rng.choice([instance_id for instance_id, key in keys.items() if key == best])
 
 
 # -- inputs the caller computes: views and what-ifs from published states ---------------------
@@ -314,6 +351,7 @@ def instance_view(instance_id: str, snapshot: InstanceSnapshot,
         num_outstanding_tokens=outstanding + assigned_outstanding,
         what_if_ttft_s=None if what_if is None else what_if.ttft_s,
         what_if_e2e_s=None if what_if is None else what_if.e2e_s,
+        what_if_delay_to_others_s=None if what_if is None else what_if.delay_to_others_s,
     )
 
 
@@ -419,7 +457,8 @@ class FleetLedger:
 
 
 def _with_what_if(view: InstanceView, what_if: WhatIf) -> InstanceView:
+    # NOTE: positional, not dataclasses.replace: this runs once per instance per decision.
     return InstanceView(view.instance_id, view.num_running, view.num_waiting, view.num_assigned,
                         view.num_free_blocks, view.num_total_blocks,
                         view.num_waiting_prompt_blocks, view.num_outstanding_tokens,
-                        what_if.ttft_s, what_if.e2e_s)
+                        what_if.ttft_s, what_if.e2e_s, what_if.delay_to_others_s)

@@ -253,3 +253,40 @@ def test_ledger_refuses_unknown_instances_and_what_ifs_without_a_request(toy_mod
     ledger.publish("gpu.0", _snapshot(), 0.0)
     with pytest.raises(ValueError, match="request"):
         ledger.views(None, toy_model)
+
+
+# -- latency targets ------------------------------------------------------------------------
+
+def _simulated(instance_id: str, ttft: float, e2e: float, harm: float) -> InstanceView:
+    return _inst(instance_id, what_if_ttft_s=ttft, what_if_e2e_s=e2e,
+                 what_if_delay_to_others_s=harm)
+
+
+TARGETED = RequestView("req_t", num_prompt_tokens=10, predicted_output_tokens=20, max_tokens=64,
+                       ttft_target_s=1.0, e2e_target_s=10.0)
+
+
+def test_a_target_picks_the_instance_meeting_it_that_delays_the_others_least() -> None:
+    fleet = [_simulated("gpu.0", ttft=0.2, e2e=5.0, harm=9.0),   # block's pick: fastest
+             _simulated("gpu.1", ttft=0.8, e2e=8.0, harm=1.0),   # meets both, least harm
+             _simulated("gpu.2", ttft=1.5, e2e=6.0, harm=0.0)]   # misses the TTFT target
+    decision = decide("block", TARGETED, fleet, _ctx())
+    assert (decision.instance_id, decision.meets_target) == ("gpu.1", True)
+    # The same request without targets: block's own choice, and no verdict.
+    plain = decide("block", REQUEST, fleet, _ctx())
+    assert (plain.instance_id, plain.meets_target) == ("gpu.0", None)
+
+
+def test_when_no_instance_meets_the_target_the_policy_pick_stands_and_says_so() -> None:
+    fleet = [_simulated("gpu.0", ttft=2.0, e2e=5.0, harm=0.0),
+             _simulated("gpu.1", ttft=1.2, e2e=12.0, harm=0.0)]
+    decision = decide("block", TARGETED, fleet, _ctx())
+    assert (decision.instance_id, decision.meets_target) == ("gpu.0", False)
+    only_e2e = RequestView("r", 10, 20, 64, e2e_target_s=5.0)
+    assert decide("block", only_e2e, fleet, _ctx()).meets_target is True
+
+
+def test_targets_are_not_read_by_policies_that_do_not_simulate() -> None:
+    decision = decide("least_requests", TARGETED, [_inst("gpu.0"), _inst("gpu.1", running=1)],
+                      _ctx())
+    assert (decision.instance_id, decision.meets_target) == ("gpu.0", None)
