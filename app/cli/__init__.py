@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -62,6 +63,7 @@ def main() -> None:
 def demo(num_requests: int, showcase: bool) -> None:
     """Start the local stack, run the sample job through the API, print a summary, shut down;
     then the routing showcase (round_robin against block on an emulated fleet)."""
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # a fresh database's migrations
     settings = Settings.load()
     _sample_job(settings, num_requests)
     if showcase:
