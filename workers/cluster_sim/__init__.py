@@ -16,6 +16,7 @@ from .predictors import (
     predictor_from_spec,
 )
 from .simulation import ClusterSetup, RunResult, capacity_bounds, saturation_rate, simulate
+from .targets import LatencyTarget, TargetMix, draw_targets, met
 from .workload import (
     AZURE_CODE,
     AZURE_CONV,
@@ -33,6 +34,10 @@ from .workload import (
 )
 
 __all__ = [
+    "LatencyTarget",
+    "TargetMix",
+    "draw_targets",
+    "met",
     "AZURE_CODE",
     "AZURE_CONV",
     "DEFAULT_PREDICTOR",

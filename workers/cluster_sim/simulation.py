@@ -20,6 +20,7 @@ step's time carries its own noise factor.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -40,6 +41,7 @@ from workers.sim import ExecModel, InstanceConfig, SimRequest
 
 from .ground_truth import GroundTruthInstance, SimulatedRequest
 from .predictors import LengthPredictor
+from .targets import LatencyTarget, met
 from .workload import Workload
 
 __all__ = [
@@ -134,6 +136,11 @@ class RunResult:
     #: Per-request TTFT and end-to-end latency, in arrival order (when asked for).
     ttft_s: tuple[float, ...] = field(default=(), repr=False)
     e2e_s: tuple[float, ...] = field(default=(), repr=False)
+    #: With latency targets: requests that met theirs per second (first arrival to last
+    #: finish), and those refused because no instance's what-if met their target.
+    goodput_rps: float = math.nan
+    num_met: int = 0
+    num_rejected: int = 0
 
     @property
     def label(self) -> str:
@@ -142,11 +149,17 @@ class RunResult:
 
 def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
              predictor: LengthPredictor, *, seed: int = 0,
-             keep_samples: bool = False) -> RunResult:
+             keep_samples: bool = False,
+             targets: Sequence[LatencyTarget | None] | None = None,
+             reject_unmeetable: bool = False) -> RunResult:
     """Replay `workload` at `rate` requests per second through `policy`; deterministic for `seed`.
 
     The seed fixes the predicted lengths (the same for every policy and rate), the step-time
     noise of each instance, the publication phases and the router's random draws.
+
+    `targets` (one per request, None: no target) are handed to the router with each request
+    (see `workers.route.policies.decide`) and give the run's goodput; with
+    `reject_unmeetable` a request no instance's what-if meets is refused instead of routed.
     """
     started = time.perf_counter()
     config = setup.config
@@ -167,6 +180,7 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
     if needs_what_if(policy):
         what_if_model = setup.router_exec_model or setup.exec_model
     requests: list[SimulatedRequest] = []
+    rejected: set[str] = set()
     decision_s: list[float] = []
     aborted = False
     for index, arrival_s in enumerate(arrival_times):
@@ -182,13 +196,19 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
         planned = SimRequest(request.request_id, request.num_prompt_tokens,
                              predicted_output_tokens=predicted[index],
                              priority=engines[0].priority_of(request))
+        target = targets[index] if targets is not None else None
         view = RequestView(request.request_id, request.num_prompt_tokens, predicted[index],
-                           max_tokens=config.max_model_len - request.num_prompt_tokens)
+                           max_tokens=config.max_model_len - request.num_prompt_tokens,
+                           ttft_target_s=target.ttft_s if target else None,
+                           e2e_target_s=target.e2e_s if target else None)
         decision_started = time.perf_counter()
         views = ledger.views(planned, what_if_model,
                              probed(policy, ledger.instance_ids, router_rng))
         decision = decide(policy, view, views, RoutingContext(ticket=index, rng=router_rng))
         decision_s.append(time.perf_counter() - decision_started)
+        if reject_unmeetable and decision.meets_target is False:
+            rejected.add(request.request_id)
+            continue
         if what_if_model is not None:
             request.what_if_e2e_s = next(v.what_if_e2e_s for v in views
                                          if v.instance_id == decision.instance_id)
@@ -201,8 +221,26 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
     if not aborted:
         for engine in engines:
             engine.run_to_end()
-    return _result(policy, predictor.name, rate, workload, requests, engines, decision_s,
-                   aborted, time.perf_counter() - started, keep_samples)
+    result = _result(policy, predictor.name, rate, workload,
+                     [r for r in requests if r.request_id not in rejected], engines, decision_s,
+                     aborted, time.perf_counter() - started, keep_samples)
+    if targets is None or aborted:
+        return result
+    return _with_goodput(result, requests, targets, rejected)
+
+
+def _with_goodput(result: RunResult, requests: Sequence[SimulatedRequest],
+                  targets: Sequence[LatencyTarget | None], rejected: set[str]) -> RunResult:
+    """`result` with the requests that met their targets counted (refused ones did not)."""
+    num_met = 0
+    for request, target in zip(requests, targets, strict=False):
+        ran = request.request_id not in rejected and request.finish_s is not None
+        num_met += ran and met(target, request.first_token_s - request.arrival_s,
+                               request.finish_s - request.arrival_s)
+    finishes = [r.finish_s for r in requests if r.finish_s is not None]
+    span_s = max(finishes) - requests[0].arrival_s if finishes else math.inf
+    return dataclasses.replace(result, goodput_rps=num_met / span_s, num_met=num_met,
+                               num_rejected=len(rejected))
 
 
 def _last_publication(now_s: float, phase_s: float, interval_s: float) -> float:
