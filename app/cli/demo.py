@@ -170,7 +170,8 @@ def length_note(summary: JobSummary) -> str | None:
 
 
 def summarize(summary: JobSummary, console: Console) -> None:
-    table = Table(title=f"Sample job: {summary.num_requests} requests in {summary.wall_s:.1f} s")
+    table = Table(title=f"Sample job: {summary.num_requests} requests sent at once, done in "
+                  f"{summary.wall_s:.1f} s (real vLLM engines, tiny random-weight model)")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for metric, value in summary_rows(summary):
