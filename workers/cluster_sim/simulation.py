@@ -136,8 +136,8 @@ class RunResult:
     #: Per-request TTFT and end-to-end latency, in arrival order (when asked for).
     ttft_s: tuple[float, ...] = field(default=(), repr=False)
     e2e_s: tuple[float, ...] = field(default=(), repr=False)
-    #: With latency targets: requests that met theirs per second (first arrival to last
-    #: finish), and those refused because no instance's what-if met their target.
+    #: With latency targets: requests that met theirs per second of arrivals (first to last
+    #: arrival), and those refused because no instance's what-if met their target.
     goodput_rps: float = math.nan
     num_met: int = 0
     num_rejected: int = 0
@@ -237,10 +237,14 @@ def _with_goodput(result: RunResult, requests: Sequence[SimulatedRequest],
         ran = request.request_id not in rejected and request.finish_s is not None
         num_met += ran and met(target, request.first_token_s - request.arrival_s,
                                request.finish_s - request.arrival_s)
-    finishes = [r.finish_s for r in requests if r.finish_s is not None]
-    span_s = max(finishes) - requests[0].arrival_s if finishes else math.inf
-    return dataclasses.replace(result, goodput_rps=num_met / span_s, num_met=num_met,
-                               num_rejected=len(rejected))
+    return dataclasses.replace(result, goodput_rps=num_met / _arrival_span(requests),
+                               num_met=num_met, num_rejected=len(rejected))
+
+
+def _arrival_span(requests: Sequence[SimulatedRequest]) -> float:
+    """Seconds from the first arrival to the last: goodput is met requests per second of
+    offered load (a drain tail after the last arrival does not dilute it)."""
+    return max(requests[-1].arrival_s - requests[0].arrival_s, 1e-9)
 
 
 def _last_publication(now_s: float, phase_s: float, interval_s: float) -> float:

@@ -271,8 +271,9 @@ def decide(
     """Apply the named policy to a non-empty fleet (sorted by id for stable round robin).
 
     A request with latency targets, under a policy that simulates, goes to an instance whose
-    what-if meets them, the one that delays the others least (the policy's score, then chance,
-    on ties); when none meets them, the policy's own pick stands and the decision says so
+    what-if meets them, the one adding the least latency over all its requests (its own
+    end-to-end plus the delay to the others; then the policy's score, then chance, on ties);
+    when none meets them, the policy's own pick stands and the decision says so
     (`meets_target` False) for the caller to act on. Without what-ifs targets are not read.
     """
     if not fleet:
@@ -286,7 +287,9 @@ def decide(
                                   if i.instance_id in considered):
         feasible = [i for i in ordered if i.instance_id in considered and _meets(request, i)]
         if feasible:
-            harm = {i.instance_id: (i.what_if_delay_to_others_s or 0.0,
+            # The latency it adds over everybody: its own plus the delay to the others (a
+            # request that would only wait somewhere delays nobody there, but is slow itself).
+            harm = {i.instance_id: ((i.what_if_delay_to_others_s or 0.0) + (i.what_if_e2e_s or 0.0),
                                     considered[i.instance_id]) for i in feasible}
             return Decision(policy_name, _lowest(harm, ctx), considered, meets_target=True)
         return Decision(policy_name, _lowest(considered, ctx), considered, meets_target=False)

@@ -1,0 +1,151 @@
+"""Goodput under mixed per-request latency targets: requests that met their targets per second.
+
+Issue 15, item 2. The cluster simulation (`workers.cluster_sim`, as `scripts/bench_cluster.py`
+runs it: 12 A30 instances, the Block paper's vLLM settings, ShareGPT lengths, Poisson arrivals,
+states published every 100 ms, predicted lengths from the shipped model's measured errors) with
+a seeded mix of targets (`workers.cluster_sim.TargetMix`: 40 % TTFT <= 1 s, 30 % end-to-end <=
+2 s + 60 ms per output token, 30 % none). The same requests, arrivals, predictions and targets
+for every configuration:
+
+- round_robin, least_requests, llumnix, block: route without reading the targets;
+- block+targets: the router sends each request to an instance whose what-if meets its target,
+  the one delaying the others least (`workers.route.policies.decide`), else block's pick;
+- block+targets+refuse: as above, but a request no instance can meet is refused at once (the
+  API answers 429/503 with a reason; here it is simply not run).
+
+A request without a target counts as met when it finishes; a refused request is not met.
+Goodput is met requests per second of arrivals (first to last arrival), so at most the rate.
+Latencies are simulated time: the machine's load changes only the wall time.
+
+    python scripts/bench_goodput.py [--model llama-2-7b-a30] [--rates 24 28 32 36 40]
+        [--num-requests 4000] [--jobs 2] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from scripts.bench_cluster import (  # noqa: E402
+    DEFAULT_DATA_DIR,
+    LIVE_EXEC_NOISE,
+    LIVE_MODEL,
+    load_workload,
+    model_setup,
+)
+from workers.cluster_sim import (  # noqa: E402
+    DEFAULT_PREDICTOR,
+    ClusterSetup,
+    LatencyTarget,
+    TargetMix,
+    Workload,
+    draw_targets,
+    met,
+    predictor_from_spec,
+    simulate,
+)
+
+EXEC_NOISE = {LIVE_MODEL: LIVE_EXEC_NOISE, "llama-2-7b-a30": 0.1}
+BASELINES = ("round_robin", "least_requests", "llumnix", "block")
+TARGETED = ("block+targets", "block+targets+refuse")
+DEFAULT_MIX = TargetMix()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Job:
+    workload: Workload
+    setup: ClusterSetup
+    config: str
+    predictor: str
+    rate: float
+    seed: int
+    targets: tuple[LatencyTarget | None, ...]
+
+
+def run_job(job: Job) -> dict[str, float]:
+    """One configuration at one rate: goodput and how it came about."""
+    policy = job.config.split("+")[0]
+    targeted = job.config in TARGETED
+    result = simulate(job.workload, job.rate, job.setup, policy,
+                      predictor_from_spec(job.predictor), seed=job.seed, keep_samples=True,
+                      targets=job.targets if targeted else None,
+                      reject_unmeetable=job.config.endswith("+refuse"))
+    if targeted:
+        num_met, goodput = result.num_met, result.goodput_rps
+    else:  # targets only measured: every request ran, samples in arrival order
+        num_met = sum(met(t, ttft, e2e) for t, ttft, e2e in
+                      zip(job.targets, result.ttft_s, result.e2e_s, strict=True))
+        arrivals = job.workload.arrival_times(job.rate)
+        goodput = num_met / (arrivals[-1] - arrivals[0])
+    return {"config": job.config, "rate": job.rate, "goodput_rps": goodput,
+            "met_share": num_met / len(job.workload), "refused": result.num_rejected,
+            "ttft_p99_s": result.ttft_p99_s, "e2e_p50_s": result.e2e_p50_s,
+            "wall_s": result.wall_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR)
+    parser.add_argument("--model", default="llama-2-7b-a30", choices=list(EXEC_NOISE))
+    parser.add_argument("--rates", type=float, nargs="+", default=[24.0, 28.0, 32.0, 36.0, 40.0])
+    parser.add_argument("--num-requests", type=int, default=4000)
+    parser.add_argument("--num-instances", type=int, default=12)
+    parser.add_argument("--predictor", default=DEFAULT_PREDICTOR)
+    parser.add_argument("--ttft-share", type=float, default=DEFAULT_MIX.ttft_share)
+    parser.add_argument("--ttft-target", type=float, default=DEFAULT_MIX.ttft_s)
+    parser.add_argument("--e2e-share", type=float, default=DEFAULT_MIX.e2e_share)
+    parser.add_argument("--e2e-per-token", type=float, default=DEFAULT_MIX.e2e_per_token_s)
+    parser.add_argument("--e2e-slack", type=float, default=DEFAULT_MIX.e2e_slack_s)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    args.workload = "sharegpt"
+    workload = load_workload(args)
+    setup = model_setup(args.model, argparse.Namespace(
+        num_instances=args.num_instances, publish_interval=0.1,
+        exec_noise=EXEC_NOISE[args.model], abort_ttft=None))
+    mix = TargetMix(args.ttft_share, args.ttft_target, args.e2e_share, args.e2e_per_token,
+                    args.e2e_slack)
+    targets = tuple(draw_targets(workload.num_output_tokens, mix, args.seed))
+    configs = [*BASELINES, *TARGETED]
+    jobs = [Job(workload, setup, config, args.predictor, rate, args.seed, targets)
+            for rate in args.rates for config in configs]
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        rows = list(pool.map(run_job, jobs))
+    _print(rows, args, mix)
+    print(f"\n({time.perf_counter() - started:.0f} s wall, {len(jobs)} runs)")
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                         "mix": dataclasses.asdict(mix), "rows": rows},
+                                        indent=1))
+
+
+def _print(rows: list[dict[str, float]], args: argparse.Namespace, mix: TargetMix) -> None:
+    print(f"**{args.model}, {args.num_instances} instances, {args.num_requests} ShareGPT "
+          f"requests, predictor {args.predictor}; targets: {mix.ttft_share:.0%} TTFT <= "
+          f"{mix.ttft_s:g} s, {mix.e2e_share:.0%} e2e <= {mix.e2e_slack_s:g} s + "
+          f"{mix.e2e_per_token_s * 1000:g} ms/token, the rest none**\n")
+    print("| rate/s | config | goodput/s | met | refused | vs best without targets "
+          "| TTFT p99 s (run requests) | e2e p50 s |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for rate in args.rates:
+        mine = [r for r in rows if r["rate"] == rate]
+        best = max(r["goodput_rps"] for r in mine if r["config"] in BASELINES)
+        for r in mine:
+            print(f"| {rate:g} | {r['config']} | {r['goodput_rps']:.2f} | {r['met_share']:.1%} "
+                  f"| {int(r['refused'])} | {r['goodput_rps'] / best:.2f}x "
+                  f"| {r['ttft_p99_s']:.2f} | {r['e2e_p50_s']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
