@@ -386,6 +386,9 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
             num_running=len(scheduler.running),
             num_waiting=len(scheduler.waiting) + len(self._inbox),
             kv_cache_usage=1.0 - scheduler.block_pool.num_free / usable,
+            decode_context_tokens=stats.decode_context_tokens,
+            prefill_chunk_x_context=stats.prefill_chunk_x_context,
+            prefill_chunk_sq=stats.prefill_chunk_sq,
         )
 
 

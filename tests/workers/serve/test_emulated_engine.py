@@ -132,6 +132,12 @@ def test_step_samples_describe_each_step(make_engine, recorder) -> None:
     # 700 prompt tokens under a 512-token budget: two prefill chunks, then four decodes.
     assert [(s.num_prefill_tokens, s.num_decode_tokens) for s in steps] == [
         (512, 0), (188, 0), (0, 1), (0, 1), (0, 1), (0, 1)]
+    # The execution-time model's context features, as the real engine reports them: the second
+    # chunk attends to the first's 512 tokens; each decode to its whole sequence, 700 plus the
+    # tokens generated so far (the last prefill chunk made the first).
+    assert [(s.prefill_chunk_x_context, s.prefill_chunk_sq) for s in steps[:2]] == [
+        (0, 512 * 512), (188 * 512, 188 * 188)]
+    assert [s.decode_context_tokens for s in steps[2:]] == [701, 702, 703, 704]
     assert all(s.num_seqs == 1 and s.duration_ms > 0 for s in steps)
     assert all(0 < s.kv_cache_usage < 1 for s in steps[:-1])
     assert steps[-1].num_running == 0 and steps[-1].kv_cache_usage == 0.0
