@@ -59,7 +59,10 @@ def plan_route(
     for status in probed(policy_name, sorted(candidates, key=lambda c: c.instance_id), ctx.rng):
         assert status.state is not None, f"{status.instance_id} has published no state"
         snapshot = status.state.to_instance_snapshot()
-        assigned = [a.to_sim_request(snapshot.config) for a in status.assigned]
+        # NOTE: a redelivered predict may route a request another run has just assigned: its
+        # own entry is not load to weigh it against (the decision's UPDATE lets one run win).
+        assigned = [a.to_sim_request(snapshot.config) for a in status.assigned
+                    if a.request_id != request.request_id]
         what_if = None
         if simulate:
             assert exec_model is not None

@@ -121,3 +121,13 @@ def test_an_instance_scheduling_by_priority_puts_a_shorter_request_ahead_in_its_
     assert assigned[0].to_sim_request(priority.instance_config()).priority == (
         request_priority(now - 0.1, 400))
     assert assigned[0].to_sim_request().priority == 0
+
+
+def test_a_request_routed_again_by_a_redelivered_task_does_not_count_its_own_assignment() -> None:
+    """Another run of the same task assigned it a moment ago (its UPDATE decides which run
+    wins): the what-if must not meet the same id twice, nor weigh the request against itself."""
+    own = Assignment("req_0", 600, 300, at=time.time())
+    plan = _plan("block", [_status("gpu.0", engine_state(), [own]),
+                           _status("gpu.1", engine_state())])
+    alone = _plan("block", [_status("gpu.0", engine_state()), _status("gpu.1", engine_state())])
+    assert plan.what_ifs == alone.what_ifs
