@@ -85,6 +85,30 @@ def test_every_request_finishes_at_its_true_length_with_consistent_latencies(
     assert not instance.snapshot().requests
 
 
+def _step_alike(ours: GroundTruthInstance, theirs: VllmGroundTruthInstance,
+                where: tuple[int, int]) -> list[str]:
+    """One step of each: the same tokens, preemptions, outputs, clock and published snapshot;
+    the ids preempted."""
+    expected, got = ours.step(), theirs.step()
+    assert got.output.num_scheduled_tokens == expected.output.num_scheduled_tokens, where
+    assert got.output.stats == expected.output.stats, where
+    assert set(got.output.preempted_ids) == set(expected.output.preempted_ids), where
+    assert (got.sampled_ids, got.finished_ids) == (expected.sampled_ids,
+                                                   expected.finished_ids), where
+    assert theirs.now_s == ours.now_s, where
+    assert theirs.snapshot() == ours.snapshot(), where
+    return list(expected.output.preempted_ids)
+
+
+def _ended_alike(ours: GroundTruthInstance, theirs: VllmGroundTruthInstance,
+                 pairs: list[tuple[SimulatedRequest, SimulatedRequest]]) -> int:
+    """Both drained, with the same preemptions and every request's times; the preemptions."""
+    assert not theirs.has_work and theirs.num_preemptions == ours.num_preemptions
+    for mine, vllm in pairs:
+        assert (vllm.first_token_s, vllm.finish_s) == (mine.first_token_s, mine.finish_s)
+    return ours.num_preemptions
+
+
 def test_steps_snapshots_and_times_agree_with_our_scheduler(toy_model: ExecModel) -> None:
     num_preemptions = 0
     for case in range(30):
@@ -110,19 +134,8 @@ def test_steps_snapshots_and_times_agree_with_our_scheduler(toy_model: ExecModel
                 if not arrivals:
                     break
                 continue
-            expected, got = ours.step(), theirs.step()
-            assert got.output.num_scheduled_tokens == expected.output.num_scheduled_tokens, (
-                case, step)
-            assert got.output.stats == expected.output.stats
-            assert set(got.output.preempted_ids) == set(expected.output.preempted_ids)
-            assert (got.sampled_ids, got.finished_ids) == (expected.sampled_ids,
-                                                           expected.finished_ids)
-            assert theirs.now_s == ours.now_s
-            assert theirs.snapshot() == ours.snapshot(), (case, step)
-        assert not theirs.has_work and theirs.num_preemptions == ours.num_preemptions
-        num_preemptions += ours.num_preemptions
-        for mine, vllm in pairs:
-            assert (vllm.first_token_s, vllm.finish_s) == (mine.first_token_s, mine.finish_s)
+            _step_alike(ours, theirs, (case, step))
+        num_preemptions += _ended_alike(ours, theirs, pairs)
     assert num_preemptions > 50  # the cases exercise recompute preemption
 
 
@@ -158,21 +171,10 @@ def test_priority_scheduling_agrees_with_vllms_step_by_step(toy_model: ExecModel
                     break
                 continue
             last_running = ours.scheduler.running[-1:]
-            expected, got = ours.step(), theirs.step()
-            assert got.output.num_scheduled_tokens == expected.output.num_scheduled_tokens, (
-                case, step)
-            assert got.output.stats == expected.output.stats
-            assert set(got.output.preempted_ids) == set(expected.output.preempted_ids)
+            preempted = _step_alike(ours, theirs, (case, step))
             num_not_last += any(last_running and r != last_running[0].request_id
-                                for r in expected.output.preempted_ids)
-            assert (got.sampled_ids, got.finished_ids) == (expected.sampled_ids,
-                                                           expected.finished_ids)
-            assert theirs.now_s == ours.now_s
-            assert theirs.snapshot() == ours.snapshot(), (case, step)
-        assert not theirs.has_work and theirs.num_preemptions == ours.num_preemptions
-        num_preemptions += ours.num_preemptions
-        for mine, vllm in pairs:
-            assert (vllm.first_token_s, vllm.finish_s) == (mine.first_token_s, mine.finish_s)
+                                for r in preempted)
+        num_preemptions += _ended_alike(ours, theirs, pairs)
     assert num_preemptions > 50
     assert num_not_last > 5, num_not_last  # FCFS would have preempted the last running request
 
