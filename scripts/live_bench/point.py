@@ -231,7 +231,11 @@ class _Watcher(threading.Thread):
     def run(self) -> None:
         try:
             while not self.stop.wait(1.0):
-                self.done, self.late = self._count()
+                try:
+                    self.done, self.late = self._count()
+                except (sa.exc.SQLAlchemyError, redis.RedisError) as error:
+                    print(f"  watcher: count failed ({error!r}); next second", flush=True)
+                    continue
                 if self.slo_wall_s is not None and percentile_certainly_above(
                         self.late, self.total, 99):
                     self.missed.set()
