@@ -15,9 +15,8 @@ from app.models import InferenceRequest, Priority, RequestStatus, utcnow
 from workers.batch.headroom import HeadroomConfig, HeadroomSignal, next_window
 from workers.runtime import Runtime
 
-__all__ = ["WINDOW_KEY", "batch_window", "engines_waiting", "interactive_ttft_p99_s"]
+__all__ = ["batch_window", "engines_waiting", "interactive_ttft_p99_s"]
 
-WINDOW_KEY = BATCH_WINDOW_KEY
 #: A window not renewed for this long is forgotten (the releaser stopped): start again low.
 _WINDOW_TTL_S = 600
 
@@ -32,13 +31,13 @@ def batch_window(rt: Runtime) -> int:
                             min_window=min(s.batch_headroom_min_window, s.max_batch_in_flight),
                             max_window=s.max_batch_in_flight,
                             increase=s.batch_headroom_increase)
-    raw = rt.redis.get(WINDOW_KEY)
+    raw = rt.redis.get(BATCH_WINDOW_KEY)
     last = json.loads(raw) if raw else {"window": float(config.min_window), "num_waiting": 0}
     signal = HeadroomSignal(ttft_p99_s=interactive_ttft_p99_s(rt, s.batch_headroom_window_s),
                             num_waiting=engines_waiting(rt.fleet),
                             previous_num_waiting=int(last["num_waiting"]))
     window = next_window(float(last["window"]), signal, config)
-    rt.redis.set(WINDOW_KEY, json.dumps({"window": window, "num_waiting": signal.num_waiting,
+    rt.redis.set(BATCH_WINDOW_KEY, json.dumps({"window": window, "num_waiting": signal.num_waiting,
                                          "ttft_p99_s": signal.ttft_p99_s}), ex=_WINDOW_TTL_S)
     return int(window)
 

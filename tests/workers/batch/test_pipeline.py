@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from app import batches
+from app.batches import BATCH_WINDOW_KEY
 from app.files import new_file_id, register_file
 from app.models import (
     Batch,
@@ -34,7 +35,7 @@ from tests.workers.request_rows import new_request
 from workers.batch.expand import Expansion, expand
 from workers.batch.expiry import expire_due
 from workers.batch.finalize import finalize
-from workers.batch.headroom_window import WINDOW_KEY, batch_window
+from workers.batch.headroom_window import batch_window
 from workers.batch.release import release
 from workers.runtime import Runtime
 
@@ -354,14 +355,14 @@ def test_the_batch_window_yields_to_interactive_traffic_and_grows_back(rt: Runti
                                 finished_at=utcnow() - timedelta(seconds=60)))
     _interactive_done(rt, ttft_s=0.2)
     assert len(release(rt).released) == 2
-    assert json.loads(rt.redis.get(WINDOW_KEY))["window"] == 4.0
+    assert json.loads(rt.redis.get(BATCH_WINDOW_KEY))["window"] == 4.0
 
 
 def test_a_growing_engine_queue_shrinks_the_batch_window(rt: Runtime) -> None:
     rt = Runtime(rt.settings.model_copy(update={
         "batch_headroom_ttft_s": 1.0, "batch_headroom_min_window": 1,
         "batch_headroom_increase": 4.0}))
-    rt.redis.set(WINDOW_KEY, json.dumps({"window": 8.0, "num_waiting": 0}))
+    rt.redis.set(BATCH_WINDOW_KEY, json.dumps({"window": 8.0, "num_waiting": 0}))
     rt.fleet.publish("gpu.0", engine_state(num_waiting=5))
     assert batch_window(rt) == 4
     assert batch_window(rt) == 8  # still 5 waiting, but no longer growing
