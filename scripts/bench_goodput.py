@@ -11,7 +11,9 @@ for every configuration:
 - block+targets: the router sends each request to an instance whose what-if meets its target,
   the one delaying the others least (`workers.route.policies.decide`), else block's pick;
 - block+targets+refuse: as above, but a request no instance can meet is refused at once (the
-  API answers 429/503 with a reason; here it is simply not run).
+  API answers 429/503 with a reason; here it is simply not run); `+refuse>0.25` refuses only
+  when the best instance's what-if misses the target by more than 25 % of it (a margin for
+  the what-if's own error: stale states, predicted lengths).
 
 A request without a target counts as met when it finishes; a refused request is not met.
 Goodput is met requests per second of arrivals (first to last arrival), so at most the rate.
@@ -55,7 +57,6 @@ from workers.cluster_sim import (  # noqa: E402
 
 EXEC_NOISE = {LIVE_MODEL: LIVE_EXEC_NOISE, "llama-2-7b-a30": 0.1}
 BASELINES = ("round_robin", "least_requests", "llumnix", "block")
-TARGETED = ("block+targets", "block+targets+refuse")
 DEFAULT_MIX = TargetMix()
 
 
@@ -70,14 +71,26 @@ class Job:
     targets: tuple[LatencyTarget | None, ...]
 
 
+def parse_config(config: str) -> tuple[str, bool, float | None]:
+    """'block+targets+refuse>0.25' -> (policy, routes by targets, refusal margin or None)."""
+    policy, *flags = config.split("+")
+    refuse = next((f for f in flags if f.startswith("refuse")), None)
+    margin = None if refuse is None else float(refuse.removeprefix("refuse>") or 0.0)
+    return policy, "targets" in flags, margin
+
+
+def refusing(margin: float) -> str:
+    return "block+targets+refuse" + (f">{margin:g}" if margin else "")
+
+
 def run_job(job: Job) -> dict[str, float]:
     """One configuration at one rate: goodput and how it came about."""
-    policy = job.config.split("+")[0]
-    targeted = job.config in TARGETED
+    policy, targeted, refuse_margin = parse_config(job.config)
     result = simulate(job.workload, job.rate, job.setup, policy,
                       predictor_from_spec(job.predictor), seed=job.seed, keep_samples=True,
                       targets=job.targets if targeted else None,
-                      reject_unmeetable=job.config.endswith("+refuse"))
+                      reject_unmeetable=refuse_margin is not None,
+                      refuse_margin=refuse_margin or 0.0)
     if targeted:
         num_met, goodput = result.num_met, result.goodput_rps
     else:  # targets only measured: every request ran, samples in arrival order
@@ -104,6 +117,9 @@ def main() -> None:
     parser.add_argument("--e2e-share", type=float, default=DEFAULT_MIX.e2e_share)
     parser.add_argument("--e2e-per-token", type=float, default=DEFAULT_MIX.e2e_per_token_s)
     parser.add_argument("--e2e-slack", type=float, default=DEFAULT_MIX.e2e_slack_s)
+    parser.add_argument("--refuse-margins", type=float, nargs="+", default=[0.0, 0.25],
+                        help="refuse a request when the best what-if misses its target by more "
+                             "than this share of it (one configuration each)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
@@ -117,7 +133,7 @@ def main() -> None:
     mix = TargetMix(args.ttft_share, args.ttft_target, args.e2e_share, args.e2e_per_token,
                     args.e2e_slack)
     targets = tuple(draw_targets(workload.num_output_tokens, mix, args.seed))
-    configs = [*BASELINES, *TARGETED]
+    configs = [*BASELINES, "block+targets", *(refusing(m) for m in args.refuse_margins)]
     jobs = [Job(workload, setup, config, args.predictor, rate, args.seed, targets)
             for rate in args.rates for config in configs]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:

@@ -36,6 +36,7 @@ from workers.route.policies import (
     decide,
     needs_what_if,
     probed,
+    target_shortfall,
 )
 from workers.sim import ExecModel, InstanceConfig, SimRequest
 
@@ -151,7 +152,7 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
              predictor: LengthPredictor, *, seed: int = 0,
              keep_samples: bool = False,
              targets: Sequence[LatencyTarget | None] | None = None,
-             reject_unmeetable: bool = False) -> RunResult:
+             reject_unmeetable: bool = False, refuse_margin: float = 0.0) -> RunResult:
     """Replay `workload` at `rate` requests per second through `policy`; deterministic for `seed`.
 
     The seed fixes the predicted lengths (the same for every policy and rate), the step-time
@@ -159,7 +160,8 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
 
     `targets` (one per request, None: no target) are handed to the router with each request
     (see `workers.route.policies.decide`) and give the run's goodput; with
-    `reject_unmeetable` a request no instance's what-if meets is refused instead of routed.
+    `reject_unmeetable` a request no instance's what-if meets (by more than `refuse_margin`,
+    a share of its target) is refused instead of routed.
     """
     started = time.perf_counter()
     config = setup.config
@@ -206,7 +208,8 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
                              probed(policy, ledger.instance_ids, router_rng))
         decision = decide(policy, view, views, RoutingContext(ticket=index, rng=router_rng))
         decision_s.append(time.perf_counter() - decision_started)
-        if reject_unmeetable and decision.meets_target is False:
+        if reject_unmeetable and decision.meets_target is False and (
+                target_shortfall(view, views) or 0.0) > 1.0 + refuse_margin:
             rejected.add(request.request_id)
             continue
         if what_if_model is not None:

@@ -49,6 +49,7 @@ __all__ = [
     "needs_what_if",
     "predict_what_ifs",
     "prepare_published",
+    "target_shortfall",
 ]
 
 
@@ -294,6 +295,18 @@ def decide(
             return Decision(policy_name, _lowest(harm, ctx), considered, meets_target=True)
         return Decision(policy_name, _lowest(considered, ctx), considered, meets_target=False)
     return Decision(policy=policy_name, instance_id=_lowest(considered, ctx), scores=considered)
+
+
+def target_shortfall(request: RequestView, fleet: Sequence[InstanceView]) -> float | None:
+    """How far the best instance's what-if is from the request's targets: the smallest, over
+    `fleet`, of the largest what-if / target ratio (1 or less: met); None without targets or
+    what-ifs. A caller refusing requests can keep a margin for the what-if's own error."""
+    ttft, e2e = request.ttft_target_s, request.e2e_target_s
+    if not request.has_target or any(v.what_if_ttft_s is None for v in fleet) or not fleet:
+        return None
+    return min(max(v.what_if_ttft_s / ttft if ttft else 0.0,  # type: ignore[operator]
+                   v.what_if_e2e_s / e2e if e2e else 0.0)  # type: ignore[operator]
+               for v in fleet)
 
 
 def _meets(request: RequestView, view: InstanceView) -> bool:

@@ -63,3 +63,14 @@ def test_refusing_what_cannot_meet_its_target_raises_goodput_under_overload(
     assert refusing.num_requests == len(workload) - refusing.num_rejected
     assert refusing.num_met > best_effort.num_met
     assert refusing.goodput_rps > best_effort.goodput_rps
+
+
+def test_a_refusal_margin_refuses_only_the_clearly_hopeless(toy_model, small_config) -> None:  # type: ignore[no-untyped-def]
+    workload = _overload()
+    setup = ClusterSetup(3, small_config, toy_model)
+    targets = [LatencyTarget(ttft_s=0.5) for _ in range(len(workload))]
+    strict = simulate(workload, 60.0, setup, "block", OraclePredictor(), targets=targets,
+                      reject_unmeetable=True)
+    lenient = simulate(workload, 60.0, setup, "block", OraclePredictor(), targets=targets,
+                       reject_unmeetable=True, refuse_margin=1.0)
+    assert 0 < lenient.num_rejected < strict.num_rejected

@@ -19,6 +19,7 @@ from workers.route.policies import (
     needs_what_if,
     predict_what_ifs,
     prepare_published,
+    target_shortfall,
 )
 from workers.sim import InstanceConfig, InstanceSnapshot, SimRequest
 
@@ -290,3 +291,11 @@ def test_targets_are_not_read_by_policies_that_do_not_simulate() -> None:
     decision = decide("least_requests", TARGETED, [_inst("gpu.0"), _inst("gpu.1", running=1)],
                       _ctx())
     assert (decision.instance_id, decision.meets_target) == ("gpu.0", None)
+
+
+def test_the_shortfall_is_the_best_instances_worst_ratio_to_the_targets() -> None:
+    fleet = [_simulated("gpu.0", ttft=2.0, e2e=5.0, harm=0.0),    # TTFT 2x its target
+             _simulated("gpu.1", ttft=1.2, e2e=12.0, harm=0.0)]   # 1.2x both
+    assert target_shortfall(TARGETED, fleet) == pytest.approx(1.2)
+    assert target_shortfall(REQUEST, fleet) is None  # no target
+    assert target_shortfall(TARGETED, [_inst("gpu.0")]) is None  # no what-if
