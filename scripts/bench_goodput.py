@@ -75,7 +75,7 @@ def parse_config(config: str) -> tuple[str, bool, float | None]:
     """'block+targets+refuse>0.25' -> (policy, routes by targets, refusal margin or None)."""
     policy, *flags = config.split("+")
     refuse = next((f for f in flags if f.startswith("refuse")), None)
-    margin = None if refuse is None else float(refuse.removeprefix("refuse>") or 0.0)
+    margin = None if refuse is None else float(refuse.removeprefix("refuse").removeprefix(">") or 0)
     return policy, "targets" in flags, margin
 
 
