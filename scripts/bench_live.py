@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from bench_cluster import NUM_BLOCKS  # noqa: E402 - each emulated GPU's KV blocks, as simulated
 from live_bench import workloads  # noqa: E402
 from live_bench.point import POLICIES, PointSpec, run_point  # noqa: E402
 from live_bench.report import fmt, plot, print_report  # noqa: E402
@@ -58,6 +59,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="bisection steps between the last passing and first failing rate")
     parser.add_argument("--slo", type=float, default=3.0, help="TTFT p99 SLO, emulated s")
     parser.add_argument("--instances", type=int, default=12)
+    parser.add_argument("--exec-model", choices=tuple(NUM_BLOCKS), default="qwen2-7b-a30",
+                        help="the emulated GPU: llama-2-7b-a30 has 1052 KV blocks (memory-bound, "
+                             "where placement matters most), qwen2-7b-a30 7289")
     parser.add_argument("--requests", type=int, default=2000, help="requests per point")
     parser.add_argument("--time-scale", type=float, default=8.0,
                         help="wall seconds per emulated second (>1: slow motion)")
@@ -135,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     raw: dict[str, Any] = {
         "smoke": args.smoke, "slo_s": args.slo, "workloads": args.workloads,
         "policies": args.policies, "time_scale": args.time_scale, "instances": args.instances,
+        "exec_model": args.exec_model,
         "requests": args.requests, "seed": args.seed, "bias_watch": args.bias_watch,
         "early_stop": args.early_stop,
         "command": " ".join(sys.argv), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
@@ -169,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                     workload, policy, rate, args.time_scale, args.instances, args.database_url,
                     args.redis_url, args.model_path, args.api_port, args.flower_port,
                     args.max_model_len, args.drain_timeout, args.bias_watch,
-                    stop_above_slo_s=args.slo if args.early_stop else None),
+                    stop_above_slo_s=args.slo if args.early_stop else None,
+                    exec_model=args.exec_model, num_blocks=NUM_BLOCKS[args.exec_model]),
                     log=console.print)
                 point["wall"]["point_s"] = time.time() - started
                 raw["points"].append(point)
@@ -189,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             if simulated is not None:
                 rates = rates_around_simulated(
                     simulated, workload=name, policy=policy, num_requests=args.requests,
-                    seed=args.seed, spread=args.spread) or rates
+                    seed=args.seed, spread=args.spread, model=args.exec_model) or rates
             result = search_capacity(measure, rates, args.slo, bisect_steps=args.bisect)
             raw["capacity"].setdefault(name, {})[policy] = {
                 "capacity": result.capacity, "first_failing": result.first_failing}

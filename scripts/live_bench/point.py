@@ -79,6 +79,10 @@ class PointSpec:
     #: TTFT p99 bound (emulated s): when set, the point stops (sending included) as soon as
     #: enough requests are later than it that the p99 is certain to exceed it.
     stop_above_slo_s: float | None = None
+    #: The emulated GPU: a bundled execution-time model and its KV blocks (the discrete-event
+    #: benchmark's NUM_BLOCKS: qwen2-7b-a30 7289, llama-2-7b-a30 1052).
+    exec_model: str = "qwen2-7b-a30"
+    num_blocks: int = 7289
 
 
 def policy_setup(policy: str, workload: LiveWorkload) -> tuple[str, str, str | None]:
@@ -111,7 +115,7 @@ def _settings(spec: PointSpec, data_dir: Path) -> Settings:
         model_path=spec.model_path, model_name=spec.workload.serving_model,
         api_port=spec.api_port, flower_port=spec.flower_port,
         num_instances=spec.instances, engine_kind="emulated",
-        emulated_exec_model="qwen2-7b-a30", emulated_num_blocks=7289, block_size=16,
+        emulated_exec_model=spec.exec_model, emulated_num_blocks=spec.num_blocks, block_size=16,
         max_num_seqs=48, max_num_batched_tokens=512, max_model_len=spec.max_model_len,
         emulated_time_scale=spec.time_scale, emulated_output_lengths="answers",
         emulated_answers_path=answers, engine_concurrency=256,
@@ -393,6 +397,7 @@ def _result(spec: PointSpec, sends: list[dict[str, Any]], rows: list[dict[str, A
     n = len(sends)
     return {
         "workload": spec.workload.name, "policy": spec.policy, "rate": spec.rate,
+        "exec_model": spec.exec_model, "num_blocks": spec.num_blocks,
         "time_scale": scale, "instances": spec.instances,
         "setup": dict(zip(("routing_policy", "length_predictor", "table"),
                           policy_setup(spec.policy, spec.workload), strict=True)),

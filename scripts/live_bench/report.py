@@ -43,7 +43,8 @@ def print_report(raw: dict[str, Any], console: Console | None = None) -> None:
             continue
         scale = points[0]["time_scale"]
         table = Table(title=f"Live, {workload}: {points[0]['instances']} emulated "
-                            f"qwen2-7b-a30 instances, time scale {scale:g} (latencies in "
+                            f"{points[0].get('exec_model', 'qwen2-7b-a30')} instances, "
+                            f"time scale {scale:g} (latencies in "
                             f"emulated s; accept->routed also wall ms)")
         for column in ("policy", "rate/s", "TTFT p50", "TTFT p99", "e2e p50", "e2e p99",
                        "accept->routed p50/p99 ms", "done", "len err", "fallbk", "load 1m",
@@ -96,7 +97,8 @@ def _versus_simulated(raw: dict[str, Any], workload: str,
     for policy, (capacity, failing) in capacities.items():
         sim = next((row.get("capacity_rps") for row in raw["simulated"]
                     if (row.get("workload"), row.get("config"), row.get("num_requests"),
-                        row.get("seed")) == (workload, policy, raw["requests"], raw["seed"])),
+                        row.get("seed")) == (workload, policy, raw["requests"], raw["seed"])
+                    and row.get("model") == raw.get("exec_model", "qwen2-7b-a30")),
                    None)
         ratio = capacity / sim if capacity and sim else None
         table.add_row(policy, fmt(capacity, 1) if capacity else "< lowest tried",

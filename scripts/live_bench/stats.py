@@ -154,16 +154,18 @@ def search_capacity(measure: Callable[[float], float], rates: Sequence[float], s
 
 
 def rates_around_simulated(summary: Sequence[dict], *, workload: str, policy: str,
-                           num_requests: int, seed: int, spread: float) -> list[float] | None:
+                           num_requests: int, seed: int, spread: float,
+                           model: str | None = None) -> list[float] | None:
     """The rates a live capacity search tries around the discrete-event benchmark's capacity
-    for the same workload, policy, request count and seed (`bench_cluster.py --live-settings
-    --json`'s `summary` rows): capacity x (1 - spread) and x (1 + spread). Passing the first and
-    failing the second puts the live capacity within `spread` of the simulated one. None when
-    the summary has no such row or no capacity.
+    for the same workload, policy, request count, seed and (when given) model (the `summary`
+    rows of `bench_cluster.py --json`): capacity x (1 - spread) and x (1 + spread). Passing the
+    first and failing the second puts the live capacity within `spread` of the simulated one.
+    None when the summary has no such row or no capacity.
     """
     for row in summary:
         if (row.get("workload"), row.get("config"), row.get("num_requests"), row.get("seed")) \
-                == (workload, policy, num_requests, seed) and row.get("capacity_rps"):
+                == (workload, policy, num_requests, seed) and row.get("capacity_rps") and (
+                    model is None or row.get("model") == model):
             capacity = float(row["capacity_rps"])
             return [round(capacity * (1 - spread), 2), round(capacity * (1 + spread), 2)]
     return None

@@ -144,3 +144,9 @@ def test_live_rates_bracket_the_simulated_capacity_of_the_same_setup() -> None:
                   spread=0.1) is None
     assert around(summary, workload="conversations", policy="llumnix", num_requests=4000,
                   seed=0, spread=0.1) is None
+    # Another emulated GPU is another setup too.
+    summary[0]["model"] = "qwen2-7b-a30"
+    assert around(summary, workload="conversations", policy="block", num_requests=4000, seed=0,
+                  spread=0.1, model="qwen2-7b-a30") == [45.0, 55.0]
+    assert around(summary, workload="conversations", policy="block", num_requests=4000, seed=0,
+                  spread=0.1, model="llama-2-7b-a30") is None
