@@ -9,6 +9,7 @@ started anew with the point's settings, so no state leaks from one point into th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import tempfile
@@ -186,12 +187,23 @@ async def _send(base_url: str, api_key: str, workload: LiveWorkload,
         start = time.time() + 0.5
         loop_start = time.perf_counter() + 0.5
 
+        called_off = asyncio.Event()
+
+        async def call_off_when_abandoned() -> None:
+            """Wakes every request still waiting for its arrival time once `abandon` is set
+            (one poll for all: the waiting requests never wake before their time otherwise)."""
+            while not abandon.is_set():
+                await asyncio.sleep(0.5)
+            called_off.set()
+
         async def one(i: int) -> dict[str, Any]:
             r = workload.requests[i]
             due = workload.unit_arrival_s[i] / wall_rate_per_s
-            await asyncio.sleep(max(0.0, loop_start + due - time.perf_counter()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(called_off.wait(),
+                                       max(0.0, loop_start + due - time.perf_counter()))
             sent = time.perf_counter() - loop_start
-            if abandon.is_set():
+            if called_off.is_set():
                 return {"i": i, "due": due, "sent": sent, "answered": sent, "status": 0,
                         "id": None, "error": "not sent"}
             body = {"prompt": r.prompt, "max_tokens": r.max_tokens, "temperature": 0}
@@ -205,7 +217,9 @@ async def _send(base_url: str, api_key: str, workload: LiveWorkload,
                     "status": status, "id": rid,
                     "error": None if status == 202 or status == 200 else str(answer)[:200]}
 
+        monitor = asyncio.create_task(call_off_when_abandoned())
         results = await asyncio.gather(*(one(i) for i in range(len(workload.requests))))
+        monitor.cancel()
         for row in results:
             row["sent_epoch"] = start + row["sent"]
         return list(results)
