@@ -50,7 +50,6 @@ from workers.cluster_sim import (  # noqa: E402
     TargetMix,
     Workload,
     draw_targets,
-    met,
     predictor_from_spec,
     simulate,
 )
@@ -87,19 +86,11 @@ def run_job(job: Job) -> dict[str, float]:
     """One configuration at one rate: goodput and how it came about."""
     policy, targeted, refuse_margin = parse_config(job.config)
     result = simulate(job.workload, job.rate, job.setup, policy,
-                      predictor_from_spec(job.predictor), seed=job.seed, keep_samples=True,
-                      targets=job.targets if targeted else None,
-                      reject_unmeetable=refuse_margin is not None,
+                      predictor_from_spec(job.predictor), seed=job.seed, targets=job.targets,
+                      route_by_targets=targeted, reject_unmeetable=refuse_margin is not None,
                       refuse_margin=refuse_margin or 0.0)
-    if targeted:
-        num_met, goodput = result.num_met, result.goodput_rps
-    else:  # targets only measured: every request ran, samples in arrival order
-        num_met = sum(met(t, ttft, e2e) for t, ttft, e2e in
-                      zip(job.targets, result.ttft_s, result.e2e_s, strict=True))
-        arrivals = job.workload.arrival_times(job.rate)
-        goodput = num_met / (arrivals[-1] - arrivals[0])
-    return {"config": job.config, "rate": job.rate, "goodput_rps": goodput,
-            "met_share": num_met / len(job.workload), "refused": result.num_rejected,
+    return {"config": job.config, "rate": job.rate, "goodput_rps": result.goodput_rps,
+            "met_share": result.num_met / len(job.workload), "refused": result.num_rejected,
             "ttft_p99_s": result.ttft_p99_s, "e2e_p50_s": result.e2e_p50_s,
             "wall_s": result.wall_s}
 

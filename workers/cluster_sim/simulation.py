@@ -152,14 +152,16 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
              predictor: LengthPredictor, *, seed: int = 0,
              keep_samples: bool = False,
              targets: Sequence[LatencyTarget | None] | None = None,
-             reject_unmeetable: bool = False, refuse_margin: float = 0.0) -> RunResult:
+             route_by_targets: bool = True, reject_unmeetable: bool = False,
+             refuse_margin: float = 0.0) -> RunResult:
     """Replay `workload` at `rate` requests per second through `policy`; deterministic for `seed`.
 
     The seed fixes the predicted lengths (the same for every policy and rate), the step-time
     noise of each instance, the publication phases and the router's random draws.
 
-    `targets` (one per request, None: no target) are handed to the router with each request
-    (see `workers.route.policies.decide`) and give the run's goodput; with
+    `targets` (one per request, None: no target) give the run's goodput and, with
+    `route_by_targets`, are handed to the router with each request (see
+    `workers.route.policies.decide`; without it they are only measured); with
     `reject_unmeetable` a request no instance's what-if meets (by more than `refuse_margin`,
     a share of its target) is refused instead of routed.
     """
@@ -198,7 +200,7 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
         planned = SimRequest(request.request_id, request.num_prompt_tokens,
                              predicted_output_tokens=predicted[index],
                              priority=engines[0].priority_of(request))
-        target = targets[index] if targets is not None else None
+        target = targets[index] if targets is not None and route_by_targets else None
         view = RequestView(request.request_id, request.num_prompt_tokens, predicted[index],
                            max_tokens=config.max_model_len - request.num_prompt_tokens,
                            ttft_target_s=target.ttft_s if target else None,

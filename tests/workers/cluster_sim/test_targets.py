@@ -74,3 +74,15 @@ def test_a_refusal_margin_refuses_only_the_clearly_hopeless(toy_model, small_con
     lenient = simulate(workload, 60.0, setup, "block", OraclePredictor(), targets=targets,
                        reject_unmeetable=True, refuse_margin=1.0)
     assert 0 < lenient.num_rejected < strict.num_rejected
+
+
+def test_targets_can_be_measured_without_steering_the_router(toy_model, small_config) -> None:  # type: ignore[no-untyped-def]
+    workload = _overload()
+    setup = ClusterSetup(3, small_config, toy_model)
+    targets = [LatencyTarget(ttft_s=0.5) for _ in range(len(workload))]
+    plain = simulate(workload, 60.0, setup, "block", OraclePredictor(), keep_samples=True)
+    measured = simulate(workload, 60.0, setup, "block", OraclePredictor(), keep_samples=True,
+                        targets=targets, route_by_targets=False)
+    assert (measured.ttft_s, measured.e2e_s) == (plain.ttft_s, plain.e2e_s)
+    assert measured.num_met == sum(t <= 0.5 for t in plain.ttft_s) > 0
+    assert not math.isnan(measured.goodput_rps)
