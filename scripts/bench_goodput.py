@@ -38,11 +38,10 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from scripts.bench_cluster import (  # noqa: E402
     DEFAULT_DATA_DIR,
-    LIVE_EXEC_NOISE,
-    LIVE_MODEL,
     load_workload,
     model_setup,
 )
+from scripts.bench_psf import EXEC_NOISE  # noqa: E402 - step noise per model, as there
 from workers.cluster_sim import (  # noqa: E402
     DEFAULT_PREDICTOR,
     ClusterSetup,
@@ -54,7 +53,6 @@ from workers.cluster_sim import (  # noqa: E402
     simulate,
 )
 
-EXEC_NOISE = {LIVE_MODEL: LIVE_EXEC_NOISE, "llama-2-7b-a30": 0.1}
 BASELINES = ("round_robin", "least_requests", "llumnix", "block")
 DEFAULT_MIX = TargetMix()
 
