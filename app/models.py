@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from sqlalchemy import (
     JSON,
+    REAL,
     BigInteger,
     DateTime,
     ForeignKey,
@@ -89,7 +90,8 @@ class Base(DeclarativeBase):
 
 
 class RequestStatus(enum.StrEnum):
-    """Lifecycle of a request, in order; the last three are terminal."""
+    """Lifecycle of a request, in order; the last four are terminal (`rejected`: refused at
+    routing because no instance could meet its latency targets, app/slo.py)."""
 
     QUEUED = "queued"
     PREDICTING = "predicting"
@@ -98,6 +100,7 @@ class RequestStatus(enum.StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    REJECTED = "rejected"
 
     @property
     def is_terminal(self) -> bool:
@@ -105,7 +108,8 @@ class RequestStatus(enum.StrEnum):
 
 
 TERMINAL_STATUSES = frozenset(
-    {RequestStatus.SUCCEEDED, RequestStatus.FAILED, RequestStatus.CANCELLED}
+    {RequestStatus.SUCCEEDED, RequestStatus.FAILED, RequestStatus.CANCELLED,
+     RequestStatus.REJECTED}
 )
 
 
@@ -164,6 +168,14 @@ class InferenceRequest(Base):
     routing: Mapped[dict[str, Any] | None]
     # Incremented at each routing; an engine runs a request only for the current attempt.
     attempt: Mapped[int] = mapped_column(default=0)
+    # Latency targets (app/slo.py), milliseconds from created_at; None: no such target.
+    slo_ttft_ms: Mapped[float | None] = mapped_column(REAL)
+    slo_e2e_ms: Mapped[float | None] = mapped_column(REAL)
+    # The team's slo_miss_action when the request was accepted (set with a target).
+    slo_miss_action: Mapped[str | None] = mapped_column(String(8))
+    # Whether the finished request met each target (None: no such target, or not finished).
+    slo_ttft_met: Mapped[bool | None]
+    slo_e2e_met: Mapped[bool | None]
     # Set when the request runs one line of a batch (/v1/batches): the batch, the line's
     # custom_id and its 1-based line number in the input file.
     batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id"))
@@ -366,6 +378,9 @@ class Team(Base):
     webhook_url: Mapped[str | None] = mapped_column(Text)
     # Bytes of stored files the team may hold; None: the configured default.
     storage_quota_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # What happens to its requests whose latency targets no instance can meet (app/slo.py).
+    slo_miss_action: Mapped[str] = mapped_column(String(8), default="route",
+                                                 server_default="route")
     created_at: Mapped[Timestamp] = mapped_column(default=utcnow)
 
 
