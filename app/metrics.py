@@ -57,6 +57,7 @@ from app.settings import Settings
 __all__ = [
     "observe_completion",
     "observe_routing",
+    "observe_rejection",
     "EngineStepMetrics",
     "RequestCountCollector",
     "QueueDepthCollector",
@@ -119,6 +120,14 @@ ROUTING_DECISION_TIME = Histogram(
     "Time the routing policy took to decide (the routing record's decision_ms).",
     ["policy"], buckets=_OVERHEAD_BUCKETS_S,
 )
+SLO_REQUESTS = Counter(
+    "blockq_slo_requests_total",
+    "Requests with latency targets, by target kind (ttft, e2e, or all: every target the "
+    "request had) and outcome: met or missed (succeeded, measured from creation), or rejected "
+    "(refused at routing: no instance could meet them). Goodput: the rate of kind=all, "
+    "outcome=met.",
+    ["kind", "outcome"],
+)
 ENGINE_GENERATED_TOKENS = Counter(
     "blockq_engine_generated_tokens_total",
     "Output tokens an engine decoded (the decode tokens of its steps).",
@@ -146,12 +155,21 @@ def observe_routing(policy: str, instance_id: str, routing: Mapping[str, Any]) -
         ROUTING_OVERHEAD.labels(policy).observe(routing["overhead_ms"] / 1000)
 
 
+def observe_rejection(kinds: Iterable[str]) -> None:
+    """A request refused at routing: no instance could meet its latency targets (`kinds`:
+    which it had, ttft and/or e2e)."""
+    for kind in (*kinds, "all"):
+        SLO_REQUESTS.labels(kind, "rejected").inc()
+
+
 def observe_completion(request: InferenceRequest) -> None:
-    """Latencies and prediction errors of a request that just succeeded (after its commit)."""
+    """Latencies, prediction errors and latency-target outcomes of a request that just
+    succeeded (after its commit)."""
     instance_id, priority = request.instance_id or "", request.priority
     finished_at = request.finished_at
     if finished_at is None:
         return
+    _observe_targets(request.slo_ttft_met, request.slo_e2e_met)
     if request.first_token_at is not None:
         REQUEST_TTFT.labels(instance_id, priority).observe(
             _seconds(request.created_at, request.first_token_at))
@@ -164,6 +182,16 @@ def observe_completion(request: InferenceRequest) -> None:
         if actual_s > 0:
             LATENCY_PREDICTION_ERROR.labels(request.policy or "").observe(
                 abs(request.predicted_e2e_s - actual_s) / actual_s)
+
+
+def _observe_targets(ttft_met: bool | None, e2e_met: bool | None) -> None:
+    outcomes = {kind: met for kind, met in (("ttft", ttft_met), ("e2e", e2e_met))
+                if met is not None}
+    if not outcomes:
+        return
+    outcomes["all"] = all(outcomes.values())
+    for kind, met in outcomes.items():
+        SLO_REQUESTS.labels(kind, "met" if met else "missed").inc()
 
 
 def _seconds(start: datetime, end: datetime) -> float:

@@ -272,6 +272,12 @@ class Settings(BaseSettings):
     route_retry_s: float = Field(
         0.5, gt=0, description="Delay before routing is tried again when no instance is alive."
     )
+    slo_refuse_margin: float = Field(
+        0.0, ge=0, description="A team that refuses requests whose latency targets no instance "
+        "can meet (slo_miss_action refuse) refuses only those missing by more than this share "
+        "of the target (e.g. 0.25: predicted over 1.25 x the target); nearer misses are routed "
+        "to the closest instance (the what-if has its own error).",
+    )
     route_in_predict: bool = Field(
         True, description="The predict task routes the request it has just predicted (one "
         "transaction writes the prediction and the decision; no hop through the route queue). "

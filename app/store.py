@@ -176,6 +176,18 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
 
 
+def _slo_of(request: InferenceRequest) -> dict[str, Any] | None:
+    """The request's latency targets and, once it is over, whether it met them."""
+    if request.slo_ttft_ms is None and request.slo_e2e_ms is None:
+        return None
+    outcomes = [m for m in (request.slo_ttft_met, request.slo_e2e_met) if m is not None]
+    met = (all(outcomes) if outcomes
+           else False if request.status == RequestStatus.REJECTED else None)
+    return {"ttft_ms": request.slo_ttft_ms, "e2e_ms": request.slo_e2e_ms,
+            "miss_action": request.slo_miss_action, "ttft_met": request.slo_ttft_met,
+            "e2e_met": request.slo_e2e_met, "met": met}
+
+
 def request_to_dict(request: InferenceRequest, *, include_events: bool = True) -> dict[str, Any]:
     """The public JSON form of a request, as GET /v1/requests/<id> and webhooks show it."""
     body: dict[str, Any] = {
@@ -207,6 +219,7 @@ def request_to_dict(request: InferenceRequest, *, include_events: bool = True) -
         "started_at": _iso(request.started_at),
         "first_token_at": _iso(request.first_token_at),
         "finished_at": _iso(request.finished_at),
+        "slo": _slo_of(request),
     }
     if include_events:
         body["events"] = [

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import redis
 
-__all__ = ["StreamWriter", "StreamEvent", "read_stream", "stream_key"]
+__all__ = ["StreamWriter", "StreamEvent", "read_stream", "stream_key", "close_stream"]
 
 #: How long a finished stream stays readable.
 RETAIN_S = 600
@@ -149,6 +149,15 @@ class StreamWriter:
                 self.flush()
             except redis.RedisError:  # NOTE: text is lost for streaming readers only
                 continue
+
+
+def close_stream(client: redis.Redis, request_id: str, attempt: int, message: str) -> None:
+    """The final entry of a request that ended before any engine ran it (refused at
+    routing): its waiters read it at once instead of at their next poll of the row."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.xadd(stream_key(request_id), {"error": message, "a": attempt})
+        pipe.expire(stream_key(request_id), RETAIN_S)
+        pipe.execute()
 
 
 def read_stream(client: redis.Redis, request_id: str, *, block_ms: int = 1000

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from app import model_registry, store
 from app.db import Database
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
+from app.slo import RequestTargets
 from workers.active_model import ActiveModel
 from workers.predict.baseline import RunningMeanPredictor
 from workers.predict.batcher import MicroBatcher
@@ -164,6 +165,7 @@ class Started:
     query: LengthQuery
     num_prompt_tokens: int
     attempt: int
+    targets: RequestTargets | None = None  # its latency targets, for the router
 
 
 def start(db: Database, request_id: str) -> Started | None:
@@ -191,13 +193,17 @@ def start(db: Database, request_id: str) -> Started | None:
             return None
         query = LengthQuery(request.messages or request.prompt, request.max_tokens,
                             Priority(request.priority).rank)
-        return Started(query, request.prompt_tokens, request.attempt)
+        return Started(query, request.prompt_tokens, request.attempt, RequestTargets.of(
+            request.slo_ttft_ms, request.slo_e2e_ms, request.slo_miss_action,
+            request.created_at))
 
 
 #: What `start` reads of a request.
 _STARTED_COLUMNS = (InferenceRequest.messages, InferenceRequest.prompt,
                     InferenceRequest.max_tokens, InferenceRequest.priority,
-                    InferenceRequest.prompt_tokens, InferenceRequest.attempt)
+                    InferenceRequest.prompt_tokens, InferenceRequest.attempt,
+                    InferenceRequest.slo_ttft_ms, InferenceRequest.slo_e2e_ms,
+                    InferenceRequest.slo_miss_action, InferenceRequest.created_at)
 
 
 def prediction_columns(answer: LengthAnswer) -> dict[str, Any]:

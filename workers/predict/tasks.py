@@ -40,7 +40,7 @@ def annotate(request_id: str) -> None:
             view=RequestView(request_id=request_id, num_prompt_tokens=started.num_prompt_tokens,
                              predicted_output_tokens=answer.tokens, max_tokens=query.max_tokens),
             priority=query.priority, status=RequestStatus.PREDICTING, instance_id=None,
-            attempt=started.attempt)
+            attempt=started.attempt, targets=started.targets)
         if route_tasks.route_request(rt, request, timing, predicted_at,
                                      allowed_from={RequestStatus.PREDICTING},
                                      columns=stage.prediction_columns(answer)):

@@ -22,14 +22,16 @@ from app.db import Database
 from app.fleet import Fleet
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
 from app.settings import Settings
+from app.slo import REJECTED_CODE, RequestTargets
 from workers.active_model import ActiveModel
 from workers.route.planner import Plan
 from workers.route.policies import POLICIES, RequestView
+from workers.route.targets import Miss
 from workers.runtime import Runtime
 from workers.sim import ExecModel, bundled_model, bundled_model_names
 
 __all__ = ["DEFAULT_EXEC_MODEL", "ExecModels", "exec_models", "RouteInput", "load",
-           "policy_in_force", "routing_record", "record", "overhead"]
+           "policy_in_force", "routing_record", "record", "Refused", "reject", "overhead"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +82,8 @@ class RouteInput:
     status: RequestStatus
     instance_id: str | None  # set when already routed
     attempt: int
+    # Its latency targets and its team's action on a miss (app/slo.py); None without.
+    targets: RequestTargets | None = None
 
 
 def load(db: Database, request_id: str) -> RouteInput | None:
@@ -98,6 +102,8 @@ def load(db: Database, request_id: str) -> RouteInput | None:
             status=RequestStatus(request.status),
             instance_id=request.instance_id,
             attempt=request.attempt,
+            targets=RequestTargets.of(request.slo_ttft_ms, request.slo_e2e_ms,
+                                      request.slo_miss_action, request.created_at),
         )
 
 
@@ -130,9 +136,11 @@ def record(session: Session, request_id: str, plan: Plan, routing: dict[str, Any
            fallback: bool,
            allowed_from: Collection[RequestStatus] = (RequestStatus.QUEUED,
                                                       RequestStatus.PREDICTING),
+           note: str = "",
            **columns: Any) -> int | None:
     """Write the decision (status routed, attempt + 1, and `columns` in the same UPDATE); the
-    new attempt, or None when the request left `allowed_from` meanwhile."""
+    new attempt, or None when the request left `allowed_from` meanwhile. `note` ends the
+    event's detail."""
     decision = plan.decision
     ttft_s, e2e_s = plan.what_ifs.get(decision.instance_id, (None, None))
     routed = store.transition_returning(
@@ -141,7 +149,7 @@ def record(session: Session, request_id: str, plan: Plan, routing: dict[str, Any
         RequestStatus.ROUTED,
         allowed_from=allowed_from,
         detail=f"{decision.policy}{' (fallback)' if fallback else ''} -> "
-        f"{decision.instance_id}",
+        f"{decision.instance_id}{note}",
         instance_id=decision.instance_id,
         policy=decision.policy,
         routing=routing,
@@ -153,6 +161,44 @@ def record(session: Session, request_id: str, plan: Plan, routing: dict[str, Any
         **columns,
     )
     return None if routed is None else int(routed.attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A request refused at routing: what its waiters and its webhook need."""
+
+    message: str
+    webhook_url: str | None
+    attempt: int
+
+
+def reject(session: Session, request_id: str, plan: Plan, routing: dict[str, Any], miss: Miss,
+           *, allowed_from: Collection[RequestStatus], **columns: Any) -> Refused | None:
+    """End the request `rejected`: no instance's what-if met its latency targets and its team
+    refuses such requests. The error says why and when to retry. None when the request left
+    `allowed_from` meanwhile (cancelled)."""
+    message = (f"No instance can meet this request's latency targets now: the closest "
+               f"({miss.instance_id}) predicts a first token in {miss.ttft_s * 1000:.0f} ms and "
+               f"the end in {miss.e2e_s * 1000:.0f} ms. Retry in {miss.retry_after_s} s.")
+    rejected = store.transition_returning(
+        session,
+        request_id,
+        RequestStatus.REJECTED,
+        allowed_from=allowed_from,
+        detail=f"{plan.decision.policy}: latency targets unmeetable (x{miss.shortfall:.2f})",
+        policy=plan.decision.policy,
+        routing=routing,
+        error={"type": "requests", "code": REJECTED_CODE, "message": message,
+               "retry_after_s": miss.retry_after_s,
+               "predicted_ttft_ms": round(miss.ttft_s * 1000, 1),
+               "predicted_e2e_ms": round(miss.e2e_s * 1000, 1)},
+        finished_at=utcnow(),
+        returning=(InferenceRequest.webhook_url, InferenceRequest.attempt),
+        **columns,
+    )
+    if rejected is None:
+        return None
+    return Refused(message, rejected.webhook_url, int(rejected.attempt))
 
 
 def overhead(timing: dict[str, float], route_started_at: float) -> dict[str, object]:

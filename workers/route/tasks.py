@@ -9,15 +9,18 @@ import time
 from collections.abc import Collection
 from typing import Any
 
+import redis
 from celery import shared_task
 
 from app import dispatch, metrics
 from app.bias import FALLBACK_POLICY
-from app.models import RequestStatus
+from app.models import Priority, RequestStatus, utcnow
+from app.slo import SloMissAction
+from app.streams import close_stream
 from workers import runtime
 from workers.retries import ON_OUTAGE
-from workers.route import stage
-from workers.route.planner import plan_route
+from workers.route import stage, targets
+from workers.route.planner import Plan, plan_route
 from workers.route.policies import RoutingContext, needs_what_if
 
 logger = logging.getLogger(__name__)
@@ -70,33 +73,32 @@ def route_request(rt: runtime.Runtime, request: stage.RouteInput, timing: dict[s
     request left `allowed_from` meanwhile (cancelled): then nothing is published.
     """
     request_id = request.view.request_id
-    with _deciding:
-        started = time.perf_counter()
-        candidates = rt.fleet.routable()
-        if not candidates:
-            return False
-        fallback = rt.bias_watch.fallback()
-        policy = FALLBACK_POLICY if fallback else stage.policy_in_force(rt.fleet, rt.settings)
-        exec_models = (stage.exec_models(rt).of(c.instance_id for c in candidates)
-                       if needs_what_if(policy) else None)
-        plan = plan_route(policy, request.view, candidates,
-                          RoutingContext(ticket=rt.fleet.next_round_robin(), rng=_rng),
-                          exec_models)
-        decision = plan.decision
-        decision_ms = (time.perf_counter() - started) * 1000
-        rt.fleet.assign(
-            decision.instance_id,
-            request_id,
-            num_prompt_tokens=request.view.num_prompt_tokens,
-            predicted_output_tokens=request.view.predicted_output_tokens,
-        )
+    decided = _decide(rt, request)
+    if decided is None:
+        return False
+    plan, miss, fallback, decision_ms = decided
+    decision = plan.decision
     routing = stage.routing_record(plan, decision_ms, fallback, timing, route_started_at)
+    if request.targets is not None:
+        routing["slo"] = miss.record() if miss is not None else {
+            "met": plan.decision.meets_target}
+    if miss is not None and miss.action is SloMissAction.REFUSE:
+        assert request.targets is not None
+        _refuse(rt, request_id, plan, routing, miss, request.targets.kinds, allowed_from,
+                columns or {})
+        return True
+    demoted = miss is not None and miss.action is SloMissAction.QUEUE
+    priority = Priority.BATCH.rank if demoted else request.priority
     with rt.outbox.transaction() as tx:
         attempt = stage.record(tx.session, request_id, plan, routing, fallback=bool(fallback),
-                               allowed_from=allowed_from, **(columns or {}))
+                               allowed_from=allowed_from,
+                               note=" (latency targets unmeetable: run as batch)" if demoted
+                               else "",
+                               **({"priority": Priority.BATCH} if demoted else {}),
+                               **(columns or {}))
         if attempt is not None:
             tx.post(dispatch.generate(request_id, instance_id=decision.instance_id,
-                                      attempt=attempt, priority=request.priority))
+                                      attempt=attempt, priority=priority))
     if attempt is None:
         rt.fleet.unassign(decision.instance_id, request_id)
         return True
@@ -105,3 +107,58 @@ def route_request(rt: runtime.Runtime, request: stage.RouteInput, timing: dict[s
                 extra={"instance_id": decision.instance_id, "policy": decision.policy,
                        "fallback": bool(fallback), "decision_ms": routing["decision_ms"]})
     return True
+
+
+def _decide(rt: runtime.Runtime, request: stage.RouteInput
+            ) -> tuple[Plan, targets.Miss | None, dict[str, Any] | None, float] | None:
+    """The plan (moved to the instance closest to the targets when none meets them), the
+    miss if any, the bias watch's fallback and the decision's time in ms; the assignment is
+    noted unless the request is to be refused. None when no instance is routable."""
+    with _deciding:
+        started = time.perf_counter()
+        candidates = rt.fleet.routable()
+        if not candidates:
+            return None
+        fallback = rt.bias_watch.fallback()
+        policy = FALLBACK_POLICY if fallback else stage.policy_in_force(rt.fleet, rt.settings)
+        exec_models = (stage.exec_models(rt).of(c.instance_id for c in candidates)
+                       if needs_what_if(policy) else None)
+        view = targets.budgeted(request.view, request.targets, utcnow())
+        plan = plan_route(policy, view, candidates,
+                          RoutingContext(ticket=rt.fleet.next_round_robin(), rng=_rng),
+                          exec_models)
+        miss = targets.on_miss(plan, view, request.targets, first_routing=request.attempt == 0,
+                               refuse_margin=rt.settings.slo_refuse_margin)
+        refused = miss is not None and miss.action is SloMissAction.REFUSE
+        if miss is not None and not refused:
+            plan = targets.repointed(plan, miss.instance_id)
+        decision_ms = (time.perf_counter() - started) * 1000
+        if not refused:
+            rt.fleet.assign(
+                plan.decision.instance_id,
+                request.view.request_id,
+                num_prompt_tokens=request.view.num_prompt_tokens,
+                predicted_output_tokens=request.view.predicted_output_tokens,
+            )
+    return plan, miss, fallback, decision_ms
+
+
+def _refuse(rt: runtime.Runtime, request_id: str, plan: Plan, routing: dict[str, Any],
+            miss: targets.Miss, kinds: tuple[str, ...],
+            allowed_from: Collection[RequestStatus], columns: dict[str, Any]) -> None:
+    """End the request rejected (its latency targets are out of reach and its team refuses
+    such requests), then wake whoever waits for its end (a held OpenAI call answers 429)."""
+    with rt.outbox.transaction() as tx:
+        refused = stage.reject(tx.session, request_id, plan, routing, miss,
+                               allowed_from=allowed_from, **columns)
+        if refused is not None and refused.webhook_url:
+            tx.post(dispatch.webhook(request_id, "request.rejected"))
+    if refused is None:
+        return  # cancelled meanwhile
+    metrics.observe_rejection(kinds)
+    logger.info("refused: latency targets unmeetable (x%.2f)", miss.shortfall,
+                extra={"policy": plan.decision.policy, "instance_id": miss.instance_id})
+    try:
+        close_stream(rt.redis, request_id, refused.attempt, refused.message)
+    except redis.RedisError:
+        pass  # NOTE: its waiters find the row when they next poll it

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import text as sql_text
 from sqlalchemy.orm import Session
 
-from app import dispatch, metrics, store
+from app import dispatch, metrics, slo, store
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
 from app.outbox import Outbox
 from app.streams import StreamWriter
@@ -107,6 +107,8 @@ class RequestRecords:
                 history.record_outcome(session, result.request_id, model_name=self.model_name)
                 finished = session.get(InferenceRequest, result.request_id)
                 predicted = finished.predicted_output_tokens if finished is not None else None
+                if finished is not None:
+                    _record_targets_met(finished)
                 if finished is not None and finished.webhook_url:
                     tx.post(dispatch.webhook(result.request_id, "request.succeeded"))
         if not done:
@@ -140,6 +142,15 @@ class RequestRecords:
                 tx.post(dispatch.webhook(request_id, "request.failed"))
         if done:
             self.streams.fail(request_id, attempt, "the engine failed to generate this request")
+
+
+def _record_targets_met(request: InferenceRequest) -> None:
+    """Whether the request met its latency targets (written with the completion's commit)."""
+    if request.slo_ttft_ms is None and request.slo_e2e_ms is None:
+        return
+    request.slo_ttft_met, request.slo_e2e_met = slo.outcome(
+        request.slo_ttft_ms, request.slo_e2e_ms, request.created_at, request.first_token_at,
+        request.finished_at)
 
 
 def _no_wal_flush_wait(session: Session) -> None:

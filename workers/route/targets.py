@@ -1,0 +1,93 @@
+"""Latency targets at routing: a request's targets as budgets for the decision, and what its
+team's `slo_miss_action` makes of a decision that meets none of them (app/slo.py).
+
+Plain functions of the plan (no I/O): the route task calls `budgeted` before it plans and
+`on_miss` after, then records what they say.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from datetime import datetime
+
+from app.slo import RequestTargets, SloMissAction
+from workers.route.planner import Plan
+from workers.route.policies import RequestView
+
+__all__ = ["Miss", "budgeted", "on_miss", "repointed", "MAX_RETRY_AFTER_S"]
+
+#: The longest wait a refused request is told before retrying.
+MAX_RETRY_AFTER_S = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Miss:
+    """No candidate's what-if met the request's targets."""
+
+    action: SloMissAction  # what the team's setting makes of it for this routing
+    # The instance closest to the targets: the least worst what-if / target ratio.
+    instance_id: str
+    shortfall: float  # that ratio (above 1: missed)
+    ttft_s: float  # its what-if, seconds from the decision
+    e2e_s: float
+    # Seconds after which a retry may fit: how far its what-if runs past the targets.
+    retry_after_s: int
+
+    def record(self) -> dict[str, object]:
+        """What the request's routing record keeps of the miss."""
+        return {"met": False, "action": str(self.action), "closest": self.instance_id,
+                "shortfall": round(self.shortfall, 3), "retry_after_s": self.retry_after_s}
+
+
+def budgeted(view: RequestView, targets: RequestTargets | None, now: datetime) -> RequestView:
+    """The request's view with what is left of its targets at `now` (unchanged without)."""
+    if targets is None:
+        return view
+    ttft_s, e2e_s = targets.budgets_s(now)
+    return dataclasses.replace(view, ttft_target_s=ttft_s, e2e_target_s=e2e_s)
+
+
+def on_miss(plan: Plan, view: RequestView, targets: RequestTargets | None, *,
+            first_routing: bool, refuse_margin: float) -> Miss | None:
+    """What to do about the plan's decision: None when it meets the targets, or they were
+    not read (no target, or a policy that does not simulate).
+
+    A request is refused or demoted only at its first routing (one re-routed from a lost
+    instance was accepted and started: it is routed), and refused only when even the closest
+    instance misses by more than `refuse_margin` (a share of the target, for the what-if's own
+    error); within the margin it is routed there.
+    """
+    if targets is None or plan.decision.meets_target is not False or not plan.what_ifs:
+        return None
+    ratios = {instance_id: _ratio(view, ttft_s, e2e_s)
+              for instance_id, (ttft_s, e2e_s) in plan.what_ifs.items()}
+    closest = min(sorted(ratios), key=ratios.__getitem__)
+    ttft_s, e2e_s = plan.what_ifs[closest]
+    action = targets.miss_action if first_routing else SloMissAction.ROUTE
+    if action is SloMissAction.REFUSE and ratios[closest] <= 1.0 + refuse_margin:
+        action = SloMissAction.ROUTE
+    return Miss(action, closest, ratios[closest], ttft_s, e2e_s,
+                _retry_after_s(view, ttft_s, e2e_s))
+
+
+def repointed(plan: Plan, instance_id: str) -> Plan:
+    """The plan with its decision moved to `instance_id` (one of its candidates)."""
+    assert instance_id in plan.what_ifs, f"{instance_id} was not simulated"
+    return dataclasses.replace(
+        plan, decision=dataclasses.replace(plan.decision, instance_id=instance_id))
+
+
+def _ratio(view: RequestView, ttft_s: float, e2e_s: float) -> float:
+    """The worse of what-if / target over the request's targets."""
+    return max(ttft_s / view.ttft_target_s if view.ttft_target_s else 0.0,
+               e2e_s / view.e2e_target_s if view.e2e_target_s else 0.0)
+
+
+def _retry_after_s(view: RequestView, ttft_s: float, e2e_s: float) -> int:
+    """How far the closest what-if runs past the targets, in whole seconds (1 to
+    MAX_RETRY_AFTER_S): the backlog ahead of it drains about that much meanwhile."""
+    over = max(ttft_s - view.ttft_target_s if view.ttft_target_s else 0.0,
+               e2e_s - view.e2e_target_s if view.e2e_target_s else 0.0)
+    return min(max(1, math.ceil(over)), MAX_RETRY_AFTER_S)
