@@ -42,6 +42,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Sequence
 
 from .block_pool import BlockPool
 from .exec_model import ExecModel
@@ -61,7 +62,7 @@ class _Seq:
     __slots__ = ("request_id", "num_prompt_tokens", "max_output_tokens", "num_output_tokens",
                  "num_computed_tokens", "num_shared_blocks", "num_owned_blocks", "is_target",
                  "is_decoding", "anchor_step", "anchor_tokens", "residue", "serial",
-                 "is_future", "priority")
+                 "is_future", "priority", "prefix_keys", "num_prefix_held", "prefix_open")
 
     def __init__(self, spec: SeqSpec) -> None:
         self.request_id = spec.request_id
@@ -77,6 +78,10 @@ class _Seq:
         self.serial = -1  # identifies the current decode anchor in the finish heap
         self.is_future = False  # an expected future arrival (`FutureLoad`)
         self.priority = spec.priority
+        # Prefix caching by keys, as `SeqState` has them.
+        self.prefix_keys = spec.prefix_keys
+        self.num_prefix_held = 0
+        self.prefix_open = True
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -100,7 +105,9 @@ class FastSim:
         self.watermark_blocks = config.num_watermark_blocks
         self.prefix_caching = config.enable_prefix_caching
         self.reserve_full_input = config.reserve_full_input
-        self.pool = BlockPool(instance.num_free_blocks, track_owners=config.enable_prefix_caching)
+        self.pool = BlockPool(instance.num_free_blocks, track_owners=config.enable_prefix_caching,
+                              unit_blocks=config.prefix_unit_blocks)
+        self.prefix_unit_tokens = config.prefix_unit_tokens
         # Running: decodes are running[:num_decoding], prefills follow.
         self.running: list[_Seq] = []
         self.target = _Seq(target)
@@ -110,6 +117,8 @@ class FastSim:
         self.waiting: deque[_Seq] = deque(_Seq(s) for s in instance.waiting)
         self._enqueue(self.target)
         self.num_decoding = 0
+        #: Restored decodes whose next step may complete a prefix unit (`_single_step`).
+        self.pending_units: list[_Seq] = []
         self.residue_counts = [0] * config.block_size
         self.decode_tokens_base = 0  # sum of (anchor_tokens - anchor_step) over decodes
         self.finish_heap: list[tuple[int, int, _Seq]] = []
@@ -127,6 +136,11 @@ class FastSim:
         for spec in instance.running:
             seq = _Seq(spec)
             self.running.append(seq)
+            if seq.prefix_keys:
+                self._cache_units(seq, seq.num_computed_tokens)
+                if not spec.is_prefilling and seq.prefix_open:
+                    # Its last prompt token may complete a unit in its first decode step.
+                    self.pending_units.append(seq)
             if not spec.is_prefilling:
                 self._start_decoding(seq, 0)
         self.future = future
@@ -268,17 +282,16 @@ class FastSim:
     def _fast_forward(self) -> bool:
         """Jump over decode-only steps up to the next event; False if none can be skipped."""
         num_decoding = self.num_decoding
-        if not num_decoding or len(self.running) != num_decoding:
+        if not num_decoding or len(self.running) != num_decoding or self.pending_units:
             return False
         step = self.step
         num_free = self.pool.num_free
         first_need = self.residue_counts[step % self.block_size]
-        if first_need > num_free or self._admission_possible(num_free - first_need):
+        if (first_need > num_free or self._head_reuse_may_grow()
+                or self._admission_possible(num_free - first_need)):
             return False
         max_steps = self._next_finish_step() - step + 1
-        if self._head_reuse_may_grow():
-            max_steps = 1
-        elif self.next_arrival_s != math.inf:
+        if self.next_arrival_s != math.inf:
             max_steps = self._steps_before_arrival(
                 self.decode_tokens_base + num_decoding * step, max_steps, num_free - first_need)
         num_steps, num_blocks = self._steps_within(num_free, max_steps)
@@ -292,11 +305,13 @@ class FastSim:
         return budget > 0 and self._admission_plan(self.waiting[0], budget, num_free) is not None
 
     def _head_reuse_may_grow(self) -> bool:
-        # NOTE: without the full-input admission check a preempted head request
-        # needs fewer new blocks as its cached blocks are evicted, so it may become
-        # admissible while blocks shrink; step one at a time then (rare setting).
+        # NOTE: without the full-input admission check a head request with cached
+        # blocks (its own, or prefix units) needs fewer new blocks as they are evicted,
+        # even by the step's own decode blocks, so it may become admissible while blocks
+        # shrink; run single steps then (rare setting).
         return (self.prefix_caching and not self.reserve_full_input and bool(self.waiting)
-                and self.pool.num_cached(self.waiting[0].request_id) > 0)
+                and (self.pool.num_cached(self.waiting[0].request_id) > 0
+                     or bool(self.waiting[0].prefix_keys)))
 
     def _steps_within(self, num_free: int, max_steps: int) -> tuple[int, int]:
         """Most decode steps (<= max_steps) whose new blocks fit in `num_free`, and the blocks.
@@ -354,10 +369,30 @@ class FastSim:
             self._finished(seq)
 
     def _release(self, seq: _Seq, owner: str | None = None) -> None:
-        """Free `seq`'s blocks; full ones stay cached (for `owner`, if given)."""
+        """Free `seq`'s blocks; full ones stay cached (for `owner`, if given); then its prefix
+        units (vLLM frees a request's blocks tail first)."""
         full = seq.num_computed_tokens // self.block_size - seq.num_shared_blocks
         self.pool.release(seq.num_owned_blocks, min(max(full, 0), seq.num_owned_blocks), owner)
         seq.num_owned_blocks = 0
+        if seq.prefix_keys:
+            self.pool.release_prefix(seq.prefix_keys[:seq.num_prefix_held])
+            seq.num_shared_blocks = 0
+
+    def _cache_units(self, seq: _Seq, num_computed: int) -> None:
+        """Add the prefix units `seq` has computed (`num_computed` tokens) to the cache, as
+        `Scheduler._cache_units` does."""
+        keys = seq.prefix_keys
+        held = seq.num_prefix_held
+        pool = self.pool
+        unit_tokens = self.prefix_unit_tokens
+        while held < len(keys) and (held + 1) * unit_tokens <= num_computed:
+            if not pool.cache_unit(keys[held]):
+                seq.prefix_open = False
+                break
+            held += 1
+            seq.num_shared_blocks += pool.unit_blocks
+            seq.num_owned_blocks -= pool.unit_blocks
+        seq.num_prefix_held = held
 
     def _finished(self, seq: _Seq) -> None:
         if not seq.is_future:
@@ -379,12 +414,27 @@ class FastSim:
             budget, preempted = self._schedule_prefills(budget, chunks, preempted)
             if not preempted:
                 self._schedule_waiting(budget, chunks)
+        if self.pending_units:  # decodes: ahead of the prefills in the running order
+            self._cache_pending_units(skipped or ())
+        for seq, num_new, computed in chunks:
+            if seq.prefix_open and seq.prefix_keys:
+                self._cache_units(seq, computed + num_new)
         self._execute(step, chunks)
         for seq in skipped or ():
             self._start_decoding(seq, step + 1)
         self.step = step + 1
         self._retire_decodes(step)
         self._update_prefills(chunks, step)
+
+    def _cache_pending_units(self, skipped: Sequence[_Seq]) -> None:
+        """Register the units restored decodes completed in this step (those that ran)."""
+        waiting = []
+        for seq in self.pending_units:
+            if seq in skipped:
+                waiting.append(seq)
+            elif seq.is_decoding:
+                self._cache_units(seq, self._decode_tokens_at(seq, self.step))
+        self.pending_units = waiting
 
     def _reclaim_idle_blocks(self) -> None:
         missing = self.num_usable_blocks - self.pool.num_free
@@ -491,11 +541,17 @@ class FastSim:
             plan = self._admission_plan(waiting[0], budget, self.pool.num_free)
             if plan is None:
                 return
-            num_new, computed, reused, num_blocks = plan
+            num_new, computed, reused, num_blocks, hit_units = plan
             seq = waiting.popleft()
+            if hit_units:
+                self.pool.acquire_prefix(seq.prefix_keys[:hit_units])
             if self.prefix_caching:
                 self.pool.reclaim(seq.request_id, reused)
             self.pool.allocate(num_blocks - reused)
+            if seq.prefix_keys:
+                seq.num_shared_blocks = hit_units * self.pool.unit_blocks
+                seq.num_prefix_held = hit_units
+                seq.prefix_open = True
             seq.num_owned_blocks = num_blocks
             seq.num_computed_tokens = computed
             self.running.append(seq)
@@ -503,25 +559,31 @@ class FastSim:
             budget -= num_new
 
     def _admission_plan(self, seq: _Seq, budget: int,
-                        num_free: int) -> tuple[int, int, int, int] | None:
-        """(new tokens, computed tokens, reused own blocks, blocks to hold) or None."""
+                        num_free: int) -> tuple[int, int, int, int, int] | None:
+        """(new tokens, computed tokens, reused own blocks, blocks to hold, prefix units
+        hit) or None; as `Scheduler._try_admit` decides."""
         block_size = self.block_size
         num_tokens = seq.num_prompt_tokens + seq.num_output_tokens
         shared = seq.num_shared_blocks
-        reused = 0
+        reused = hit_units = queue_hit = 0
         if self.prefix_caching:
             max_hit_blocks = (num_tokens - 1) // block_size
-            reused = min(self.pool.num_cached(seq.request_id), max_hit_blocks - shared)
+            if seq.prefix_keys:
+                hit_units, queue_hit = self.pool.match_prefix(
+                    seq.prefix_keys, max_hit_blocks // self.pool.unit_blocks)
+                shared = hit_units * self.pool.unit_blocks
+            if hit_units >= seq.num_prefix_held:
+                reused = min(self.pool.num_cached(seq.request_id), max_hit_blocks - shared)
         computed = (shared + reused) * block_size
         num_new = min(num_tokens - computed, budget)
         watermark = self.watermark_blocks if self.running else 0
         if self.reserve_full_input and (
-                _cdiv(num_tokens, block_size) - shared + watermark > num_free):
+                _cdiv(num_tokens, block_size) - shared + queue_hit + watermark > num_free):
             return None
         num_blocks = _cdiv(computed + num_new, block_size) - shared
-        if num_blocks + watermark > num_free:
+        if num_blocks + queue_hit + watermark > num_free:
             return None
-        return num_new, computed, reused, num_blocks
+        return num_new, computed, reused, num_blocks, hit_units
 
     def _preempt(self, seq: _Seq, step: int, decode_block_given: bool = False) -> None:
         """Drop a running request's KV and put it back in waiting: first (FCFS), or in its

@@ -61,6 +61,13 @@ class SeqState:
     #: vLLM priority and arrival time: the "priority" policy's order (smaller first).
     priority: int = 0
     arrival_s: float = 0.0
+    #: Chained keys of the prompt's full prefix units (`snapshot.prefix_keys`): with them the
+    #: shared blocks are the units found in (or added to) the instance's prefix cache.
+    prefix_keys: tuple[int, ...] = ()
+    #: Leading prefix units the request holds (while running; kept when it is preempted).
+    num_prefix_held: int = 0
+    #: Whether its computed units still join the cache (not once one was there already).
+    prefix_open: bool = True
 
     @property
     def num_tokens(self) -> int:
@@ -71,7 +78,8 @@ class SeqState:
         return cls(spec.request_id, spec.num_prompt_tokens, spec.max_output_tokens,
                    spec.num_output_tokens, spec.num_computed_tokens, spec.num_cached_tokens,
                    num_shared_blocks=spec.num_shared_blocks,
-                   num_owned_blocks=spec.num_owned_blocks, priority=spec.priority)
+                   num_owned_blocks=spec.num_owned_blocks, priority=spec.priority,
+                   prefix_keys=spec.prefix_keys)
 
     @property
     def priority_key(self) -> tuple[int, float]:
@@ -108,7 +116,8 @@ class Scheduler:
     def __init__(self, config: InstanceConfig, num_free_blocks: int | None = None) -> None:
         self.config = config
         free = config.num_usable_blocks if num_free_blocks is None else num_free_blocks
-        self.block_pool = BlockPool(free, track_owners=config.enable_prefix_caching)
+        self.block_pool = BlockPool(free, track_owners=config.enable_prefix_caching,
+                                    unit_blocks=config.prefix_unit_blocks)
         #: Unfinished requests by id.
         self.requests: dict[str, SeqState] = {}
         self.waiting: deque[SeqState] = deque()
@@ -122,8 +131,8 @@ class Scheduler:
         self._register(seq)
         seq.status = SeqStatus.WAITING if not seq.num_output_tokens else SeqStatus.PREEMPTED
         seq.num_computed_tokens = 0
-        seq.num_shared_blocks = shared_prefix_blocks(seq.num_prompt_tokens,
-                                                     seq.num_cached_tokens, self.config)
+        seq.num_shared_blocks = 0 if seq.prefix_keys else shared_prefix_blocks(
+            seq.num_prompt_tokens, seq.num_cached_tokens, self.config)
         if self.is_priority:
             self._insert_by_priority(seq)
         else:
@@ -148,6 +157,8 @@ class Scheduler:
         assert seq.num_computed_tokens < seq.num_tokens, seq
         seq.status = SeqStatus.RUNNING
         self.running.append(seq)
+        if seq.prefix_keys:
+            self._cache_units(seq, seq.num_computed_tokens)
 
     def _register(self, seq: SeqState) -> None:
         if seq.request_id in self.requests:
@@ -182,6 +193,8 @@ class Scheduler:
             computed = seq.num_computed_tokens
             chunks.append((num_new, computed, seq.num_prompt_tokens + seq.num_output_tokens))
             seq.num_computed_tokens = computed + num_new
+            if seq.prefix_open and seq.prefix_keys:
+                self._cache_units(seq, seq.num_computed_tokens)
         stats = BatchStats.of_chunks(chunks)
         self._check_invariants(scheduled)
         return SchedulerOutput(scheduled, stats, tuple(s.request_id for s in preempted))
@@ -257,37 +270,75 @@ class Scheduler:
             budget -= num_new
 
     def _try_admit(self, seq: SeqState, budget: int) -> int:
-        """Allocate the first chunk of a waiting request; 0 when it does not fit."""
+        """Allocate the first chunk of a waiting request; 0 when it does not fit.
+
+        With prefix keys, the leading units the cache holds are a hit: those in use cost
+        nothing, those in the free queue are taken out of it (vLLM counts them as blocks
+        to allocate)."""
         config = self.config
         block_size = config.block_size
         pool = self.block_pool
         shared = seq.num_shared_blocks
-        own_cached = 0
+        own_cached = hit_units = queue_hit = 0
         if config.enable_prefix_caching:
             max_hit_blocks = (seq.num_tokens - 1) // block_size
-            own_cached = min(pool.num_cached(seq.request_id), max_hit_blocks - shared)
+            if seq.prefix_keys:
+                hit_units, queue_hit = pool.match_prefix(
+                    seq.prefix_keys, max_hit_blocks // pool.unit_blocks)
+                shared = hit_units * pool.unit_blocks
+            if hit_units >= seq.num_prefix_held:  # its own blocks follow its units
+                own_cached = min(pool.num_cached(seq.request_id), max_hit_blocks - shared)
         num_computed = (shared + own_cached) * block_size
         num_new = min(seq.num_tokens - num_computed, budget)
         watermark = config.num_watermark_blocks if self.running else 0
-        if config.reserve_full_input and (
-                _cdiv(seq.num_tokens, block_size) - shared + watermark > pool.num_free):
+        if config.reserve_full_input and (_cdiv(seq.num_tokens, block_size) - shared
+                                          + queue_hit + watermark > pool.num_free):
             return 0
         num_needed = _cdiv(num_computed + num_new, block_size) - shared
-        if num_needed + watermark > pool.num_free:
+        if num_needed + queue_hit + watermark > pool.num_free:
             return 0
+        if hit_units:
+            pool.acquire_prefix(seq.prefix_keys[:hit_units])
         if config.enable_prefix_caching:
             pool.reclaim(seq.request_id, own_cached)
         pool.allocate(num_needed - own_cached)
+        if seq.prefix_keys:
+            seq.num_shared_blocks = shared
+            seq.num_prefix_held = hit_units
+            seq.prefix_open = True
         seq.num_owned_blocks = num_needed
         seq.num_computed_tokens = num_computed
         seq.status = SeqStatus.RUNNING
         return num_new
+
+    def _cache_units(self, seq: SeqState, num_computed: int) -> None:
+        """Add the prefix units `seq` has computed (`num_computed` tokens) to the cache (its
+        blocks become shared); stop at one the cache has already (vLLM keeps the first)."""
+        keys = seq.prefix_keys
+        held = seq.num_prefix_held
+        pool = self.block_pool
+        unit_tokens = self.config.prefix_unit_tokens
+        while held < len(keys) and (held + 1) * unit_tokens <= num_computed:
+            if not pool.cache_unit(keys[held]):
+                seq.prefix_open = False
+                break
+            held += 1
+            seq.num_shared_blocks += pool.unit_blocks
+            seq.num_owned_blocks -= pool.unit_blocks
+        seq.num_prefix_held = held
+
+    def _release_prefix(self, seq: SeqState) -> None:
+        """Let go of `seq`'s prefix units (after its own blocks, as vLLM frees tail first)."""
+        if seq.prefix_keys:
+            self.block_pool.release_prefix(seq.prefix_keys[:seq.num_prefix_held])
+            seq.num_shared_blocks = 0
 
     def _preempt(self, seq: SeqState) -> None:
         """Drop `seq`'s KV and put it back in waiting (recompute on resume): at the front
         (FCFS), or in its priority's place."""
         owner = seq.request_id if self.config.enable_prefix_caching else None
         self.block_pool.release(seq.num_owned_blocks, self._num_full_blocks(seq), owner)
+        self._release_prefix(seq)
         seq.num_owned_blocks = 0
         seq.num_computed_tokens = 0
         seq.status = SeqStatus.PREEMPTED
@@ -302,6 +353,7 @@ class Scheduler:
         self.running.remove(seq)
         del self.requests[seq.request_id]
         self.block_pool.release(seq.num_owned_blocks, self._num_full_blocks(seq))
+        self._release_prefix(seq)
         seq.num_owned_blocks = 0
         seq.status = SeqStatus.FINISHED
 
@@ -321,7 +373,7 @@ class Scheduler:
         config = self.config
         assert sum(scheduled.values()) <= config.max_num_batched_tokens, scheduled
         assert len(self.running) <= config.max_num_seqs, len(self.running)
-        held = sum(s.num_owned_blocks for s in self.running)
+        held = sum(s.num_owned_blocks for s in self.running) + self.block_pool.num_in_use_blocks
         assert self.block_pool.num_free >= 0, self.block_pool.num_free
         assert held + self.block_pool.num_free <= config.num_usable_blocks, (
             held, self.block_pool.num_free)

@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from .block_pool import chain_prefix_hashes
+
 #: vLLM v1's scheduling policies: first come first served, or lowest priority value first.
 SCHEDULING_POLICIES = ("fcfs", "priority")
 #: Predicted-shortest-first's aging weight (see `request_priority`): a request predicted one
@@ -28,6 +30,8 @@ __all__ = [
     "normalise",
     "SCHEDULING_POLICIES",
     "engine_priority",
+    "matched_prefix_tokens",
+    "prefix_keys",
     "prepare",
     "request_priority",
     "shared_prefix_blocks",
@@ -63,6 +67,9 @@ class InstanceConfig:
     #: Under "priority": the ms per predicted output token in each request's priority
     #: (`request_priority`); what-ifs need it to price expected future arrivals.
     priority_ms_per_token: float = DEFAULT_PRIORITY_MS_PER_TOKEN
+    #: Tokens one of a request's prefix hashes (`SimRequest.prefix_hashes`) covers: the prefix
+    #: cache's unit, a multiple of `block_size`; 0: one block (vLLM's own granularity).
+    prefix_block_size: int = 0
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -82,6 +89,19 @@ class InstanceConfig:
             raise ValueError("the KV cache must hold at least one max_model_len sequence")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.prefix_block_size < 0 or self.prefix_block_size % self.block_size:
+            raise ValueError("prefix_block_size must be 0 or a multiple of block_size, got "
+                             f"{self.prefix_block_size}")
+
+    @property
+    def prefix_unit_tokens(self) -> int:
+        """Tokens per prefix hash (one prefix-cache unit)."""
+        return self.prefix_block_size or self.block_size
+
+    @property
+    def prefix_unit_blocks(self) -> int:
+        """KV blocks per prefix hash."""
+        return self.prefix_unit_tokens // self.block_size
 
     @property
     def num_usable_blocks(self) -> int:
@@ -141,6 +161,11 @@ class SimRequest:
     num_cached_tokens: int = 0
     #: vLLM priority (smaller first) under the "priority" policy (`request_priority`).
     priority: int = 0
+    #: Hashes of the prompt's blocks of ``config.prefix_unit_tokens`` tokens, in order
+    #: (each block's own; `prefix_keys` chains them). With prefix caching on they replace
+    #: `num_cached_tokens`: the simulated instance finds the prefix in its own cache.
+    #: Empty: no prefix information (the request shares nothing it can find).
+    prefix_hashes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens <= 0:
@@ -159,6 +184,9 @@ class InstanceSnapshot:
     num_free_blocks: int
     #: Requests in published order; running ones keep vLLM's running order.
     requests: tuple[SimRequest, ...] = ()
+    #: Chained keys of the prefix units the instance's cache holds, in use or free (see
+    #: `workers.sim.block_pool`): a router credits a new request's match (prefix caching).
+    cached_prefixes: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if not 0 <= self.num_free_blocks <= self.config.num_usable_blocks:
@@ -211,6 +239,8 @@ class SeqSpec(NamedTuple):
     is_target: bool = False
     #: vLLM priority under the "priority" policy (see `SimRequest.priority`).
     priority: int = 0
+    #: Chained keys of the prompt's full prefix units (`prefix_keys`); prefix caching only.
+    prefix_keys: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -285,7 +315,9 @@ def _normalise(request: SimRequest, config: InstanceConfig, overrun: OverrunPoli
         raise ValueError(f"{request.request_id}: prompt of {request.num_prompt_tokens} tokens "
                          f"does not fit max_model_len {config.max_model_len}")
     num_tokens = request.num_prompt_tokens + request.num_output_tokens
-    shared = shared_prefix_blocks(request.num_prompt_tokens, request.num_cached_tokens, config)
+    keys = prefix_keys(request, config)
+    shared = 0 if keys else shared_prefix_blocks(request.num_prompt_tokens,
+                                                 request.num_cached_tokens, config)
     computed = owned = 0
     if request.is_running:
         # NOTE: a snapshot taken while a step is in flight can show every token as
@@ -296,7 +328,28 @@ def _normalise(request: SimRequest, config: InstanceConfig, overrun: OverrunPoli
     return SeqSpec(request.request_id, request.num_prompt_tokens, request.num_output_tokens,
                    computed, target_output_tokens(request, config, overrun),
                    min(request.num_cached_tokens, request.num_prompt_tokens), shared, owned,
-                   request.is_running, False, request.priority)
+                   request.is_running, False, request.priority, keys)
+
+
+def prefix_keys(request: SimRequest, config: InstanceConfig) -> tuple[int, ...]:
+    """The chained keys of `request`'s full prefix units in its prompt: what the instance's
+    prefix cache looks up and stores (none without prefix caching or hashes)."""
+    if not config.enable_prefix_caching or not request.prefix_hashes:
+        return ()
+    num_units = request.num_prompt_tokens // config.prefix_unit_tokens
+    return chain_prefix_hashes(request.prefix_hashes[:num_units])
+
+
+def matched_prefix_tokens(request: SimRequest, cached: frozenset[int] | set[int],
+                          config: InstanceConfig) -> int:
+    """Prompt tokens of `request` an instance whose cache holds the keys `cached` would find:
+    its leading full prefix units whose chained keys are all there."""
+    count = 0
+    for key in prefix_keys(request, config):
+        if key not in cached:
+            break
+        count += 1
+    return count * config.prefix_unit_tokens
 
 
 def prepare(snapshot: InstanceSnapshot,
