@@ -30,11 +30,18 @@ instances of qwen2-7b-a30, round_robin, least_requests, llumnix, block, block@or
 TTFT p99 SLO 3 s, step-time noise 0.05 (the emulated engine's default); with ``--json`` the file's
 ``summary`` holds the capacity per configuration, keyed as the live benchmark's.
 
+``mooncake`` (issue 15) is the Mooncake conversation trace (Kimi's production arrivals and
+lengths, prompts sharing prefixes given by ``hash_ids`` of 512-token blocks): the instances run
+with prefix caching on (`workers.sim.block_pool`), the router sees each request's prefix hashes
+and the caches the instances publish. ``--mooncake-settings`` is issue 15's comparison: 12 x
+qwen2-7b-a30 at max_model_len 32768 (longer prompts dropped), ``prefix_affinity`` against
+``block``, ``block_noprefix`` (the same router blind to the cache), llumnix and round robin.
+
 Usage::
 
     python scripts/bench_cluster.py [--models llama-2-7b-a30 qwen2-7b-a30]
-        [--workload sharegpt|azure_conv|azure_code|sharegpt-azure|conversations]
-        [--replay .blockq/live_workload/requests.jsonl] [--live-settings]
+        [--workload sharegpt|azure_conv|azure_code|sharegpt-azure|conversations|mooncake]
+        [--replay .blockq/live_workload/requests.jsonl] [--live-settings] [--mooncake-settings]
         [--configs round_robin block@oracle ...]
         [--predictor learned-errors] [--rates LO:HI:STEP] [--bisect 3] [--jobs 2]
         [--num-requests 10000] [--seed 0] [--plot-dir docs/img] [--json FILE] [--markdown]
@@ -60,6 +67,7 @@ from workers.cluster_sim import (
     AZURE_CODE,
     AZURE_CONV,
     DEFAULT_PREDICTOR,
+    MOONCAKE_CONV,
     SHAREGPT,
     ClusterSetup,
     RunResult,
@@ -67,6 +75,7 @@ from workers.cluster_sim import (
     capacity_bounds,
     load_azure_trace,
     load_length_trace,
+    load_mooncake_trace,
     load_replay_prompts,
     load_sharegpt_azure,
     predictor_from_spec,
@@ -91,7 +100,19 @@ DEFAULT_CONFIGS = ("round_robin", "random", "least_requests", "infaas", "llumnix
                    "block@mean")
 SMOKE_CONFIGS = ("round_robin", "random", "llumnix", "block", "block@oracle")
 WORKLOADS = {"sharegpt": SHAREGPT, "azure_conv": AZURE_CONV, "azure_code": AZURE_CODE,
-             "sharegpt-azure": SHAREGPT, "conversations": None}
+             "sharegpt-azure": SHAREGPT, "conversations": None, "mooncake": MOONCAKE_CONV}
+#: The model context of every workload but mooncake (the Block paper's setting).
+DEFAULT_MAX_MODEL_LEN = 4096
+#: Mooncake's prompts are long (mean 12k tokens): Qwen2-7B's native 32k context, prompts at or
+#: over it dropped (7 % of the trace).
+MOONCAKE_MAX_MODEL_LEN = 32768
+MOONCAKE_MODEL = "qwen2-7b-a30"
+#: Mooncake configurations (issue 15): the prefix-aware block, the same router blind to the
+#: cache, the prefix-affinity baseline, and the load balancers.
+MOONCAKE_CONFIGS = ("round_robin", "llumnix", "prefix_affinity", "block", "block_noprefix")
+MOONCAKE_RATES = "1.5:4.5:0.5"
+#: A configuration label suffix: the router does not see prefixes (`simulate`).
+NOPREFIX_SUFFIX = "_noprefix"
 DEFAULT_REPLAY = REPO_ROOT / ".blockq" / "live_workload" / "requests.jsonl"
 #: The live benchmark's fleet and configurations (issue 14; scripts/bench_live.py).
 LIVE_MODEL = "qwen2-7b-a30"
@@ -113,10 +134,13 @@ class Config:
 
     policy: str
     predictor: str
+    #: Whether the router sees the requests' prefix hashes and the published caches.
+    sees_prefixes: bool = True
 
     @property
     def label(self) -> str:
-        return self.policy if self.predictor == "default" else f"{self.policy}@{self.predictor}"
+        policy = self.policy if self.sees_prefixes else f"{self.policy}{NOPREFIX_SUFFIX}"
+        return policy if self.predictor == "default" else f"{policy}@{self.predictor}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +157,8 @@ class Job:
 def run_job(job: Job) -> RunResult:
     return simulate(job.workload, job.rate, job.setup, job.config.policy,
                     predictor_from_spec(job.predictor), seed=job.seed,
-                    keep_samples=job.keep_samples)
+                    keep_samples=job.keep_samples,
+                    router_sees_prefixes=job.config.sees_prefixes)
 
 
 @dataclass(slots=True)
@@ -170,13 +195,20 @@ def parse_rates(spec: str, scale: float) -> list[float]:
 
 def parse_config(spec: str) -> Config:
     policy, _, predictor = spec.partition("@")
-    return Config(policy, predictor or "default")
+    blind = policy.endswith(NOPREFIX_SUFFIX)
+    if blind:
+        policy = policy.removesuffix(NOPREFIX_SUFFIX)
+    return Config(policy, predictor or "default", not blind)
 
 
 def model_setup(model: str, args: argparse.Namespace) -> ClusterSetup:
     """The paper's fleet: A30 instances of `model`, vLLM settings as in the Block paper."""
+    prefix_block_size = getattr(args, "prefix_block_size", 0)
     config = InstanceConfig(num_total_blocks=NUM_BLOCKS[model], block_size=16, max_num_seqs=48,
-                            max_num_batched_tokens=512, max_model_len=4096)
+                            max_num_batched_tokens=512,
+                            max_model_len=getattr(args, "max_model_len", DEFAULT_MAX_MODEL_LEN),
+                            enable_prefix_caching=prefix_block_size > 0,
+                            prefix_block_size=prefix_block_size)
     return ClusterSetup(args.num_instances, config, bundled_model(model),
                         publish_interval_s=args.publish_interval, exec_noise_sigma=args.exec_noise,
                         abort_ttft_s=args.abort_ttft,
@@ -329,7 +361,8 @@ def point_rows(results: dict[str, RunResult]) -> list[list[str]]:
     for label, r in results.items():
         rows.append([label, fmt(r.ttft_p50_s), fmt(r.ttft_p99_s), fmt(r.e2e_p50_s),
                      fmt(r.e2e_p99_s), fmt(r.throughput_rps), str(r.num_preemptions),
-                     fmt(r.decision_us_p50, 0), fmt(r.e2e_prediction_error_p50 * 100, 1)])
+                     fmt(r.decision_us_p50, 0), fmt(r.e2e_prediction_error_p50 * 100, 1),
+                     fmt(r.prefix_hit_rate * 100, 1)])
     return rows
 
 
@@ -366,9 +399,26 @@ def target_rows(report: ModelReport) -> list[list[str]]:
         measured = "round_robin overloaded" if math.isinf(rr) else f"{b / rr:.3f} x"
         rows.append([f"(context) block p99 e2e vs round_robin's at {fmt(report.block_rate)}/s",
                      measured, ""])
+    rows += prefix_target_rows(report, cap)
     if report.ceiling_rps:
         rows.append(["(context) fleet ceiling: N x one saturated instance",
                      f"{report.ceiling_rps:.1f} req/s", ""])
+    return rows
+
+
+def prefix_target_rows(report: ModelReport, cap: dict[str, float | None]) -> list[list[str]]:
+    """Issue 15's prefix-caching targets: block against prefix_affinity (Mooncake)."""
+    rows = []
+    if cap.get("block") and cap.get("prefix_affinity"):
+        value = cap["block"] / cap["prefix_affinity"]
+        rows.append(["block capacity >= 1.1 x prefix_affinity", f"{value:.3f} x",
+                     "yes" if value >= 1.1 else "no"])
+    if "block" in report.cdf and "prefix_affinity" in report.cdf:
+        b, pa = report.cdf["block"].ttft_p50_s, report.cdf["prefix_affinity"].ttft_p50_s
+        measured = "prefix_affinity overloaded" if math.isinf(pa) else f"{(1 - b / pa) * 100:.1f}%"
+        met = math.isinf(pa) or b <= 0.8 * pa
+        rows.append([f"block TTFT p50 >= 20% below prefix_affinity's at {fmt(report.cdf_rate)}/s",
+                     measured, "yes" if met else "no"])
     return rows
 
 
@@ -403,7 +453,7 @@ def print_report(report: ModelReport, args: argparse.Namespace) -> None:
         print_table(f"{report.model}: at round_robin's capacity, {fmt(report.cdf_rate)} req/s "
                     f"(latencies in s)",
                     ["config", "TTFT p50", "TTFT p99", "e2e p50", "e2e p99", "req/s",
-                     "preemptions", "decision us", "what-if e2e err %"],
+                     "preemptions", "decision us", "what-if e2e err %", "cache hit %"],
                     point_rows(report.cdf), args.markdown)
     print_table(f"{report.model}: targets (TTFT p99 SLO {report.slos[0]:g}s)",
                 ["target", "measured", "met"], target_rows(report), args.markdown)
@@ -412,7 +462,8 @@ def print_report(report: ModelReport, args: argparse.Namespace) -> None:
                 for (label, rate), r in sorted(report.points.items(), key=lambda kv: kv[0])]
         print_table(f"{report.model}: every measured point",
                     ["config", "rate", "TTFT p50", "TTFT p99", "e2e p50", "e2e p99", "req/s",
-                     "preemptions", "decision us", "what-if e2e err %"], rows, args.markdown)
+                     "preemptions", "decision us", "what-if e2e err %", "cache hit %"], rows,
+                    args.markdown)
     if report.wall_s:
         print(f"\n{report.model}: {len(report.points) + len(report.cdf)} runs in "
               f"{report.wall_s:.0f} s")
@@ -567,6 +618,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write every measured point to this file")
     parser.add_argument("--all-points", action="store_true", help="print every measured point")
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    parser.add_argument("--mooncake-settings", action="store_true",
+                        help=f"issue 15's prefix-caching comparison: the mooncake workload on "
+                             f"12 x {MOONCAKE_MODEL} (max_model_len {MOONCAKE_MAX_MODEL_LEN}, "
+                             f"prefix caching on), {', '.join(MOONCAKE_CONFIGS)}")
     parser.add_argument("--smoke", action="store_true",
                         help="CI size: 4 instances, 400 requests, 5 configs, coarse search")
     parser.add_argument("--replot", type=Path, metavar="JSON",
@@ -579,11 +634,18 @@ def main() -> None:
     if args.live_settings:
         args.models, args.num_instances, args.configs = [LIVE_MODEL], 12, list(LIVE_CONFIGS)
         args.slo, args.exec_noise = [3.0], LIVE_EXEC_NOISE
+    if args.mooncake_settings:
+        args.workload, args.models = "mooncake", [MOONCAKE_MODEL]
+        if args.configs == list(DEFAULT_CONFIGS):
+            args.configs = list(MOONCAKE_CONFIGS)
+        args.rates = args.rates or MOONCAKE_RATES
     if args.smoke:
         args.num_instances, args.num_requests, args.bisect, args.slo = 4, 400, 1, args.slo[:1]
         if args.configs == list(DEFAULT_CONFIGS):
             args.configs = list(SMOKE_CONFIGS)
     workload = load_workload(args)
+    args.max_model_len = workload_max_model_len(args.workload)
+    args.prefix_block_size = workload.prefix_block_size if workload.prefix_hashes else 0
     if args.predictor is None:
         args.predictor = default_predictor(workload)
     print(f"workload {workload.name}: {len(workload)} requests, mean prompt "
@@ -612,7 +674,15 @@ def default_predictor(workload: Workload) -> str:
     return "learned" if workload.predicted_output_tokens is not None else DEFAULT_PREDICTOR
 
 
+def workload_max_model_len(name: str) -> int:
+    return MOONCAKE_MAX_MODEL_LEN if name == "mooncake" else DEFAULT_MAX_MODEL_LEN
+
+
 def load_workload(args: argparse.Namespace) -> Workload:
+    if args.workload == "mooncake":
+        return load_mooncake_trace(args.data / MOONCAKE_CONV,
+                                   max_model_len=MOONCAKE_MAX_MODEL_LEN,
+                                   num_requests=args.num_requests)
     if args.workload == "conversations":
         return replay_workload(load_replay_prompts(args.replay), num_requests=args.num_requests,
                                max_model_len=4096, seed=args.seed)

@@ -3,7 +3,9 @@
 Each instance schedules with the simulator's scheduler model, on the requests' TRUE output
 lengths, and prices every step with an execution-time model times seeded multiplicative
 noise. What the router may see of it is `GroundTruthInstance.snapshot`: the lengths there are
-the predicted ones, as an engine publishes them.
+the predicted ones, as an engine publishes them. With prefix caching on (the config's), requests
+carrying prefix hashes share cached prefix units (`workers.sim.block_pool`), and a snapshot
+publishes the units the cache holds.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from workers.sim import (
     StepResult,
     request_priority,
 )
+from workers.sim.snapshot import prefix_keys
 
 __all__ = ["GroundTruthInstance", "SimulatedRequest"]
 
@@ -34,10 +37,11 @@ class SimulatedRequest:
 
     __slots__ = ("request_id", "arrival_s", "num_prompt_tokens", "max_output_tokens",
                  "predicted_output_tokens", "first_token_s", "finish_s", "instance_id",
-                 "what_if_e2e_s")
+                 "what_if_e2e_s", "prefix_hashes", "num_cached_tokens")
 
     def __init__(self, request_id: str, arrival_s: float, num_prompt_tokens: int,
-                 max_output_tokens: int, predicted_output_tokens: int) -> None:
+                 max_output_tokens: int, predicted_output_tokens: int,
+                 prefix_hashes: tuple[int, ...] = ()) -> None:
         self.request_id = request_id
         self.arrival_s = arrival_s
         self.num_prompt_tokens = num_prompt_tokens
@@ -50,6 +54,10 @@ class SimulatedRequest:
         self.instance_id: str | None = None
         #: The chosen instance's simulated end-to-end latency, when the policy simulated.
         self.what_if_e2e_s: float | None = None
+        #: The prompt's prefix hashes (`SimRequest.prefix_hashes`); empty: none known.
+        self.prefix_hashes = prefix_hashes
+        #: Prompt tokens its instance's prefix cache served at its (first) admission.
+        self.num_cached_tokens: int | None = None
 
 
 class GroundTruthInstance:
@@ -62,8 +70,6 @@ class GroundTruthInstance:
 
     def __init__(self, instance_id: str, config: InstanceConfig, exec_model: ExecModel,
                  noise_sigma: float = 0.0, seed: int | Sequence[int] = 0) -> None:
-        if config.enable_prefix_caching:
-            raise ValueError("GroundTruthInstance does not model prefix caching")
         self.instance_id = instance_id
         self.config = config
         self.exec_model = exec_model
@@ -96,10 +102,12 @@ class GroundTruthInstance:
             self.now_s = max(self.now_s, at_s)
         request.instance_id = self.instance_id
         self._requests[request.request_id] = request
+        keys = prefix_keys(SimRequest(request.request_id, request.num_prompt_tokens,
+                                      prefix_hashes=request.prefix_hashes), self.config)
         self.scheduler.add_request(SeqState(request.request_id, request.num_prompt_tokens,
                                             request.max_output_tokens,
                                             priority=self.priority_of(request),
-                                            arrival_s=request.arrival_s))
+                                            arrival_s=request.arrival_s, prefix_keys=keys))
 
     def priority_of(self, request: SimulatedRequest) -> int:
         """The vLLM priority an engine gives `request` (used under the "priority" policy):
@@ -121,7 +129,9 @@ class GroundTruthInstance:
         scheduler = self.scheduler
         requests = [self._published(seq, True) for seq in scheduler.running]
         requests += [self._published(seq, False) for seq in scheduler.waiting]
-        return InstanceSnapshot(self.config, self.num_free_blocks, tuple(requests))
+        cached = scheduler.block_pool.cached_keys() if self.config.enable_prefix_caching else (
+            frozenset())
+        return InstanceSnapshot(self.config, self.num_free_blocks, tuple(requests), cached)
 
     def step(self) -> StepResult:
         """One engine step of the scheduler model, priced; records first tokens and finishes."""
@@ -135,6 +145,8 @@ class GroundTruthInstance:
         self.num_steps += 1
         now_s = self.now_s
         requests = self._requests
+        if self.config.enable_prefix_caching:
+            self._record_hits(result)
         for request_id in result.sampled_ids:
             request = requests[request_id]
             if request.first_token_s is None:
@@ -143,10 +155,29 @@ class GroundTruthInstance:
             requests.pop(request_id).finish_s = now_s
         return result
 
+    def _record_hits(self, result: StepResult) -> None:
+        """Note the cache hit of each request admitted for the first time in this step."""
+        requests = self._requests
+        seqs = self.scheduler.requests
+        for request_id, num_new in result.output.num_scheduled_tokens.items():
+            request = requests[request_id]
+            if request.num_cached_tokens is None and request_id in seqs:
+                request.num_cached_tokens = seqs[request_id].num_computed_tokens - num_new
+            elif request.num_cached_tokens is None:  # finished in this very step
+                request.num_cached_tokens = request.num_prompt_tokens - num_new
+
     def _published(self, seq: SeqState, is_running: bool) -> SimRequest:
+        """A request as the engine publishes it: a waiting one with the prefix the cache
+        holds for it now (its hit if admitted now), no hashes (the cache is published)."""
         predicted = self._requests[seq.request_id].predicted_output_tokens
+        cached = 0
+        if not is_running and seq.prefix_keys:
+            num_units, _ = self.scheduler.block_pool.match_prefix(seq.prefix_keys,
+                                                                  len(seq.prefix_keys))
+            cached = num_units * self.config.prefix_unit_tokens
         return SimRequest(seq.request_id, seq.num_prompt_tokens, seq.num_computed_tokens,
-                          seq.num_output_tokens, predicted, is_running, priority=seq.priority)
+                          seq.num_output_tokens, predicted, is_running, cached,
+                          priority=seq.priority)
 
     def _next_noise(self) -> float:
         if not self._noise_sigma:

@@ -84,10 +84,10 @@ class ClusterSetup:
             raise ValueError("num_instances must be positive")
         if self.publish_interval_s < 0 or self.exec_noise_sigma < 0:
             raise ValueError("publish_interval_s and exec_noise_sigma must not be negative")
-        if self.config.enable_prefix_caching:
-            raise ValueError("the cluster simulation does not model prefix caching")
         if self.ground_truth not in GROUND_TRUTHS:
             raise ValueError(f"ground_truth must be one of {GROUND_TRUTHS}")
+        if self.config.enable_prefix_caching and self.ground_truth != "ours":
+            raise ValueError("only the \"ours\" ground truth models prefix caching")
 
 
 #: The instances' schedulers `ClusterSetup.ground_truth` can name.
@@ -142,6 +142,8 @@ class RunResult:
     goodput_rps: float = math.nan
     num_met: int = 0
     num_rejected: int = 0
+    #: With prefix caching: the share of prompt tokens the instances' caches served.
+    prefix_hit_rate: float = math.nan
 
     @property
     def label(self) -> str:
@@ -153,7 +155,7 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
              keep_samples: bool = False,
              targets: Sequence[LatencyTarget | None] | None = None,
              route_by_targets: bool = True, reject_unmeetable: bool = False,
-             refuse_margin: float = 0.0) -> RunResult:
+             refuse_margin: float = 0.0, router_sees_prefixes: bool = True) -> RunResult:
     """Replay `workload` at `rate` requests per second through `policy`; deterministic for `seed`.
 
     The seed fixes the predicted lengths (the same for every policy and rate), the step-time
@@ -164,6 +166,11 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
     `workers.route.policies.decide`; without it they are only measured); with
     `reject_unmeetable` a request no instance's what-if meets (by more than `refuse_margin`,
     a share of its target) is refused instead of routed.
+
+    With prefix caching on (``setup.config``) and a workload with prefix hashes the instances
+    share cached prefixes; the router sees each request's hashes and the instances' published
+    caches unless `router_sees_prefixes` is off (an ablation: the same fleet, a router blind
+    to the cache).
     """
     started = time.perf_counter()
     config = setup.config
@@ -194,12 +201,14 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
                 engine.run_until(due)
                 ledger.publish(engine.instance_id, engine.snapshot(), due)
                 published_at[k] = due
+        hashes = workload.prefix_hashes_of(index) if config.enable_prefix_caching else ()
         request = SimulatedRequest(f"r{index}", arrival_s, workload.num_prompt_tokens[index],
-                                   workload.num_output_tokens[index], predicted[index])
+                                   workload.num_output_tokens[index], predicted[index], hashes)
         requests.append(request)
         planned = SimRequest(request.request_id, request.num_prompt_tokens,
                              predicted_output_tokens=predicted[index],
-                             priority=engines[0].priority_of(request))
+                             priority=engines[0].priority_of(request),
+                             prefix_hashes=hashes if router_sees_prefixes else ())
         target = targets[index] if targets is not None and route_by_targets else None
         view = RequestView(request.request_id, request.num_prompt_tokens, predicted[index],
                            max_tokens=config.max_model_len - request.num_prompt_tokens,
@@ -290,6 +299,10 @@ def _result(policy: str, predictor: str, rate: float, workload: Workload,
                  if r.what_if_e2e_s is not None]
     error = (float(np.median([abs(p - a) / a for p, a in predicted])) if predicted
              else math.nan)
+    hit_rate = math.nan
+    if engines and engines[0].config.enable_prefix_caching:
+        hit_rate = (sum(r.num_cached_tokens or 0 for r in requests)
+                    / sum(r.num_prompt_tokens for r in requests))
     return RunResult(
         policy=policy, predictor=predictor, rate=rate, num_requests=len(requests), aborted=False,
         ttft_p50_s=float(np.percentile(ttft, 50)), ttft_p99_s=float(np.percentile(ttft, 99)),
@@ -300,6 +313,7 @@ def _result(policy: str, predictor: str, rate: float, workload: Workload,
         e2e_prediction_error_p50=error, wall_s=wall_s,
         ttft_s=tuple(ttft.tolist()) if keep_samples else (),
         e2e_s=tuple(e2e.tolist()) if keep_samples else (),
+        prefix_hit_rate=hit_rate,
     )
 
 
@@ -316,7 +330,8 @@ def saturation_rate(workload: Workload, config: InstanceConfig, exec_model: Exec
     for index in range(count):
         instance.add(SimulatedRequest(f"r{index}", 0.0, workload.num_prompt_tokens[index],
                                       workload.num_output_tokens[index],
-                                      workload.num_output_tokens[index]), 0.0)
+                                      workload.num_output_tokens[index],
+                                      workload.prefix_hashes_of(index)), 0.0)
     instance.run_to_end()
     return count / instance.now_s
 

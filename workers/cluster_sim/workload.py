@@ -20,12 +20,15 @@ import numpy as np
 __all__ = [
     "AZURE_CODE",
     "AZURE_CONV",
+    "MOONCAKE_BLOCK_TOKENS",
+    "MOONCAKE_CONV",
     "SHAREGPT",
     "ReplayPrompt",
     "Workload",
     "fit_to_model",
     "load_azure_trace",
     "load_length_trace",
+    "load_mooncake_trace",
     "load_replay_prompts",
     "load_sharegpt_azure",
     "poisson_unit_arrivals",
@@ -37,6 +40,9 @@ __all__ = [
 SHAREGPT = Path("traces/vidur_opt_scheduler/sharegpt_val_10k_llama2.csv")
 AZURE_CONV = Path("traces/azure/AzureLLMInferenceTrace_conv.csv")
 AZURE_CODE = Path("traces/azure/AzureLLMInferenceTrace_code.csv")
+MOONCAKE_CONV = Path("traces/mooncake/conversation_trace.jsonl")
+#: Tokens per Mooncake hash id.
+MOONCAKE_BLOCK_TOKENS = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +57,17 @@ class Workload:
     num_output_tokens: tuple[int, ...]
     #: A real predictor's lengths for these requests (the `learned` predictor), if known.
     predicted_output_tokens: tuple[int, ...] | None = None
+    #: Each prompt's prefix hashes (`workers.sim.SimRequest.prefix_hashes`), if known: one
+    #: per `prefix_block_size` tokens; requests sharing leading hashes share that prefix.
+    prefix_hashes: tuple[tuple[int, ...], ...] | None = None
+    #: Tokens one prefix hash covers (the instances' ``InstanceConfig.prefix_block_size``).
+    prefix_block_size: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.unit_arrival_s)
+        if self.prefix_hashes is not None and (len(self.prefix_hashes) != n
+                                               or self.prefix_block_size <= 0):
+            raise ValueError("prefix hashes: one tuple per request, and their block size")
         if not n or len(self.num_prompt_tokens) != n or len(self.num_output_tokens) != n:
             raise ValueError("a workload needs as many arrival times as lengths, at least one")
         predicted = self.predicted_output_tokens
@@ -79,9 +93,16 @@ class Workload:
             return self
         times = self.unit_arrival_s[:num_requests]
         predicted = self.predicted_output_tokens
+        hashes = self.prefix_hashes
         return Workload(self.name, _unit_rate(times), self.num_prompt_tokens[:num_requests],
                         self.num_output_tokens[:num_requests],
-                        None if predicted is None else predicted[:num_requests])
+                        None if predicted is None else predicted[:num_requests],
+                        None if hashes is None else hashes[:num_requests],
+                        self.prefix_block_size)
+
+    def prefix_hashes_of(self, index: int) -> tuple[int, ...]:
+        """The `index`-th request's prefix hashes (none when the workload has none)."""
+        return () if self.prefix_hashes is None else self.prefix_hashes[index]
 
     @property
     def mean_output_tokens(self) -> float:
@@ -256,6 +277,36 @@ def replay_workload(prompts: Sequence[ReplayPrompt], *, num_requests: int, max_m
                     tuple(min(p.output_tokens, r) for p, r in zip(sequence, room, strict=True)),
                     tuple(min(p.predicted_tokens, r)
                           for p, r in zip(sequence, room, strict=True)))
+
+
+def load_mooncake_trace(path: str | Path, *, max_model_len: int,
+                        num_requests: int | None = None) -> Workload:
+    """A Mooncake trace (JSONL: ``timestamp`` ms, ``input_length``, ``output_length``,
+    ``hash_ids``: the prompt's 512-token blocks' prefix hashes, shared ids = shared prefix).
+
+    Keeps the real arrival pattern rescaled to a mean rate of one, and the hashes (block size
+    `MOONCAKE_BLOCK_TOKENS`); requests vLLM would reject (prompt >= max_model_len) are dropped
+    and outputs capped where vLLM stops them, as `fit_to_model` does.
+    """
+    times, prompts, outputs, hashes = [], [], [], []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            prompt, output = int(row["input_length"]), int(row["output_length"])
+            if 0 < prompt < max_model_len:
+                times.append(float(row["timestamp"]) / 1000.0)
+                prompts.append(prompt)
+                outputs.append(max(1, min(output, max_model_len - prompt)))
+                hashes.append(tuple(int(h) for h in row["hash_ids"]))
+            if num_requests is not None and len(times) >= num_requests:
+                break
+    order = sorted(range(len(times)), key=times.__getitem__)
+    return Workload(Path(path).stem, _unit_rate([times[i] for i in order]),
+                    tuple(prompts[i] for i in order), tuple(outputs[i] for i in order),
+                    prefix_hashes=tuple(hashes[i] for i in order),
+                    prefix_block_size=MOONCAKE_BLOCK_TOKENS)
 
 
 def _seconds(timestamp: str) -> float:

@@ -7,13 +7,22 @@ with `FleetLedger` or `predict_what_ifs` below, and passes in the views.
 
 Names (the Block paper's in brackets): ``round_robin``, ``random``, ``least_requests``,
 ``infaas`` [INFaaS++], ``llumnix`` [Llumnix-], ``least_tokens`` [Block-NoSim], ``block``
-[Block], ``block_ttft``, and ``po2_<name>`` / ``po4_<name>`` [Po2/Po4] for every scoring
-policy: k candidates drawn at random, the best of them by ``<name>``. The oracle mode
+[Block], ``block_ttft``, ``prefix_affinity`` (the prefix-cache-aware routers of vLLM's
+production stack, llm-d and SGLang), and ``po2_<name>`` / ``po4_<name>`` [Po2/Po4] for every
+scoring policy: k candidates drawn at random, the best of them by ``<name>``. The oracle mode
 [Block*] is not a policy: it is the caller predicting lengths with the true ones.
+
+Prefix caching: a request may carry its prompt's prefix hashes (`SimRequest.prefix_hashes`) and
+an instance publishes the prefix units its cache holds (`InstanceSnapshot.cached_prefixes`); the
+views then give each instance's match (`InstanceView.prefix_match_tokens`) and the what-ifs
+credit it: the new request (and each request routed since the snapshot) starts with its matched
+prefix cached (`credit_prefix`), as the engine's cache will serve it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +39,7 @@ from workers.sim import (
     prepare,
     target_output_tokens,
 )
+from workers.sim.snapshot import InstanceConfig, matched_prefix_tokens, prefix_keys
 
 T = TypeVar("T")
 
@@ -44,6 +54,7 @@ __all__ = [
     "PowerOfK",
     "RequestView",
     "RoutingContext",
+    "credit_prefix",
     "decide",
     "instance_view",
     "needs_what_if",
@@ -91,6 +102,14 @@ class InstanceView:
     what_if_e2e_s: float | None = None
     # Simulated delay the request would add to this instance's other requests, summed (s).
     what_if_delay_to_others_s: float | None = None
+    # Prompt tokens of the request being routed this instance's prefix cache holds (by its
+    # published cached prefixes and the requests routed to it since); 0 when unknown.
+    prefix_match_tokens: int = 0
+
+    @property
+    def kv_usage(self) -> float:
+        """Share of KV blocks in use (cached free blocks count as free, as vLLM counts them)."""
+        return 1.0 - self.num_free_blocks / max(self.num_total_blocks, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +221,35 @@ class BlockTtft:
 
     def scores(self, request, fleet, ctx):  # type: ignore[no-untyped-def]
         return [_required(i, "what_if_ttft_s", i.what_if_ttft_s) for i in fleet]
+
+
+@POLICIES.register("prefix_affinity")
+class PrefixAffinity:
+    """The longest cached prefix wins unless its instance is saturated; else least load.
+
+    As the peers' prefix-aware routers do it: llm-d's scheduler drops instances whose waiting
+    queue or KV-cache usage is over a threshold before its prefix scorer, vLLM's production
+    stack routes by longest prefix match, SGLang's cache-aware router routes to the best match
+    unless the load is imbalanced. Saturated: more than `MAX_QUEUED` requests waiting (routed
+    ones included) or KV usage above `MAX_KV_USAGE` (llm-d's defaults, 5 and 0.8). Among
+    unsaturated instances with the longest match, fewest requests; with no match anywhere (or
+    every matching instance saturated), fewest requests over all.
+    """
+
+    needs_what_if = False
+    MAX_QUEUED: ClassVar[int] = 5
+    MAX_KV_USAGE: ClassVar[float] = 0.8
+
+    def scores(self, request, fleet, ctx):  # type: ignore[no-untyped-def]
+        loads = [float(i.num_running + i.num_waiting + i.num_assigned) for i in fleet]
+        open_ = [i.num_waiting + i.num_assigned <= self.MAX_QUEUED
+                 and i.kv_usage <= self.MAX_KV_USAGE for i in fleet]
+        best = max((i.prefix_match_tokens for i, ok in zip(fleet, open_, strict=True) if ok),
+                   default=0)
+        if best <= 0:
+            return loads
+        return [load if ok and i.prefix_match_tokens == best else math.inf
+                for i, ok, load in zip(fleet, open_, loads, strict=True)]
 
 
 def _required(view: InstanceView, field: str, value: float | None) -> float:
@@ -330,12 +378,54 @@ def prepare_published(snapshot: InstanceSnapshot,
 
     NOTE: the engine admits those requests after everything it had waiting (FCFS), so a
     what-if from this state sees them ahead of the new request: a burst spreads out instead
-    of piling onto the instance that looked idle when it published.
+    of piling onto the instance that looked idle when it published. Each starts with the
+    prefix the instance's cache will hold for it credited (`credit_prefix`).
     """
     if assigned:
         snapshot = InstanceSnapshot(snapshot.config, snapshot.num_free_blocks,
-                                    snapshot.requests + tuple(assigned))
+                                    snapshot.requests + tuple(_credited(snapshot, assigned)))
     return prepare(snapshot)
+
+
+def credit_prefix(request: SimRequest, snapshot: InstanceSnapshot,
+                  assigned: Sequence[SimRequest] = ()) -> SimRequest:
+    """`request` as a what-if on this instance takes it: its prefix hashes replaced by the
+    prompt tokens the instance's cache will hold for it (`num_cached_tokens`).
+
+    The cache holds what the instance published (`InstanceSnapshot.cached_prefixes`) and the
+    prefixes of the requests routed to it since (they will have computed theirs first).
+    Unchanged without hashes; without prefix caching the hashes are dropped.
+    """
+    if not request.prefix_hashes:
+        return request
+    return _with_match(request, _cached_after(snapshot, assigned), snapshot.config)
+
+
+def _cached_after(snapshot: InstanceSnapshot, assigned: Sequence[SimRequest]) -> set[int]:
+    cached = set(snapshot.cached_prefixes)
+    for r in assigned:
+        cached.update(prefix_keys(r, snapshot.config))
+    return cached
+
+
+def _with_match(request: SimRequest, cached: set[int] | frozenset[int],
+                config: InstanceConfig) -> SimRequest:
+    match = matched_prefix_tokens(request, cached, config)
+    return dataclasses.replace(request, prefix_hashes=(),
+                               num_cached_tokens=max(match, request.num_cached_tokens))
+
+
+def _credited(snapshot: InstanceSnapshot, assigned: Sequence[SimRequest]) -> list[SimRequest]:
+    """The routed requests, each with the prefix cached before it credited."""
+    cached = set(snapshot.cached_prefixes)
+    credited = []
+    for r in assigned:
+        if r.prefix_hashes:
+            credited.append(_with_match(r, cached, snapshot.config))
+            cached.update(prefix_keys(r, snapshot.config))
+        else:
+            credited.append(r)
+    return credited
 
 
 def predict_what_ifs(request: SimRequest, instances: Mapping[str, PreparedInstance],
@@ -351,7 +441,8 @@ def predict_what_ifs(request: SimRequest, instances: Mapping[str, PreparedInstan
 
 def instance_view(instance_id: str, snapshot: InstanceSnapshot,
                   assigned: Sequence[SimRequest] = (),
-                  what_if: WhatIf | None = None) -> InstanceView:
+                  what_if: WhatIf | None = None,
+                  prefix_match_tokens: int = 0) -> InstanceView:
     """The view policies read, from a published snapshot and the requests routed since."""
     waiting_blocks, outstanding = _load_of(snapshot.requests, snapshot)
     assigned_blocks, assigned_outstanding = _load_of(assigned, snapshot)
@@ -368,6 +459,7 @@ def instance_view(instance_id: str, snapshot: InstanceSnapshot,
         what_if_ttft_s=None if what_if is None else what_if.ttft_s,
         what_if_e2e_s=None if what_if is None else what_if.e2e_s,
         what_if_delay_to_others_s=None if what_if is None else what_if.delay_to_others_s,
+        prefix_match_tokens=prefix_match_tokens,
     )
 
 
@@ -395,6 +487,8 @@ class _Published:
     # Derived and cached; None when stale.
     prepared: PreparedInstance | None = None
     view: InstanceView | None = None
+    # Prefix units the instance's cache will hold: published, plus the routed requests'.
+    cached: set[int] | None = None
 
 
 class FleetLedger:
@@ -428,6 +522,7 @@ class FleetLedger:
         entry = self._entry(instance_id)
         entry.assigned.append((request, assigned_at_s))
         entry.prepared = entry.view = None
+        entry.cached = None
 
     def assigned(self, instance_id: str) -> tuple[SimRequest, ...]:
         """Requests routed to `instance_id` that its latest snapshot does not show yet."""
@@ -456,14 +551,25 @@ class FleetLedger:
                 entry.view = instance_view(instance_id, entry.snapshot,
                                            [r for r, _ in entry.assigned])
             view = entry.view
+            planned = request
+            if request is not None and request.prefix_hashes:
+                planned = self._credited(entry, request)
+                view = _with_match_view(view, planned.num_cached_tokens)
             if exec_model is not None:
-                if request is None:
+                if planned is None:
                     raise ValueError("what-ifs need the request being routed")
-                what_if = predict_what_if_prepared(self.prepared(instance_id), request,
+                what_if = predict_what_if_prepared(self.prepared(instance_id), planned,
                                                    exec_model)
                 view = _with_what_if(view, what_if)
             views.append(view)
         return views
+
+    def _credited(self, entry: _Published, request: SimRequest) -> SimRequest:
+        """`credit_prefix` with the instance's cached units kept between decisions."""
+        config = entry.snapshot.config
+        if entry.cached is None:
+            entry.cached = _cached_after(entry.snapshot, [r for r, _ in entry.assigned])
+        return _with_match(request, entry.cached, config)
 
     def _entry(self, instance_id: str) -> _Published:
         try:
@@ -477,4 +583,13 @@ def _with_what_if(view: InstanceView, what_if: WhatIf) -> InstanceView:
     return InstanceView(view.instance_id, view.num_running, view.num_waiting, view.num_assigned,
                         view.num_free_blocks, view.num_total_blocks,
                         view.num_waiting_prompt_blocks, view.num_outstanding_tokens,
-                        what_if.ttft_s, what_if.e2e_s, what_if.delay_to_others_s)
+                        what_if.ttft_s, what_if.e2e_s, what_if.delay_to_others_s,
+                        view.prefix_match_tokens)
+
+
+def _with_match_view(view: InstanceView, match: int) -> InstanceView:
+    return InstanceView(view.instance_id, view.num_running, view.num_waiting, view.num_assigned,
+                        view.num_free_blocks, view.num_total_blocks,
+                        view.num_waiting_prompt_blocks, view.num_outstanding_tokens,
+                        view.what_if_ttft_s, view.what_if_e2e_s,
+                        view.what_if_delay_to_others_s, match)
