@@ -13,6 +13,7 @@ from app.sampling import check_token_ids, sampling_column
 from app.schemas import CreateRequest, parse_body
 from app.services import Services
 from app.settings import Settings
+from app.slo import SloMissAction
 from app.webhook_targets import check_submitted_url
 
 __all__ = ["submit_request", "submit_together", "cancel_request", "request_fields", "PromptContext"]
@@ -24,12 +25,13 @@ MAX_IDEMPOTENCY_KEY_LEN = 200
 
 def submit_request(
     services: Services, body: Any, *, idempotency_key: str | None, team_id: str | None,
-    stream: bool = False,
+    stream: bool = False, slo_miss_action: str | None = None,
 ) -> tuple[InferenceRequest, bool]:
     """Validate, persist, then enqueue for prediction. Returns (request, created).
 
     Idempotency keys are per team: two teams may use the same key for different requests.
     `stream`: the engine worker publishes the output text as it is generated.
+    `slo_miss_action`: the team's, kept with a request that has latency targets.
     """
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_LEN:
         raise InvalidRequest(
@@ -39,6 +41,7 @@ def submit_request(
     parsed = parse_body(CreateRequest, body)
     fields = request_fields(services, parsed)
     fields.update(body_sha256=store.body_digest(body), team_id=team_id, stream=stream)
+    _with_miss_action(fields, slo_miss_action)
     scoped_key = None if idempotency_key is None else f"{team_id}:{idempotency_key}"
     with services.outbox.transaction() as tx:
         request, created = store.create_request(tx.session, fields, idempotency_key=scoped_key)
@@ -53,7 +56,8 @@ def submit_request(
 
 
 def submit_together(services: Services, bodies: list[dict[str, Any]], *, team_id: str | None,
-                    stream: bool = False) -> list[InferenceRequest]:
+                    stream: bool = False,
+                    slo_miss_action: str | None = None) -> list[InferenceRequest]:
     """Several requests of one OpenAI call (its prompts, each n times), in order: all are
     validated before any is stored (one bad prompt refuses the call), then stored and enqueued
     in one transaction."""
@@ -61,6 +65,7 @@ def submit_together(services: Services, bodies: list[dict[str, Any]], *, team_id
     for body in bodies:
         fields = request_fields(services, parse_body(CreateRequest, body))
         fields.update(body_sha256=store.body_digest(body), team_id=team_id, stream=stream)
+        _with_miss_action(fields, slo_miss_action)
         columns.append(fields)
     with services.outbox.transaction() as tx:
         requests = [store.create_request(tx.session, fields, idempotency_key=None)[0]
@@ -72,6 +77,12 @@ def submit_together(services: Services, bodies: list[dict[str, Any]], *, team_id
                                            "prompt_tokens": requests[0].prompt_tokens,
                                            "max_tokens": requests[0].max_tokens})
     return requests
+
+
+def _with_miss_action(fields: dict[str, Any], slo_miss_action: str | None) -> None:
+    """A request with latency targets keeps its team's action on a miss as it is now."""
+    if fields.get("slo_ttft_ms") is not None or fields.get("slo_e2e_ms") is not None:
+        fields["slo_miss_action"] = slo_miss_action or SloMissAction.ROUTE
 
 
 class PromptContext(Protocol):
@@ -119,6 +130,8 @@ def request_fields(services: PromptContext, parsed: CreateRequest) -> dict[str, 
             code="context_length_exceeded",
         )
     check_token_ids(parsed, services.prompts.vocab_size, max_tokens=max_tokens)
+    targets = ({"slo_ttft_ms": parsed.slo.ttft_ms, "slo_e2e_ms": parsed.slo.e2e_ms}
+               if parsed.slo is not None else {})
     return {
         "priority": parsed.priority,
         "prompt": prompt,
@@ -135,6 +148,7 @@ def request_fields(services: PromptContext, parsed: CreateRequest) -> dict[str, 
                                            settings.webhook_allowed_networks),
         "request_metadata": parsed.metadata,
         "prompt_tokens": num_prompt_tokens,
+        **targets,
     }
 
 

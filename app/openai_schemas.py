@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from app.errors import InvalidRequest, NotFound
 from app.sampling import MAX_LOGPROBS, SamplingFields, TokenId, is_token_ids
 from app.schemas import SEED_LIMIT, ChatMessage, stop_as_list
+from app.slo import SloTargets
 
 __all__ = ["CompletionBody", "ChatCompletionBody", "OpenAIBody", "body_model_for", "check_model",
            "native_body", "native_bodies", "MAX_CHOICES"]
@@ -45,6 +46,9 @@ class _Common(SamplingFields):
         f"{MAX_CHOICES}."))
     user: str | None = None
     metadata: dict[str, str] | None = None
+    slo: SloTargets | None = Field(None, description=(
+        "blockq's extension: latency targets of each choice (also the x-slo-ttft-ms and "
+        "x-slo-e2e-ms headers); not in a batch line."))
 
     _stop_as_list = field_validator("stop", mode="before")(stop_as_list)
 
@@ -193,8 +197,9 @@ def native_bodies(body: OpenAIBody, *, priority: str = "interactive") -> list[di
         limit = LEGACY_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         logprobs = body.logprobs
         common["echo"] = body.echo
+    slo = body.slo.model_dump(exclude_none=True) if body.slo is not None else None
     for key, value in (("max_tokens", limit), ("stop", body.stop), ("metadata", body.metadata),
-                       ("logprobs", logprobs)):
+                       ("logprobs", logprobs), ("slo", slo)):
         if value is not None:
             common[key] = value
     for key in SamplingFields.model_fields:
@@ -214,6 +219,9 @@ def native_bodies(body: OpenAIBody, *, priority: str = "interactive") -> list[di
 
 def native_body(body: OpenAIBody, *, priority: str = "interactive") -> dict[str, Any]:
     """The one native request of a batch line: a line runs one choice."""
+    if body.slo is not None:
+        raise InvalidRequest("Latency targets (slo) are for interactive calls, not batch lines.",
+                             param="slo", code="invalid_value")
     natives = native_bodies(body, priority=priority)
     if len(natives) > 1:
         raise InvalidRequest("A batch line runs one choice: give one prompt and n=1 (a line "

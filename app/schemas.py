@@ -8,6 +8,7 @@ from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, ValidationError, 
 
 from app.errors import InvalidRequest
 from app.sampling import MAX_LOGPROBS, SamplingFields, TokenId, is_token_ids
+from app.slo import SloTargets
 from app.webhook_targets import url_problem
 
 __all__ = ["ChatMessage", "CreateRequest", "parse_body"]
@@ -84,6 +85,10 @@ class CreateRequest(SamplingFields):
     priority: Literal["interactive", "batch"] = "interactive"
     webhook_url: AnyHttpUrl | None = None
     metadata: dict[str, Any] | None = None
+    slo: SloTargets | None = Field(
+        None, description="Latency targets (interactive requests): the router picks an "
+                          "instance predicted to meet them; the team's slo_miss_action says "
+                          "what happens when none can.")
 
     _stop_as_list = field_validator("stop", mode="before")(stop_as_list)
 
@@ -119,6 +124,9 @@ class CreateRequest(SamplingFields):
         if self.max_tokens == 0 and not self.echo:
             raise InvalidRequest("max_tokens must be at least 1 (0 only with echo, to score the "
                                  "prompt).", param="max_tokens", code="invalid_value")
+        if self.slo is not None and self.priority != "interactive":
+            raise InvalidRequest("Latency targets (slo) are for interactive requests.",
+                                 param="slo", code="invalid_value")
 
 
 def parse_body(model: type[M], body: Any) -> M:

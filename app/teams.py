@@ -35,6 +35,8 @@ class Principal:
     is_admin: bool
     rate_limit_rpm: int | None
     share: int
+    # What happens to its requests whose latency targets no instance can meet (app/slo.py).
+    slo_miss_action: str = "route"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +51,12 @@ def key_digest(key: str) -> str:
 
 
 def create_team(session: Session, name: str, *, share: int = 1, rate_limit_rpm: int | None = None,
-                webhook_url: str | None = None, storage_quota_bytes: int | None = None) -> Team:
+                webhook_url: str | None = None, storage_quota_bytes: int | None = None,
+                slo_miss_action: str = "route") -> Team:
     """A new team with its own webhook signing secret (app/team_secrets.py)."""
     team = Team(id=f"team_{uuid.uuid4().hex[:24]}", name=name, share=share,
                 rate_limit_rpm=rate_limit_rpm, webhook_url=webhook_url,
-                storage_quota_bytes=storage_quota_bytes)
+                storage_quota_bytes=storage_quota_bytes, slo_miss_action=slo_miss_action)
     session.add(team)
     try:
         session.flush()
@@ -111,4 +114,4 @@ def principal_of(session: Session, key: str) -> Principal | None:
     api_key, team = found
     return Principal(team_id=team.id, team_name=team.name, key_id=api_key.id,
                      is_admin=api_key.is_admin, rate_limit_rpm=team.rate_limit_rpm,
-                     share=team.share)
+                     share=team.share, slo_miss_action=team.slo_miss_action)

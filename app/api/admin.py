@@ -1,5 +1,6 @@
 """Operations endpoints (admin keys only): drain, pause and resume instances, queue depths, the
-routing policy in force and switching it at run time, rotating a team's webhook signing secret."""
+routing policy in force and switching it at run time, rotating a team's webhook signing secret,
+a team's settings (its action on requests whose latency targets no instance can meet)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from typing import Any
 
 from flask import Blueprint, jsonify
 from flask.typing import ResponseReturnValue
+from sqlalchemy.orm import Session
 
 from app.api.auth import current_principal
+from app.api.contract import TeamSettingsBody
 from app.api.instances import routing_state
 from app.api.json_body import json_body
 from app.api.services import services
@@ -18,6 +21,7 @@ from app.errors import InvalidRequest, NotFound, PermissionDenied, ServiceUnavai
 from app.fleet import InstanceStatus
 from app.models import Team
 from app.queues import SERVICE_QUEUES, queue_depths
+from app.schemas import parse_body
 from app.services import Services
 from app.team_secrets import rotate_secret
 from workers.route.policies import POLICIES
@@ -119,6 +123,36 @@ def rotate_webhook_secret(team_id: str) -> ResponseReturnValue:
     until = rotated.previous_valid_until
     return jsonify(object="team.webhook_secret", team_id=team_id, secret=rotated.secret,
                    previous_valid_until=int(until.timestamp()) if until else None)
+
+
+@bp.get("/teams/<team_id>")
+def show_team(team_id: str) -> ResponseReturnValue:
+    with services().db.session() as session:
+        return jsonify(_team_object(_team(session, team_id)))
+
+
+@bp.patch("/teams/<team_id>")
+def update_team(team_id: str) -> ResponseReturnValue:
+    """Change a team's settings: `{"slo_miss_action": "route" | "queue" | "refuse"}`. Requests
+    already accepted keep the action they were accepted with."""
+    changes = parse_body(TeamSettingsBody, json_body())
+    with services().db.session() as session:
+        team = _team(session, team_id)
+        team.slo_miss_action = changes.slo_miss_action
+        session.flush()
+        return jsonify(_team_object(team))
+
+
+def _team(session: Session, team_id: str) -> Team:
+    team = session.get(Team, team_id)
+    if team is None:
+        raise NotFound(f"No team with id '{team_id}'.", param="team_id", code="team_not_found")
+    return team
+
+
+def _team_object(team: Team) -> dict[str, Any]:
+    return {"id": team.id, "object": "team", "name": team.name, "share": team.share,
+            "rate_limit_rpm": team.rate_limit_rpm, "slo_miss_action": team.slo_miss_action}
 
 
 def _controls(svc: Services) -> OperatorControls:

@@ -21,7 +21,7 @@ __all__ = [
     "CompletionObject", "ChatCompletionObject", "CompletionChunk", "ChatCompletionChunk",
     "FileObject", "FileList", "FileDeleted", "FileUpload", "BatchObject", "BatchList",
     "InstanceList", "InstanceControl", "QueuesObject", "RoutingState", "RoutingPolicyBody",
-    "TeamWebhookSecretObject",
+    "TeamWebhookSecretObject", "TeamObject", "TeamSettingsBody",
     "Healthz", "Readyz",
 ]
 
@@ -65,6 +65,20 @@ class RequestEventObject(_Strict):
     detail: str | None
 
 
+class SloObject(_Strict):
+    """A request's latency targets (milliseconds from creation) and whether it met them."""
+
+    ttft_ms: float | None
+    e2e_ms: float | None
+    miss_action: Literal["route", "queue", "refuse"] | None = Field(
+        description="Its team's slo_miss_action when it was accepted.")
+    ttft_met: bool | None = Field(description="Once succeeded: whether the first token came "
+                                  "within ttft_ms (null without that target).")
+    e2e_met: bool | None = Field(description="Once succeeded: whether it ended within e2e_ms.")
+    met: bool | None = Field(description="Every target met; false when it was rejected; null "
+                             "until it is over.")
+
+
 class RequestObject(_Strict):
     """A request: what was predicted and routed, and what came out."""
 
@@ -99,6 +113,7 @@ class RequestObject(_Strict):
     logprobs: dict[str, Any] | None = Field(
         None, description="Log probabilities the engine returned, when asked for.")
     events: list[RequestEventObject] | None = None
+    slo: SloObject | None = Field(None, description="Its latency targets, if it has any.")
 
 
 # --- OpenAI-compatible ----------------------------------------------------------------------
@@ -391,6 +406,26 @@ class TeamWebhookSecretObject(_Strict):
     previous_valid_until: int | None = Field(
         description="Unix time until which the previous secret also signs the team's events "
         "(null: the team had none).")
+
+
+class TeamObject(_Strict):
+    """A team's settings, as an admin sees and changes them."""
+
+    id: str
+    object: Literal["team"]
+    name: str
+    share: int
+    rate_limit_rpm: int | None
+    slo_miss_action: Literal["route", "queue", "refuse"] = Field(description=(
+        "What happens to its requests whose latency targets no instance can meet: route them "
+        "anyway (to the closest instance), queue them (run as batch work), or refuse them "
+        "(status rejected; a held OpenAI call answers 429 with Retry-After)."))
+
+
+class TeamSettingsBody(_Strict):
+    """Body of PATCH /v1/admin/teams/{team_id}: the settings to change."""
+
+    slo_miss_action: Literal["route", "queue", "refuse"]
 
 
 class QueueDepth(_Strict):

@@ -13,6 +13,7 @@ from werkzeug.exceptions import HTTPException
 
 from app.db import TRANSIENT_ERRORS
 from app.errors import BlockqError
+from app.slo import SloUnmeetable
 
 __all__ = ["init_app", "RETRY_AFTER_S"]
 
@@ -24,6 +25,11 @@ RETRY_AFTER_S = 2
 
 def _handle_blockq_error(error: BlockqError) -> ResponseReturnValue:
     return jsonify(error.to_dict()), error.status
+
+
+def _handle_slo_unmeetable(error: SloUnmeetable) -> ResponseReturnValue:
+    """A request refused at routing: its latency targets were out of reach; retry later."""
+    return jsonify(error.to_dict()), error.status, {"Retry-After": str(error.retry_after_s)}
 
 
 def _handle_http_exception(error: HTTPException) -> ResponseReturnValue:
@@ -67,6 +73,7 @@ def _handle_outage(error: Exception) -> ResponseReturnValue:
 
 def init_app(app: Flask) -> None:
     app.register_error_handler(BlockqError, _handle_blockq_error)
+    app.register_error_handler(SloUnmeetable, _handle_slo_unmeetable)
     app.register_error_handler(HTTPException, _handle_http_exception)
     for error in (*TRANSIENT_ERRORS, redis.ConnectionError, redis.TimeoutError):
         app.register_error_handler(error, _handle_outage)

@@ -36,12 +36,17 @@ from app.openai_schemas import (
 )
 from app.schemas import parse_body
 from app.services import Services
+from app.slo import SloMissAction, SloUnmeetable, merge_header_targets
 from app.streams import read_stream
 
 logger = logging.getLogger(__name__)
 
 #: How often a sync completion polls its row while Redis is unreachable.
 ROW_POLL_S = 0.5
+#: A stream with latency targets of a team that refuses unmeetable ones waits this long at
+#: most for its routing, polling its row this often, before its first byte.
+ROUTING_WAIT_S = 2.0
+ROUTING_POLL_S = 0.01
 
 #: The blockq request ids of a completion (one per choice), sent before any event: a stream
 #: cut before its first chunk still tells its client which request to look up.
@@ -93,6 +98,9 @@ def chat_completions() -> ResponseReturnValue:
 def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
     body = json_body()
     parsed = parse_body(body_model, body)  # type: ignore[arg-type]
+    targets = merge_header_targets(parsed.slo, request.headers)
+    if targets is not parsed.slo:
+        parsed = parsed.model_copy(update={"slo": targets})
     svc = services()
     check_model(parsed, svc.settings.model_name)
     principal = current_principal()
@@ -104,8 +112,11 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
     try:
         # One request per choice (a stream has one: the body's validation saw to it).
         submitted = submit_together(svc, native_bodies(parsed), team_id=team_id,
-                                    stream=parsed.stream)
+                                    stream=parsed.stream,
+                                    slo_miss_action=principal.slo_miss_action)
         if parsed.stream:
+            if parsed.slo is not None and principal.slo_miss_action == SloMissAction.REFUSE:
+                _await_routing(svc, submitted[0].id, hold)
             relay = _Relay(svc, submitted[0], kind, team_id, parsed.include_usage_in_stream,
                            hold)
             response = Response(stream_with_context(relay.events()),
@@ -204,10 +215,39 @@ def _terminal_row(svc: Services, request_id: str) -> InferenceRequest | None:
 def _succeeded_or_raise(row: InferenceRequest) -> InferenceRequest:
     if row.status == RequestStatus.SUCCEEDED:
         return row
+    if row.status == RequestStatus.REJECTED:
+        raise _refusal(row)
     if row.status == RequestStatus.CANCELLED:
         raise GenerationFailed(f"Request {row.id} was cancelled.", code="cancelled")
     message = (row.error or {}).get("message", "generation failed")
     raise GenerationFailed(f"Request {row.id} failed: {message}", code="generation_failed")
+
+
+def _refusal(row: InferenceRequest) -> SloUnmeetable:
+    """The 429 of a request refused at routing: its latency targets were out of reach."""
+    error = row.error or {}
+    return SloUnmeetable(f"Request {row.id} was rejected: {error.get('message', '')}".strip(),
+                         retry_after_s=int(error.get("retry_after_s", 1)))
+
+
+def _await_routing(svc: Services, request_id: str, hold: Hold) -> None:
+    """Wait until the request is routed or refused (a few milliseconds, the predict and route
+    stages): a stream's status is sent with its first byte, so a stream whose team refuses
+    requests with unmeetable targets answers 429 only if it waits for the routing first.
+    After `ROUTING_WAIT_S` the stream starts anyway (a refusal then ends it with an error)."""
+    deadline = time.monotonic() + ROUTING_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            with svc.db.session() as session:
+                row = store.get_request(session, request_id)
+                if row.status == RequestStatus.REJECTED:
+                    raise _refusal(row)
+                if row.status not in (RequestStatus.QUEUED, RequestStatus.PREDICTING):
+                    return
+        except TRANSIENT_ERRORS:
+            return  # the stream's own waiting copes with the outage
+        _check_client(svc, request_id, hold)
+        time.sleep(ROUTING_POLL_S)
 
 
 class _Relay:
@@ -301,6 +341,10 @@ class _Relay:
                                    "cannot continue.", "stream_interrupted")
             return
         self.finished = True
+        if row.status == RequestStatus.REJECTED:
+            refusal = _refusal(row)
+            yield _sse(refusal.to_dict())
+            return
         if row.status != RequestStatus.SUCCEEDED:
             yield from self._error(f"Request {row.id} ended with status {row.status}.",
                                    "generation_failed")

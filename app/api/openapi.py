@@ -25,6 +25,7 @@ from app.batches import CreateBatch
 from app.commands import MAX_IDEMPOTENCY_KEY_LEN
 from app.openai_schemas import ChatCompletionBody, CompletionBody
 from app.schemas import CreateRequest
+from app.slo import E2E_HEADER, MAX_TARGET_MS, MIN_TARGET_MS, TTFT_HEADER
 
 __all__ = ["bp", "OPERATIONS", "build_document", "openapi_path"]
 
@@ -46,8 +47,9 @@ _DESCRIPTIONS = {
     413: "The body is larger than the limit.",
     415: "The body is not JSON (a form, text).",
     422: "The request cannot be served (e.g. prompt longer than the model's context).",
-    429: "The team's rate limit, or its cap on held completions, is reached; retry later "
-         "(Retry-After).",
+    429: "The team's rate limit, or its cap on held completions, is reached, or (code "
+         "slo_unmeetable) no instance can meet the call's latency targets and the team refuses "
+         "such calls; retry later (Retry-After).",
     503: "The database or the broker is unavailable, no worker answered, or the API process "
          "has no thread to spare; retry shortly.",
     504: "The request did not finish within the sync timeout; it goes on "
@@ -98,6 +100,15 @@ def _link(operation_id: str, **parameters: str) -> dict[str, Any]:
 
 
 _BODY_ID = "$response.body#/id"
+_TARGET_MS = {"type": "string", "pattern": r"^[0-9]{1,9}(\.[0-9]{1,6})?$"}
+#: Latency targets as headers of the OpenAI-compatible calls (or the body's `slo`).
+SLO_PARAMS = (
+    Param(TTFT_HEADER, "header", _TARGET_MS,
+          f"Time-to-first-token target, milliseconds from acceptance ({MIN_TARGET_MS:g} to "
+          f"{MAX_TARGET_MS:g}), as slo.ttft_ms."),
+    Param(E2E_HEADER, "header", _TARGET_MS,
+          "End-to-end latency target, milliseconds from acceptance, as slo.e2e_ms."),
+)
 ADMIN = "Operations (admin keys only)"
 
 OPERATIONS: dict[str, Operation] = {
@@ -122,13 +133,13 @@ OPERATIONS: dict[str, Operation] = {
                                    errors=(404,)),
     "openai.completions": Operation(
         "Create a completion", "OpenAI-compatible", c.CompletionObject, body=CompletionBody,
-        stream=c.CompletionChunk, errors=(400, 404, 413, 422, 504),
+        stream=c.CompletionChunk, errors=(400, 404, 413, 422, 504), params=SLO_PARAMS,
         description="Waits for the answer; with `stream: true`, server-sent events as the text "
                     "is generated, ended by `data: [DONE]`."),
     "openai.chat_completions": Operation(
         "Create a chat completion", "OpenAI-compatible", c.ChatCompletionObject,
         body=ChatCompletionBody, stream=c.ChatCompletionChunk,
-        errors=(400, 404, 413, 422, 504),
+        errors=(400, 404, 413, 422, 504), params=SLO_PARAMS,
         description="As /v1/completions, with messages rendered by the model's chat template."),
     # --- files
     "files.upload": Operation(
@@ -176,6 +187,14 @@ OPERATIONS: dict[str, Operation] = {
     "admin.switch_routing": Operation(
         "Switch the routing policy", ADMIN, c.RoutingState, body=c.RoutingPolicyBody,
         errors=(400, 403, 413)),
+    "admin.show_team": Operation("Show a team's settings", ADMIN, c.TeamObject,
+                                 errors=(403, 404)),
+    "admin.update_team": Operation(
+        "Change a team's settings", ADMIN, c.TeamObject, body=c.TeamSettingsBody,
+        errors=(400, 403, 404, 413),
+        description="`slo_miss_action`: what happens to the team's requests whose latency "
+                    "targets no instance can meet (`route`, `queue` or `refuse`); requests "
+                    "already accepted keep theirs."),
     "admin.rotate_webhook_secret": Operation(
         "Rotate a team's webhook signing secret", ADMIN, c.TeamWebhookSecretObject,
         errors=(403, 404),

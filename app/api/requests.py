@@ -17,9 +17,10 @@ bp = Blueprint("requests", __name__, url_prefix="/v1/requests")
 @bp.post("")
 def create() -> ResponseReturnValue:
     body = json_body()
+    principal = current_principal()
     created_request, created = submit_request(
         services(), body, idempotency_key=request.headers.get("Idempotency-Key"),
-        team_id=current_principal().team_id,
+        team_id=principal.team_id, slo_miss_action=principal.slo_miss_action,
     )
     status_url = url_for("requests.show", request_id=created_request.id, _external=True)
     payload = {

@@ -13,6 +13,7 @@ from app.db import Database
 from app.errors import BlockqError
 from app.models import ApiKey, Team
 from app.settings import Settings
+from app.slo import SloMissAction
 from app.team_secrets import rotate_secret, secrets_in_force
 from app.teams import create_team, issue_key, revoke_key, team_by_name
 from app.webhook_targets import check_submitted_url
@@ -20,6 +21,10 @@ from app.webhook_targets import check_submitted_url
 __all__ = ["teams", "keys"]
 
 console = Console()
+
+_SLO_MISS_ACTION_HELP = ("What happens to the team's requests whose latency targets no "
+                         "instance can meet: route them anyway, queue them as batch work, or "
+                         "refuse them (429 with Retry-After).")
 
 
 def _database() -> Database:
@@ -40,18 +45,22 @@ def teams() -> None:
 @click.option("--webhook-url", default=None, help="Where the team's batch events are sent.")
 @click.option("--storage-quota", "storage_quota_bytes", type=click.IntRange(min=1), default=None,
               help="Bytes of stored files (default: BLOCKQ_STORAGE_QUOTA_BYTES).")
+@click.option("--slo-miss-action", type=click.Choice([str(a) for a in SloMissAction]),
+              default=str(SloMissAction.ROUTE), show_default=True,
+              help=_SLO_MISS_ACTION_HELP)
 @click.option("--with-key/--no-key", default=True, show_default=True,
               help="Also issue a first API key and print it.")
 def create_team_command(name: str, share: int, rate_limit_rpm: int | None,
                         webhook_url: str | None, with_key: bool,
-                        storage_quota_bytes: int | None) -> None:
+                        storage_quota_bytes: int | None, slo_miss_action: str) -> None:
     """Create a team (and its first API key); prints its webhook signing secret once."""
     db = _database()
     try:
         check_submitted_url(webhook_url, Settings.load().webhook_allowed_networks)
         with db.session() as session:
             team = create_team(session, name, share=share, rate_limit_rpm=rate_limit_rpm,
-                               webhook_url=webhook_url, storage_quota_bytes=storage_quota_bytes)
+                               webhook_url=webhook_url, storage_quota_bytes=storage_quota_bytes,
+                               slo_miss_action=slo_miss_action)
             issued = issue_key(session, team) if with_key else None
             secret = secrets_in_force(session, team.id)[0]
     except BlockqError as exc:
@@ -62,6 +71,23 @@ def create_team_command(name: str, share: int, rate_limit_rpm: int | None,
     _print_webhook_secret(secret)
     if issued:
         _print_key(issued.key_id, issued.key)
+
+
+@teams.command("set")
+@click.argument("name")
+@click.option("--slo-miss-action", type=click.Choice([str(a) for a in SloMissAction]),
+              required=True, help=_SLO_MISS_ACTION_HELP)
+def set_team(name: str, slo_miss_action: str) -> None:
+    """Change a team's settings (requests already accepted keep theirs)."""
+    db = _database()
+    try:
+        with db.session() as session:
+            team_by_name(session, name).slo_miss_action = slo_miss_action
+    except BlockqError as exc:
+        raise click.ClickException(exc.message) from None
+    finally:
+        db.dispose()
+    console.print(f"team {name}: slo_miss_action {slo_miss_action}")
 
 
 @teams.command("rotate-webhook-secret")
@@ -93,14 +119,16 @@ def list_teams() -> None:
     """Every team with its share, rate limit and number of active keys."""
     db = _database()
     table = Table()
-    for column in ("id", "name", "share", "rate limit (rpm)", "active keys", "webhook"):
+    for column in ("id", "name", "share", "rate limit (rpm)", "slo miss", "active keys",
+                   "webhook"):
         table.add_column(column)
     with db.session() as session:
         for team in session.scalars(select(Team).order_by(Team.name)):
             active = session.scalars(select(ApiKey.id).where(
                 ApiKey.team_id == team.id, ApiKey.revoked_at.is_(None))).all()
             table.add_row(team.id, team.name, str(team.share),
-                          str(team.rate_limit_rpm or "default"), str(len(active)),
+                          str(team.rate_limit_rpm or "default"), team.slo_miss_action,
+                          str(len(active)),
                           team.webhook_url or "-")
     db.dispose()
     console.print(table)
