@@ -1,9 +1,10 @@
 """The events webhooks deliver, and where: a request's terminal status to the request's
 `webhook_url`, or a batch's terminal status to its team's `webhook_url`.
 
-Request events carry the request object (`request.succeeded|failed|cancelled`). Batch events
-have OpenAI's batch webhook shape (`batch.completed|failed|expired|cancelled`, `data: {"id"}`),
-so `openai.OpenAI(webhook_secret=...).webhooks.unwrap` parses them into its event types.
+Request events carry the request object (`request.succeeded|failed|cancelled|rejected`).
+Batch events have OpenAI's batch webhook shape (`batch.completed|failed|expired|cancelled`,
+`data: {"id"}`), so `openai.OpenAI(webhook_secret=...).webhooks.unwrap` parses them into its
+event types.
 """
 
 from __future__ import annotations
