@@ -6,6 +6,7 @@ OpenAI call, sync or streamed, as 429 with Retry-After before any byte of an ans
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ from click.testing import CliRunner
 from flask.testing import FlaskClient
 from sqlalchemy import func, select
 
+from app.api import openai as openai_api
 from app.cli import main as cli
 from app.errors import InvalidRequest
 from app.models import InferenceRequest, Team
@@ -230,6 +232,28 @@ def test_a_refused_call_answers_429_with_retry_after(client: FlaskClient, worker
     assert cancelled["code"] == "request_already_finished"
     scraped = client.get("/metrics").get_data(as_text=True)
     assert 'blockq_slo_requests_total{kind="all",outcome="rejected"}' in scraped
+
+
+def test_a_stream_refused_after_it_started_ends_with_the_refusal(
+        client: FlaskClient, worker: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Routing slower than the stream's wait for it: the stream has begun (200), so the
+    refusal is its last event, in the error object's shape."""
+    monkeypatch.setattr(openai_api, "ROUTING_WAIT_S", 0.0)
+    _set_action(client, "refuse")
+    thread, answer = _call_in_thread(lambda: client.post(
+        "/v1/chat/completions", headers={"x-slo-e2e-ms": "1"},
+        json=CHAT | {"stream": True}, buffered=True))
+    (request_id,) = _submitted(client)
+
+    predict_tasks.annotate(request_id)
+    thread.join(timeout=10)
+
+    response = answer["response"]
+    assert response.status_code == 200
+    events = [line.removeprefix("data: ") for line in response.get_data(as_text=True).split(
+        "\n") if line.startswith("data: ")]
+    last = json.loads(events[-1])
+    assert last["error"]["code"] == "slo_unmeetable" and last["error"]["type"] == "requests"
 
 
 def test_a_meetable_target_is_routed(client: FlaskClient, worker: Runtime) -> None:
