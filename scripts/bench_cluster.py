@@ -33,14 +33,19 @@ TTFT p99 SLO 3 s, step-time noise 0.05 (the emulated engine's default); with ``-
 ``mooncake`` (issue 15) is the Mooncake conversation trace (Kimi's production arrivals and
 lengths, prompts sharing prefixes given by ``hash_ids`` of 512-token blocks): the instances run
 with prefix caching on (`workers.sim.block_pool`), the router sees each request's prefix hashes
-and the caches the instances publish. ``--mooncake-settings`` is issue 15's comparison: 12 x
+and the caches the instances publish; ``system-prompts`` (ShareGPT requests behind one of 16
+shared 1,024-token system prompts, Zipf popularity) and ``chats`` (ShareGPT lengths as the turns
+of multi-turn chats, each turn's prompt the previous turn's prompt and answer plus a new message)
+are synthetic prefix mixes on the paper's 4096-token setup. ``--mooncake-settings`` is issue
+15's comparison: 12 x
 qwen2-7b-a30 at max_model_len 32768 (longer prompts dropped), ``prefix_affinity`` against
 ``block``, ``block_noprefix`` (the same router blind to the cache), llumnix and round robin.
 
 Usage::
 
     python scripts/bench_cluster.py [--models llama-2-7b-a30 qwen2-7b-a30]
-        [--workload sharegpt|azure_conv|azure_code|sharegpt-azure|conversations|mooncake]
+        [--workload sharegpt|azure_conv|azure_code|sharegpt-azure|conversations|mooncake|
+                    system-prompts|chats]
         [--replay .blockq/live_workload/requests.jsonl] [--live-settings] [--mooncake-settings]
         [--configs round_robin block@oracle ...]
         [--predictor learned-errors] [--rates LO:HI:STEP] [--bisect 3] [--jobs 2]
@@ -78,9 +83,11 @@ from workers.cluster_sim import (
     load_mooncake_trace,
     load_replay_prompts,
     load_sharegpt_azure,
+    multi_turn_workload,
     predictor_from_spec,
     replay_workload,
     saturation_rate,
+    shared_prompt_workload,
     simulate,
 )
 from workers.route.policies import needs_what_if
@@ -100,7 +107,10 @@ DEFAULT_CONFIGS = ("round_robin", "random", "least_requests", "infaas", "llumnix
                    "block@mean")
 SMOKE_CONFIGS = ("round_robin", "random", "llumnix", "block", "block@oracle")
 WORKLOADS = {"sharegpt": SHAREGPT, "azure_conv": AZURE_CONV, "azure_code": AZURE_CODE,
-             "sharegpt-azure": SHAREGPT, "conversations": None, "mooncake": MOONCAKE_CONV}
+             "sharegpt-azure": SHAREGPT, "conversations": None, "mooncake": MOONCAKE_CONV,
+             "system-prompts": SHAREGPT, "chats": SHAREGPT}
+#: Prefix hash granularity of the synthetic prefix workloads (16 blocks of 16 tokens).
+SYNTHETIC_PREFIX_TOKENS = 256
 #: The model context of every workload but mooncake (the Block paper's setting).
 DEFAULT_MAX_MODEL_LEN = 4096
 #: Mooncake's prompts are long (mean 12k tokens): Qwen2-7B's native 32k context, prompts at or
@@ -679,6 +689,16 @@ def workload_max_model_len(name: str) -> int:
 
 
 def load_workload(args: argparse.Namespace) -> Workload:
+    if args.workload in ("system-prompts", "chats"):
+        lengths = load_length_trace(args.data / SHAREGPT, max_model_len=DEFAULT_MAX_MODEL_LEN,
+                                    num_requests=args.num_requests, seed=args.seed)
+        if args.workload == "system-prompts":
+            return shared_prompt_workload(lengths, num_prompts=16, prompt_tokens=1024,
+                                          block_tokens=SYNTHETIC_PREFIX_TOKENS,
+                                          max_model_len=DEFAULT_MAX_MODEL_LEN, seed=args.seed)
+        return multi_turn_workload(lengths, mean_turns=4.0, mean_gap_requests=60.0,
+                                   block_tokens=SYNTHETIC_PREFIX_TOKENS,
+                                   max_model_len=DEFAULT_MAX_MODEL_LEN, seed=args.seed)
     if args.workload == "mooncake":
         return load_mooncake_trace(args.data / MOONCAKE_CONV,
                                    max_model_len=MOONCAKE_MAX_MODEL_LEN,

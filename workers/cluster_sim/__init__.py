@@ -30,9 +30,11 @@ from .workload import (
     load_mooncake_trace,
     load_replay_prompts,
     load_sharegpt_azure,
+    multi_turn_workload,
     poisson_unit_arrivals,
     replay_sequence,
     replay_workload,
+    shared_prompt_workload,
 )
 
 __all__ = [
@@ -61,6 +63,8 @@ __all__ = [
     "load_azure_trace",
     "load_length_trace",
     "load_mooncake_trace",
+    "multi_turn_workload",
+    "shared_prompt_workload",
     "load_replay_prompts",
     "load_sharegpt_azure",
     "poisson_unit_arrivals",

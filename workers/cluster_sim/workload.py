@@ -29,11 +29,13 @@ __all__ = [
     "load_azure_trace",
     "load_length_trace",
     "load_mooncake_trace",
+    "multi_turn_workload",
     "load_replay_prompts",
     "load_sharegpt_azure",
     "poisson_unit_arrivals",
     "replay_sequence",
     "replay_workload",
+    "shared_prompt_workload",
 ]
 
 #: Trace files, relative to the shared data directory.
@@ -307,6 +309,74 @@ def load_mooncake_trace(path: str | Path, *, max_model_len: int,
                     tuple(prompts[i] for i in order), tuple(outputs[i] for i in order),
                     prefix_hashes=tuple(hashes[i] for i in order),
                     prefix_block_size=MOONCAKE_BLOCK_TOKENS)
+
+
+def shared_prompt_workload(base: Workload, *, num_prompts: int, prompt_tokens: int,
+                           block_tokens: int, max_model_len: int, seed: int = 0) -> Workload:
+    """`base`'s requests, each behind one of `num_prompts` shared system prompts.
+
+    A request's prompt is a system prompt of `prompt_tokens` tokens, drawn with Zipf (s = 1)
+    popularity, then its own `base` prompt (cut to fit `max_model_len`); its prefix hashes
+    (one per `block_tokens`) are the system prompt's, shared, then its own.
+    """
+    rng = np.random.default_rng([seed, 15])
+    weights = 1.0 / np.arange(1, num_prompts + 1)
+    choices = rng.choice(num_prompts, size=len(base), p=weights / weights.sum())
+    prompts, outputs, hashes = [], [], []
+    for index, (own, output) in enumerate(zip(base.num_prompt_tokens, base.num_output_tokens,
+                                              strict=True)):
+        prompt = min(prompt_tokens + own, max_model_len - 1)
+        system = int(choices[index])
+        num_hashes = -(-prompt // block_tokens)
+        shared = prompt_tokens // block_tokens
+        hashes.append(tuple(system * 1_000 + u if u < shared else -(index * 1_000 + u) - 1
+                            for u in range(num_hashes)))
+        prompts.append(prompt)
+        outputs.append(max(1, min(output, max_model_len - prompt)))
+    return Workload(f"{base.name}-system-prompts", base.unit_arrival_s, tuple(prompts),
+                    tuple(outputs), prefix_hashes=tuple(hashes), prefix_block_size=block_tokens)
+
+
+def multi_turn_workload(base: Workload, *, mean_turns: float, mean_gap_requests: float,
+                        block_tokens: int, max_model_len: int, seed: int = 0) -> Workload:
+    """`base`'s lengths as the turns of multi-turn chats: each turn's prompt is the previous
+    turn's prompt and answer, then a new message (`base`'s prompt lengths in order).
+
+    Conversations have geometric turn counts (mean `mean_turns`), start as a Poisson process
+    and space their turns by exponential gaps of mean `mean_gap_requests` unit-rate seconds
+    (that many other arrivals in between, on average); arrivals are then rescaled to a mean
+    rate of one. A chat ends early once its next prompt would not fit `max_model_len`. Prefix
+    hashes (one per `block_tokens`) are shared by a conversation's turns up to the previous
+    turn's full blocks.
+    """
+    rng = np.random.default_rng([seed, 16])
+    messages = list(zip(base.num_prompt_tokens, base.num_output_tokens, strict=True))
+    events: list[tuple[float, int, int, tuple[int, ...]]] = []
+    start_s = next_message = chat = 0
+    while next_message < len(messages):
+        start_s += rng.exponential(mean_turns)
+        at_s, context = start_s, 0
+        turns = rng.geometric(1.0 / mean_turns)
+        chat += 1
+        for _ in range(turns):
+            if next_message >= len(messages):
+                break
+            message, answer = messages[next_message]
+            prompt = context + message
+            if prompt >= max_model_len:
+                break
+            next_message += 1
+            answer = max(1, min(answer, max_model_len - prompt))
+            hashes = tuple(chat * 100_000 + u for u in range(-(-prompt // block_tokens)))
+            events.append((at_s, prompt, answer, hashes))
+            context = prompt + answer
+            at_s += rng.exponential(mean_gap_requests)
+        if not turns or context == 0 and next_message < len(messages):
+            next_message += 1  # a first message that does not fit: skip it
+    events.sort(key=lambda e: e[0])
+    return Workload(f"{base.name}-chats", _unit_rate([e[0] for e in events]),
+                    tuple(e[1] for e in events), tuple(e[2] for e in events),
+                    prefix_hashes=tuple(e[3] for e in events), prefix_block_size=block_tokens)
 
 
 def _seconds(timestamp: str) -> float:

@@ -15,7 +15,9 @@ from workers.cluster_sim import (
     SimulatedRequest,
     Workload,
     load_mooncake_trace,
+    multi_turn_workload,
     poisson_unit_arrivals,
+    shared_prompt_workload,
     simulate,
 )
 from workers.sim import ExecModel, InstanceConfig
@@ -103,3 +105,42 @@ def test_the_mooncake_loader_keeps_arrivals_lengths_and_hashes(tmp_path: Path) -
     assert workload.prefix_hashes == ((0, 1), (0, 1, 2)) and workload.prefix_block_size == 512
     assert workload.unit_arrival_s == (0.0, 1.0)
     assert workload.head(1).prefix_hashes == ((0, 1),)
+
+
+def _base(n: int) -> Workload:
+    rng = random.Random(n)
+    return Workload("base", poisson_unit_arrivals(n, 1),
+                    tuple(rng.randint(10, 600) for _ in range(n)),
+                    tuple(rng.randint(1, 300) for _ in range(n)))
+
+
+def test_system_prompt_requests_share_exactly_their_system_prompt() -> None:
+    base = _base(300)
+    workload = shared_prompt_workload(base, num_prompts=4, prompt_tokens=512, block_tokens=128,
+                                      max_model_len=1024)
+    assert workload.unit_arrival_s == base.unit_arrival_s
+    by_prompt: dict[tuple[int, ...], int] = {}
+    for prompt, hashes, own in zip(workload.num_prompt_tokens, workload.prefix_hashes,
+                                   base.num_prompt_tokens, strict=True):
+        assert prompt == min(512 + own, 1023) and len(hashes) == -(-prompt // 128)
+        by_prompt[hashes[:4]] = by_prompt.get(hashes[:4], 0) + 1
+    assert len(by_prompt) == 4 and max(by_prompt.values()) > 300 / 4  # Zipf: one is popular
+    others = [h[4:] for h in workload.prefix_hashes]
+    assert len({u for h in others for u in h}) == sum(len(h) for h in others)  # all own
+
+
+def test_a_chat_turn_extends_the_previous_turns_prompt_and_answer() -> None:
+    workload = multi_turn_workload(_base(400), mean_turns=4.0, mean_gap_requests=20.0,
+                                   block_tokens=64, max_model_len=4096)
+    assert len(workload) > 300
+    assert list(workload.unit_arrival_s) == sorted(workload.unit_arrival_s)
+    chats: dict[int, list[tuple[int, int, tuple[int, ...]]]] = {}
+    for prompt, output, hashes in zip(workload.num_prompt_tokens, workload.num_output_tokens,
+                                      workload.prefix_hashes, strict=True):
+        chats.setdefault(hashes[0], []).append((prompt, output, hashes))
+    assert 40 < len(chats) < len(workload)
+    for turns in chats.values():
+        for (prompt, output, hashes), (later, _, later_hashes) in zip(turns, turns[1:],
+                                                                      strict=False):
+            assert later > prompt + output  # the previous prompt, its answer, a new message
+            assert later_hashes[:len(hashes)] == hashes
