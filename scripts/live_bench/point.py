@@ -41,13 +41,16 @@ from live_bench.workloads import LiveWorkload, write_jsonl
 __all__ = ["POLICIES", "PointSpec", "policy_setup", "run_point"]
 
 #: Policy labels -> (routing policy, predictor): learned (the workload's learned predictions:
-#: the model in the predict worker, or its table), oracle, mean, or none (a table of the mean:
-#: the policy reads no prediction, the cheapest predictor keeps the control plane light).
+#: the model in the predict worker, or its table), learned-table (the same model's predictions,
+#: made offline by make_live_workload.py, from a table: the routing without the encoder's CPU),
+#: oracle, mean, or none (a table of the mean: the policy reads no prediction, the cheapest
+#: predictor keeps the control plane light).
 POLICIES: dict[str, tuple[str, str]] = {
     "round_robin": ("round_robin", "none"),
     "least_requests": ("least_requests", "none"),
     "llumnix": ("llumnix", "none"),
     "block": ("block", "learned"),
+    "block@learned-table": ("block", "learned-table"),
     "block@oracle": ("block", "oracle"),
     "block@mean": ("block", "mean"),
 }
@@ -95,6 +98,10 @@ def policy_setup(policy: str, workload: LiveWorkload) -> tuple[str, str, str | N
         if all(r.learned_tokens is not None for r in workload.requests):
             return routing, "table", "learned"
         raise ValueError(f"{policy}: workload {workload.name} has no learned predictions")
+    if predictor == "learned-table":
+        if any(r.learned_tokens is None for r in workload.requests):
+            raise ValueError(f"{policy}: workload {workload.name} has no learned predictions")
+        return routing, "table", "learned"
     return routing, "table", "mean" if predictor == "none" else predictor
 
 
@@ -176,6 +183,11 @@ def _cpu_s(stack: Stack) -> dict[str, float]:
     return out
 
 
+def _text_of(answer: httpx.Response | Exception) -> str:
+    """An answer's body, or the exception that stood for it."""
+    return answer.text if isinstance(answer, httpx.Response) else repr(answer)
+
+
 async def _send(base_url: str, api_key: str, workload: LiveWorkload,
                 wall_rate_per_s: float, abandon: threading.Event) -> list[dict[str, Any]]:
     """POST every request at its arrival time (one task each: a slow answer never delays the
@@ -213,9 +225,10 @@ async def _send(base_url: str, api_key: str, workload: LiveWorkload,
             except (httpx.HTTPError, ValueError) as error:
                 status, rid = 0, None
                 answer = error  # type: ignore[assignment]
+            accepted = status in (200, 202) and rid is not None
             return {"i": i, "due": due, "sent": sent, "answered": time.perf_counter() - loop_start,
                     "status": status, "id": rid,
-                    "error": None if status == 202 or status == 200 else str(answer)[:200]}
+                    "error": None if accepted else f"{status}: {_text_of(answer)[:200]}"}
 
         monitor = asyncio.create_task(call_off_when_abandoned())
         results = await asyncio.gather(*(one(i) for i in range(len(workload.requests))))
