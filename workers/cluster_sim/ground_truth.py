@@ -167,14 +167,16 @@ class GroundTruthInstance:
                 request.num_cached_tokens = request.num_prompt_tokens - num_new
 
     def _published(self, seq: SeqState, is_running: bool) -> SimRequest:
-        """A request as the engine publishes it: a waiting one with the prefix the cache
-        holds for it now (its hit if admitted now), no hashes (the cache is published)."""
+        """A request as the engine publishes it, with no hashes (the cache is published) but
+        the prefix the cache holds for it: a waiting one's hit if admitted now, a running
+        one's computed units (shared: not its own blocks to free)."""
         predicted = self._requests[seq.request_id].predicted_output_tokens
         cached = 0
-        if not is_running and seq.prefix_keys:
-            num_units, _ = self.scheduler.block_pool.match_prefix(seq.prefix_keys,
-                                                                  len(seq.prefix_keys))
-            cached = num_units * self.config.prefix_unit_tokens
+        if seq.prefix_keys:
+            unit = self.config.prefix_unit_tokens
+            max_units = seq.num_computed_tokens // unit if is_running else len(seq.prefix_keys)
+            num_units, _ = self.scheduler.block_pool.match_prefix(seq.prefix_keys, max_units)
+            cached = num_units * unit
         return SimRequest(seq.request_id, seq.num_prompt_tokens, seq.num_computed_tokens,
                           seq.num_output_tokens, predicted, is_running, cached,
                           priority=seq.priority)

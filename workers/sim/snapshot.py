@@ -323,7 +323,13 @@ def _normalise(request: SimRequest, config: InstanceConfig, overrun: OverrunPoli
         # NOTE: a snapshot taken while a step is in flight can show every token as
         # computed; the last one is then still to be produced, as between steps.
         computed = min(request.num_computed_tokens, num_tokens - 1)
-        shared = min(shared, computed // config.block_size)
+        if config.enable_prefix_caching and not keys:
+            # A running request's cached prefix is computed: the hit's one-token-short
+            # rule is behind it (a whole prompt of shared units stays shared).
+            shared = min(request.num_cached_tokens, request.num_prompt_tokens, computed)
+        else:
+            shared *= config.block_size
+        shared = min(shared, computed) // config.block_size
         owned = -(-computed // config.block_size) - shared
     return SeqSpec(request.request_id, request.num_prompt_tokens, request.num_output_tokens,
                    computed, target_output_tokens(request, config, overrun),

@@ -20,7 +20,7 @@ from workers.cluster_sim import (
     shared_prompt_workload,
     simulate,
 )
-from workers.sim import ExecModel, InstanceConfig
+from workers.sim import ExecModel, InstanceConfig, prepare
 from workers.sim.block_pool import chain_prefix_hashes
 
 CONFIG = InstanceConfig(num_total_blocks=257, block_size=16, max_num_seqs=8,
@@ -144,3 +144,17 @@ def test_a_chat_turn_extends_the_previous_turns_prompt_and_answer() -> None:
                                                                       strict=False):
             assert later > prompt + output  # the previous prompt, its answer, a new message
             assert later_hashes[:len(hashes)] == hashes
+
+
+def test_snapshots_count_shared_units_once(toy_model: ExecModel) -> None:
+    """Running requests sharing units publish them as cached: the snapshot's blocks add up."""
+    config = dataclasses.replace(CONFIG, num_total_blocks=100)
+    instance = GroundTruthInstance("g", config, toy_model)
+    for i in range(8):  # one whole prompt of shared units, held by every request
+        instance.add(SimulatedRequest(f"r{i}", 0.0, 384, 200, 200, (1, 2, 3, 4, 5, 6)), 0.0)
+    while instance.has_work:
+        instance.step()
+        snapshot = instance.snapshot()
+        prepared = prepare(snapshot)  # raises if the running requests hold too many blocks
+        held = sum(s.num_owned_blocks for s in prepared.running)
+        assert held + snapshot.num_free_blocks <= config.num_usable_blocks
