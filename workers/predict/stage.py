@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import select, text, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from app import model_registry, store
@@ -174,16 +174,14 @@ def start(db: Database, request_id: str) -> Started | None:
     A redelivered task finds it already predicting and predicts again (nothing was routed yet).
     """
     with db.session() as session:
-        if session.get_bind().dialect.name == "postgresql":
-            # NOTE: this mark need not survive a database crash, so its commit does not wait
-            # for the WAL flush: lost, the request is queued again, and its predict message,
-            # unacknowledged until this task ends, is delivered again.
-            session.execute(text("SET LOCAL synchronous_commit TO off"))
         # NOTE: the columns come back from the UPDATE itself (no second read, no ORM object);
-        # only a redelivery, which finds the request already predicting, reads them.
+        # only a redelivery, which finds the request already predicting, reads them. This mark
+        # need not survive a database crash, so its commit does not wait for the WAL flush:
+        # lost, the request is queued again, and its predict message, unacknowledged until
+        # this task ends, is delivered again.
         request = store.transition_returning(
             session, request_id, RequestStatus.PREDICTING, allowed_from={RequestStatus.QUEUED},
-            returning=_STARTED_COLUMNS)
+            returning=_STARTED_COLUMNS, wait_for_wal=False)
         if request is None:
             request = session.execute(
                 select(*_STARTED_COLUMNS).where(

@@ -1,0 +1,76 @@
+"""Guarded status transitions on PostgreSQL (app/store.py): the UPDATE and its event in one
+statement, no event when the guard refuses, and the asynchronous commit set by the same
+statement when asked."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import select, text
+
+from app import store
+from app.db import Database
+from app.models import InferenceRequest, RequestEvent, RequestStatus
+from app.settings import Settings
+
+pytestmark = pytest.mark.services
+
+FIELDS = {"priority": "interactive", "prompt": "hello", "messages": None, "max_tokens": 8,
+          "temperature": 0.0, "top_p": 1.0, "seed": None, "stop": None, "sampling": None,
+          "prompt_token_ids": None, "webhook_url": None, "request_metadata": None,
+          "prompt_tokens": 2, "body_sha256": "x", "team_id": None, "stream": False}
+
+
+@pytest.fixture
+def db(fresh_services: Settings) -> Iterator[Database]:
+    database = Database(fresh_services.resolved_database_url)
+    yield database
+    database.dispose()
+
+
+def _new_request(db: Database) -> str:
+    with db.session() as session:
+        request, _ = store.create_request(session, dict(FIELDS), idempotency_key=None)
+        return request.id
+
+
+def _events(db: Database, request_id: str) -> list[tuple[str, str | None]]:
+    with db.session() as session:
+        return [tuple(row) for row in session.execute(
+            select(RequestEvent.status, RequestEvent.detail)
+            .where(RequestEvent.request_id == request_id).order_by(RequestEvent.id))]
+
+
+def test_a_transition_returns_its_columns_and_records_its_event(db: Database) -> None:
+    request_id = _new_request(db)
+    with db.session() as session:
+        row = store.transition_returning(
+            session, request_id, RequestStatus.ROUTED, allowed_from={RequestStatus.QUEUED},
+            detail="to gpu.0", instance_id="gpu.0", attempt=InferenceRequest.attempt + 1,
+            returning=(InferenceRequest.attempt, InferenceRequest.prompt))
+    assert row is not None and (row.attempt, row.prompt) == (1, "hello")
+    assert _events(db, request_id) == [("queued", None), ("routed", "to gpu.0")]
+
+
+def test_a_refused_transition_changes_nothing_and_records_no_event(db: Database) -> None:
+    request_id = _new_request(db)
+    with db.session() as session:
+        assert not store.transition(session, request_id, RequestStatus.RUNNING,
+                                    allowed_from={RequestStatus.ROUTED}, detail="no")
+    with db.session() as session:
+        assert session.get(InferenceRequest, request_id).status == "queued"
+    assert _events(db, request_id) == [("queued", None)]
+
+
+@pytest.mark.parametrize(("wait_for_wal", "expected"), [(True, "on"), (False, "off")])
+def test_the_commit_waits_for_the_wal_unless_told_not_to(db: Database, wait_for_wal: bool,
+                                                         expected: str) -> None:
+    request_id = _new_request(db)
+    with db.session() as session:
+        assert store.transition_returning(
+            session, request_id, RequestStatus.PREDICTING, allowed_from={RequestStatus.QUEUED},
+            returning=(InferenceRequest.id,), wait_for_wal=wait_for_wal) is not None
+        assert session.execute(text("SHOW synchronous_commit")).scalar_one() == expected
+    with db.session() as session:  # for this transaction only
+        assert session.execute(text("SHOW synchronous_commit")).scalar_one() == "on"
