@@ -8,7 +8,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import text as sql_text
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import dispatch, metrics, slo, store
@@ -41,8 +41,10 @@ class RequestRecords:
         """Mark the request RUNNING here; None if it is no longer ours to run (finished,
         cancelled, or re-routed since this message was sent)."""
         with self.db.session() as session:
-            _no_wal_flush_wait(session)
-            store.transition(
+            # NOTE: the columns come back from the UPDATE itself (no second read, no ORM
+            # object); only a redelivery, which finds the request already running, reads them.
+            # Its commit does not wait for the WAL flush (the NOTE below `complete`).
+            request = store.transition_returning(
                 session,
                 request_id,
                 RequestStatus.RUNNING,
@@ -50,14 +52,16 @@ class RequestRecords:
                 extra_where=self._ours(attempt),
                 detail=f"admitted by {self.instance_id}",
                 started_at=utcnow(),
+                returning=_ADMIT_COLUMNS,
+                wait_for_wal=False,
             )
-            request = session.get(InferenceRequest, request_id)
-            if (
-                request is None
-                or request.status != RequestStatus.RUNNING
-                or request.instance_id != self.instance_id
-                or request.attempt != attempt
-            ):
+            if request is None:
+                request = session.execute(
+                    select(*_ADMIT_COLUMNS).where(
+                        InferenceRequest.id == request_id,
+                        InferenceRequest.status == str(RequestStatus.RUNNING),
+                        *self._ours(attempt))).first()
+            if request is None:
                 return None
             if request.stream:
                 self.streams.follow(request_id, attempt)
@@ -144,6 +148,14 @@ class RequestRecords:
             self.streams.fail(request_id, attempt, "the engine failed to generate this request")
 
 
+#: What `admit` reads of a request: what the engine needs to generate it.
+_ADMIT_COLUMNS = (InferenceRequest.id, InferenceRequest.prompt, InferenceRequest.max_tokens,
+                  InferenceRequest.temperature, InferenceRequest.top_p, InferenceRequest.seed,
+                  InferenceRequest.stop, InferenceRequest.priority,
+                  InferenceRequest.predicted_output_tokens, InferenceRequest.sampling,
+                  InferenceRequest.prompt_token_ids, InferenceRequest.stream)
+
+
 def _record_targets_met(request: InferenceRequest) -> None:
     """Whether the request met its latency targets (written with the completion's commit)."""
     if request.slo_ttft_ms is None and request.slo_e2e_ms is None:
@@ -153,17 +165,14 @@ def _record_targets_met(request: InferenceRequest) -> None:
         request.finished_at)
 
 
-def _no_wal_flush_wait(session: Session) -> None:
-    """Commit this transaction without waiting for its WAL flush (PostgreSQL's asynchronous
-    commit), a wait that lies on every request's path to its first token (about 10 ms on a busy
-    disk). Only a crash of the database server itself can lose such a commit, never an
-    application crash, and commits stay in order. For the admission that is safe: a request
-    whose RUNNING mark is lost is ROUTED to this instance again, which the completion write
-    accepts as it accepts RUNNING (the attempt guard decides), and which the sweep leaves alone
-    while this instance publishes that it holds the request. The completion, which the client
-    is told of, keeps the durable commit."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(sql_text("SET LOCAL synchronous_commit TO OFF"))
+# NOTE (the admission's asynchronous commit, `wait_for_wal=False`): the commit does not wait
+# for its WAL flush, a wait that lies on every request's path to its first token (about 10 ms
+# on a busy disk). Only a crash of the database server itself can lose such a commit, never an
+# application crash, and commits stay in order. For the admission that is safe: a request
+# whose RUNNING mark is lost is ROUTED to this instance again, which the completion write
+# accepts as it accepts RUNNING (the attempt guard decides), and which the sweep leaves alone
+# while this instance publishes that it holds the request. The completion, which the client
+# is told of, keeps the durable commit.
 
 
 def storable(text: str) -> str:
