@@ -60,6 +60,8 @@ CONTROL_PLANE = ("api", "predict", "predict_bulk", "route", "health", "batches",
                  "beat", "flower")
 
 _TERMINAL = ("succeeded", "failed", "cancelled")
+#: Tries of one POST when its connection drops before the answer.
+SEND_ATTEMPTS = 3
 #: Wall seconds of idle CPU sampling before the requests are sent.
 IDLE_SAMPLE_S = 10.0
 
@@ -188,6 +190,33 @@ def _text_of(answer: httpx.Response | Exception) -> str:
     return answer.text if isinstance(answer, httpx.Response) else repr(answer)
 
 
+async def _post(client: httpx.AsyncClient, body: dict[str, Any], *, idempotency_key: str
+                ) -> tuple[httpx.Response | Exception, int]:
+    """POST one request as a careful client does: with an Idempotency-Key, and again when the
+    connection drops before the answer (a kept-alive connection the server closed meanwhile);
+    the key makes a retry answer with the request the first try created. (answer, tries)."""
+    answer: httpx.Response | Exception = RuntimeError("not tried")
+    for attempt in range(1, SEND_ATTEMPTS + 1):
+        try:
+            return await client.post("/v1/requests", json=body,
+                                     headers={"Idempotency-Key": idempotency_key}), attempt
+        except httpx.TransportError as error:
+            answer = error
+        except httpx.HTTPError as error:
+            return error, attempt
+    return answer, SEND_ATTEMPTS
+
+
+def _status_and_id(answer: httpx.Response | Exception) -> tuple[int, str | None]:
+    if not isinstance(answer, httpx.Response):
+        return 0, None
+    try:
+        body = answer.json()
+    except ValueError:
+        return answer.status_code, None
+    return answer.status_code, body.get("id") if isinstance(body, dict) else None
+
+
 async def _send(base_url: str, api_key: str, workload: LiveWorkload,
                 wall_rate_per_s: float, abandon: threading.Event) -> list[dict[str, Any]]:
     """POST every request at its arrival time (one task each: a slow answer never delays the
@@ -219,15 +248,11 @@ async def _send(base_url: str, api_key: str, workload: LiveWorkload,
                 return {"i": i, "due": due, "sent": sent, "answered": sent, "status": 0,
                         "id": None, "error": "not sent"}
             body = {"prompt": r.prompt, "max_tokens": r.max_tokens, "temperature": 0}
-            try:
-                answer = await client.post("/v1/requests", json=body)
-                status, rid = answer.status_code, answer.json().get("id")
-            except (httpx.HTTPError, ValueError) as error:
-                status, rid = 0, None
-                answer = error  # type: ignore[assignment]
+            answer, attempts = await _post(client, body, idempotency_key=f"bench-{i}")
+            status, rid = _status_and_id(answer)
             accepted = status in (200, 202) and rid is not None
             return {"i": i, "due": due, "sent": sent, "answered": time.perf_counter() - loop_start,
-                    "status": status, "id": rid,
+                    "status": status, "id": rid, "attempts": attempts,
                     "error": None if accepted else f"{status}: {_text_of(answer)[:200]}"}
 
         monitor = asyncio.create_task(call_off_when_abandoned())
@@ -448,6 +473,7 @@ def _result(spec: PointSpec, sends: list[dict[str, Any]], rows: list[dict[str, A
         "predictions_equal_offline_learned": agreement,
         "client": {"lag_p99_ms": percentile(lags, 99) * 1000,
                    "post_p99_ms": percentile(post_s, 99) * 1000,
+                   "posts_retried": sum(1 for s in sends if s.get("attempts", 1) > 1),
                    "send_wall_s": sent_s},
         "wall": {"stack_ready_s": ready_s, "window_s": window_s},
         "load": {"loadavg_1m_mean": sum(load) / len(load), "loadavg_1m_max": max(load),
