@@ -86,8 +86,6 @@ class ClusterSetup:
             raise ValueError("publish_interval_s and exec_noise_sigma must not be negative")
         if self.ground_truth not in GROUND_TRUTHS:
             raise ValueError(f"ground_truth must be one of {GROUND_TRUTHS}")
-        if self.config.enable_prefix_caching and self.ground_truth != "ours":
-            raise ValueError("only the \"ours\" ground truth models prefix caching")
 
 
 #: The instances' schedulers `ClusterSetup.ground_truth` can name.

@@ -5,13 +5,19 @@
 not from our copy of its rules (`workers.sim.Scheduler`). There is no model and no GPU: the
 scheduler gets the instance's vLLM settings (``max_num_seqs``, the chunked-prefill token
 budget, block size, ``max_model_len``, the KV blocks, the watermark, the scheduling policy
-with each request's priority, prefix caching off), and
+with each request's priority, prefix caching as the config says), and
 each step's "model runner output" is made up: one token for every request whose scheduled
 chunk reaches the end of its tokens (decodes and final prefill chunks), none for a partial
 prefill. Each request is sent with ``max_tokens`` = its true output length and
 ``ignore_eos``, so vLLM finishes it at that length. Each step is priced like
 `GroundTruthInstance`'s: the execution-time model of the step's batch times the same seeded
 noise sequence, so the two ground truths see identical inputs and differ only in scheduling.
+
+With prefix caching on, vLLM's own prefix cache runs (its block hashes over token ids, chained
+block by block): each prompt's tokens are made up from its prefix hashes so that vLLM's block
+hashes collide exactly where the hashes are shared (`prompt_token_ids`): every full unit of
+``prefix_block_size`` tokens (a Mooncake 512-token block: 32 vLLM blocks of 16) is a
+deterministic token sequence of its hash, the rest of the prompt tokens unique to the request.
 
 vLLM's scheduler is pure Python but does far more bookkeeping per step than ours (measured
 14-18x slower per step); importing vLLM takes 20-90 s (torch). Benchmark-only: nothing in
@@ -21,6 +27,7 @@ for (`ground_truth_class("vllm")`).
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -28,6 +35,8 @@ from types import SimpleNamespace
 import torch
 from vllm.config import CacheConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput as VllmSchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
@@ -48,6 +57,7 @@ from workers.sim import (
     SimRequest,
     StepResult,
 )
+from workers.sim.snapshot import matched_prefix_tokens, prefix_keys
 
 from .ground_truth import GroundTruthInstance, SimulatedRequest
 
@@ -55,8 +65,37 @@ __all__ = ["VllmAsyncGroundTruthInstance", "VllmGroundTruthInstance", "make_vllm
 
 #: The token every made-up step samples (never a stop token: requests ignore EOS).
 SAMPLED_TOKEN_ID = 7
-#: The token the made-up prompts consist of (no prefix caching, so content is irrelevant).
+#: The token the made-up prompts consist of without prefix caching (content is irrelevant).
 PROMPT_TOKEN_ID = 1
+#: Made-up token ids: a unit's come from [UNIT_TOKENS_BASE, TAIL_TOKENS_BASE), a request's own
+#: tail from [TAIL_TOKENS_BASE, TOKEN_ID_LIMIT).
+UNIT_TOKENS_BASE, TAIL_TOKENS_BASE, TOKEN_ID_LIMIT = 1000, 60_000, 150_000
+#: vLLM's default prefix-caching hash.
+PREFIX_HASH_ALGO = "sha256"
+
+
+def prompt_token_ids(request: SimulatedRequest, config: InstanceConfig) -> list[int]:
+    """Token ids for `request` whose vLLM block hashes collide where its prefix hashes do.
+
+    Without prefix caching (or hashes), every token is `PROMPT_TOKEN_ID`. Otherwise each full
+    unit of ``config.prefix_unit_tokens`` tokens covered by a hash is a sequence drawn from
+    that hash alone (vLLM chains block hashes, so equal units after different prefixes still
+    differ), and the tokens after the last such unit are drawn from the request id: shared
+    with nobody.
+    """
+    num_prompt = request.num_prompt_tokens
+    if not config.enable_prefix_caching or not request.prefix_hashes:
+        return [PROMPT_TOKEN_ID] * num_prompt
+    unit = config.prefix_unit_tokens
+    num_units = min(len(request.prefix_hashes), num_prompt // unit)
+    tokens: list[int] = []
+    for prefix_hash in request.prefix_hashes[:num_units]:
+        rng = random.Random(f"unit:{prefix_hash}")
+        tokens += [rng.randrange(UNIT_TOKENS_BASE, TAIL_TOKENS_BASE) for _ in range(unit)]
+    rng = random.Random(f"tail:{request.request_id}")
+    tokens += [rng.randrange(TAIL_TOKENS_BASE, TOKEN_ID_LIMIT)
+               for _ in range(num_prompt - len(tokens))]
+    return tokens
 
 
 class _AcceptAll:
@@ -82,8 +121,6 @@ def make_vllm_scheduler(config: InstanceConfig, async_scheduling: bool = False) 
     SchedulerConfig, a CacheConfig with ``num_gpu_blocks`` set, and a KVCacheConfig of one
     full-attention group; the model config is a stand-in with the fields it reads.
     """
-    if config.enable_prefix_caching:
-        raise ValueError("the vLLM ground truth runs with prefix caching off")
     scheduler_config = SchedulerConfig(
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
@@ -98,7 +135,9 @@ def make_vllm_scheduler(config: InstanceConfig, async_scheduling: bool = False) 
         async_scheduling=async_scheduling,
         policy=config.scheduling_policy,
     )
-    cache_config = CacheConfig(block_size=config.block_size, enable_prefix_caching=False)
+    cache_config = CacheConfig(block_size=config.block_size,
+                               enable_prefix_caching=config.enable_prefix_caching,
+                               prefix_caching_hash_algo=PREFIX_HASH_ALGO)
     vllm_config = VllmConfig(scheduler_config=scheduler_config, cache_config=cache_config)
     object.__setattr__(vllm_config, "model_config", _model_config(config.max_model_len))
     cache_config.num_gpu_blocks = config.num_total_blocks
@@ -135,6 +174,27 @@ class VllmGroundTruthInstance(GroundTruthInstance):
         super().__init__(instance_id, config, exec_model, noise_sigma, seed)
         self.vllm_scheduler = make_vllm_scheduler(config)
         self._num_preemptions = 0
+        self._init_prefix_cache()
+
+    def _init_prefix_cache(self) -> None:
+        """The block hasher vLLM's engine gives requests when prefix caching is on."""
+        self._block_hasher = None
+        #: Our key of every prefix unit this instance has seen -> vLLM's hash of its last
+        #: block (the cache evicts a prefix tail first: that block goes first).
+        self._unit_blocks: dict[int, object] = {}
+        #: Each request's unit keys, while it may still compute them.
+        self._request_units: dict[str, tuple[int, ...]] = {}
+        if self.config.enable_prefix_caching:
+            hash_fn = get_hash_fn_by_name(PREFIX_HASH_ALGO)
+            init_none_hash(hash_fn)
+            self._block_hasher = get_request_block_hasher(self.config.block_size, hash_fn)
+
+    def _record_hit(self, request_id: str, computed_before: int) -> None:
+        """The prefix vLLM's cache served `request_id`: its tokens computed before its
+        first scheduled chunk."""
+        request = self._requests[request_id]
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = computed_before
 
     @property
     def has_work(self) -> bool:
@@ -161,17 +221,51 @@ class VllmGroundTruthInstance(GroundTruthInstance):
         request.instance_id = self.instance_id
         self._requests[request.request_id] = request
         params = SamplingParams(max_tokens=request.max_output_tokens, ignore_eos=True)
-        self.vllm_scheduler.add_request(Request(
-            request.request_id, [PROMPT_TOKEN_ID] * request.num_prompt_tokens, params, None,
-            arrival_time=request.arrival_s, priority=self.priority_of(request)))
+        vllm_request = Request(
+            request.request_id, prompt_token_ids(request, self.config), params, None,
+            arrival_time=request.arrival_s, priority=self.priority_of(request),
+            block_hasher=self._block_hasher)
+        if self._block_hasher is not None:
+            self._note_units(request, vllm_request)
+        self.vllm_scheduler.add_request(vllm_request)
+
+    def _note_units(self, request: SimulatedRequest, vllm_request: Request) -> None:
+        """Remember which vLLM block ends each of the request's prefix units."""
+        keys = prefix_keys(SimRequest(request.request_id, request.num_prompt_tokens,
+                                      prefix_hashes=request.prefix_hashes), self.config)
+        unit_blocks = self.config.prefix_unit_blocks
+        for index, key in enumerate(keys):
+            self._unit_blocks.setdefault(key, vllm_request.block_hashes[
+                (index + 1) * unit_blocks - 1])
+        self._request_units[request.request_id] = keys
+
+    def _cached_units(self) -> frozenset[int]:
+        """Our keys of the prefix units vLLM's cache holds; units no unfinished request has
+        are forgotten once evicted."""
+        pool = self.vllm_scheduler.kv_cache_manager.block_pool
+        live = {key for request_id in self._requests
+                for key in self._request_units.get(request_id, ())}
+        cached, gone = [], []
+        for key, block_hash in self._unit_blocks.items():
+            if pool.get_cached_block(block_hash, [0]) is not None:  # type: ignore[arg-type]
+                cached.append(key)
+            elif key not in live:
+                gone.append(key)
+        for key in gone:
+            del self._unit_blocks[key]
+        for request_id in [r for r in self._request_units if r not in self._requests]:
+            del self._request_units[request_id]
+        return frozenset(cached)
 
     def snapshot(self) -> InstanceSnapshot:
         """What the engine publishes now (lengths as predicted, not the true ones)."""
         scheduler = self.vllm_scheduler
-        requests = [self._published_vllm(r, True) for r in scheduler.running]
-        requests += [self._published_vllm(r, False) for r in scheduler.kv_holding_waiting]
-        requests += [self._published_vllm(r, False) for r in scheduler.waiting]
-        return InstanceSnapshot(self.config, self.num_free_blocks, tuple(requests))
+        cached = self._cached_units() if self._block_hasher is not None else frozenset()
+        requests = [self._published_vllm(r, True, cached) for r in scheduler.running]
+        requests += [self._published_vllm(r, False, cached)
+                     for r in scheduler.kv_holding_waiting]
+        requests += [self._published_vllm(r, False, cached) for r in scheduler.waiting]
+        return InstanceSnapshot(self.config, self.num_free_blocks, tuple(requests), cached)
 
     def step(self) -> StepResult:
         """One vLLM scheduler step with a made-up model output, priced; records outcomes."""
@@ -191,6 +285,7 @@ class VllmGroundTruthInstance(GroundTruthInstance):
             computed = vllm_request.num_computed_tokens
             num_tokens = vllm_request.num_tokens
             chunks.append((num_new, computed - num_new, num_tokens))
+            self._record_hit(request_id, computed - num_new)
             if computed >= num_tokens:
                 sampled_ids.append(request_id)
                 sampled_token_ids.append([SAMPLED_TOKEN_ID])
@@ -221,11 +316,22 @@ class VllmGroundTruthInstance(GroundTruthInstance):
                                         tuple(sorted(output.preempted_req_ids)))
         return StepResult(result_output, tuple(sampled_ids), finished_ids)
 
-    def _published_vllm(self, request: Request, is_running: bool) -> SimRequest:
-        predicted = self._requests[request.request_id].predicted_output_tokens
+    def _published_vllm(self, request: Request, is_running: bool,
+                        cached: frozenset[int] = frozenset()) -> SimRequest:
+        simulated = self._requests[request.request_id]
+        num_cached = 0
+        if cached and simulated.prefix_hashes:
+            # As `GroundTruthInstance._published`: a running request's computed units only.
+            num_cached = matched_prefix_tokens(
+                SimRequest(request.request_id, request.num_prompt_tokens,
+                           prefix_hashes=simulated.prefix_hashes), cached, self.config)
+            if is_running:
+                unit = self.config.prefix_unit_tokens
+                num_cached = min(num_cached, request.num_computed_tokens // unit * unit)
         return SimRequest(request.request_id, request.num_prompt_tokens,
-                          request.num_computed_tokens, request.num_output_tokens, predicted,
-                          is_running, priority=request.priority)
+                          request.num_computed_tokens, request.num_output_tokens,
+                          simulated.predicted_output_tokens, is_running, num_cached,
+                          priority=request.priority)
 
 
 class _Batch:
@@ -262,6 +368,7 @@ class VllmAsyncGroundTruthInstance(VllmGroundTruthInstance):
         self.vllm_scheduler = make_vllm_scheduler(config, async_scheduling=True)
         self._num_preemptions = 0
         self._batches: deque[_Batch] = deque()
+        self._init_prefix_cache()
 
     @property
     def has_work(self) -> bool:
@@ -325,6 +432,7 @@ class VllmAsyncGroundTruthInstance(VllmGroundTruthInstance):
             chunks, sampled_ids = [], []
             for request_id, num_new in output.num_scheduled_tokens.items():
                 request = scheduler.requests[request_id]
+                self._record_hit(request_id, request.num_computed_tokens - num_new)
                 computed = request.num_computed_tokens
                 if request.is_prefill_chunk:
                     chunks.append((num_new, computed - num_new, request.num_tokens))

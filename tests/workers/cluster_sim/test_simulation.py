@@ -100,11 +100,10 @@ def test_capacity_bounds() -> None:
     assert capacity_bounds({20.0: math.inf}, 3.0) == (None, 20.0)
 
 
-def test_only_our_ground_truth_models_prefix_caching(toy_model) -> None:  # type: ignore[no-untyped-def]
+def test_every_ground_truth_takes_prefix_caching(toy_model) -> None:  # type: ignore[no-untyped-def]
     config = InstanceConfig(65, 16, 8, 128, 512, enable_prefix_caching=True)
-    ClusterSetup(2, config, toy_model)
-    with pytest.raises(ValueError, match="prefix caching"):
-        ClusterSetup(2, config, toy_model, ground_truth="vllm")
+    for ground_truth in ("ours", "vllm", "vllm-async"):
+        assert ClusterSetup(2, config, toy_model, ground_truth=ground_truth).config is config
 
 
 def test_saturation_rate_is_the_throughput_of_a_full_queue(toy_model, small_config) -> None:  # type: ignore[no-untyped-def]

@@ -19,6 +19,7 @@ from workers.cluster_sim.vllm_ground_truth import (  # noqa: E402
     VllmAsyncGroundTruthInstance,
     VllmGroundTruthInstance,
     make_vllm_scheduler,
+    prompt_token_ids,
 )
 from workers.cluster_sim.workload import Workload, poisson_unit_arrivals  # noqa: E402
 from workers.sim import BatchStats, ExecModel, InstanceConfig, bundled_model  # noqa: E402
@@ -38,8 +39,9 @@ def test_the_scheduler_gets_the_instance_settings_without_a_model() -> None:
         assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == blocks - 1
         assert scheduler.kv_cache_manager.watermark_blocks == config.num_watermark_blocks
         assert not scheduler.cache_config.enable_prefix_caching
-    with pytest.raises(ValueError, match="prefix caching"):
-        make_vllm_scheduler(InstanceConfig(1052, 16, 48, 512, 4096, enable_prefix_caching=True))
+    cached = make_vllm_scheduler(InstanceConfig(1052, 16, 48, 512, 4096,
+                                                enable_prefix_caching=True))
+    assert cached.kv_cache_manager.enable_caching
     assert ground_truth_class("vllm") is VllmGroundTruthInstance
     assert ground_truth_class("ours") is GroundTruthInstance
     assert ground_truth_class("vllm-async") is VllmAsyncGroundTruthInstance
@@ -137,6 +139,63 @@ def test_steps_snapshots_and_times_agree_with_our_scheduler(toy_model: ExecModel
             _step_alike(ours, theirs, (case, step))
         num_preemptions += _ended_alike(ours, theirs, pairs)
     assert num_preemptions > 50  # the cases exercise recompute preemption
+
+
+def test_prompt_tokens_collide_exactly_where_prefix_hashes_do() -> None:
+    config = InstanceConfig(257, 16, 8, 128, 1024, enable_prefix_caching=True,
+                            prefix_block_size=64)
+    a = prompt_token_ids(SimulatedRequest("a", 0.0, 200, 1, 1, (1, 2, 3, 4)), config)
+    b = prompt_token_ids(SimulatedRequest("b", 0.0, 200, 1, 1, (1, 2, 9, 4)), config)
+    assert len(a) == len(b) == 200
+    assert a[:128] == b[:128] and a[128:192] != b[128:192] and a[192:] != b[192:]
+    assert prompt_token_ids(SimulatedRequest("c", 0.0, 5, 1, 1, (1,)), config) != a[:5]
+    plain = dataclasses.replace(config, enable_prefix_caching=False)
+    assert set(prompt_token_ids(SimulatedRequest("a", 0.0, 200, 1, 1, (1,)), plain)) == {1}
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "the first case agrees step by step; the second diverges at its 70th step (a request "
+    "finds 12 more tokens cached in vLLM), not yet diagnosed. A known difference: a request "
+    "that computes a unit another request cached meanwhile stops adding its later units to "
+    "our cache, while vLLM keeps caching them (and both copies)"))
+def test_prefix_caching_agrees_with_vllms_block_by_block(toy_model: ExecModel) -> None:
+    # One prefix hash per vLLM block: our prefix cache (reference-counted units, LRU free
+    # queue, hits stopping one token short) against vLLM's own, step by step.
+    hits = num_preemptions = 0
+    for case in range(30):
+        rng = random.Random(500 + case)
+        config = random_config(rng)
+        config = dataclasses.replace(config, enable_prefix_caching=True,
+                                     prefix_block_size=config.block_size)
+        ours = GroundTruthInstance("g", config, toy_model, noise_sigma=0.1, seed=case)
+        theirs = VllmGroundTruthInstance("g", config, toy_model, noise_sigma=0.1, seed=case)
+        arrivals: dict[int, list[tuple[str, int, int, tuple[int, ...]]]] = {}
+        for i in range(rng.randint(1, 16)):
+            prompt = rng.randint(1, config.max_model_len - 1)
+            family, split = rng.randrange(3), rng.randrange(1, 300)
+            hashes = tuple(family * 1000 + u if u < split else rng.randrange(10**9)
+                           for u in range(prompt // config.block_size + 1))
+            arrivals.setdefault(rng.randint(0, 30), []).append(
+                (f"r{i}", prompt, rng.randint(1, config.max_model_len - prompt), hashes))
+        pairs = []
+        for step in range(5000):
+            for request_id, prompt, output, hashes in arrivals.pop(step, []):
+                pair = tuple(SimulatedRequest(request_id, 0.0, prompt, output, output // 2 + 1,
+                                              hashes) for _ in range(2))
+                ours.add(pair[0], 0.0)
+                theirs.add(pair[1], 0.0)
+                pairs.append(pair)
+            if not ours.has_work:
+                assert not theirs.has_work
+                if not arrivals:
+                    break
+                continue
+            _step_alike(ours, theirs, (case, step))
+        num_preemptions += _ended_alike(ours, theirs, pairs)
+        for mine, vllm in pairs:
+            assert mine.num_cached_tokens == vllm.num_cached_tokens, (case, mine.request_id)
+            hits += bool(mine.num_cached_tokens)
+    assert hits > 30 and num_preemptions > 10
 
 
 def test_priority_scheduling_agrees_with_vllms_step_by_step(toy_model: ExecModel) -> None:
