@@ -14,6 +14,7 @@ from app.schemas import CreateRequest, parse_body
 from app.services import Services
 from app.settings import Settings
 from app.slo import SloMissAction
+from app.streams import close_stream
 from app.webhook_targets import check_submitted_url
 
 __all__ = ["submit_request", "submit_together", "cancel_request", "request_fields", "PromptContext"]
@@ -183,14 +184,16 @@ def cancel_request(services: Services, request_id: str, *, team_id: str | None) 
         if changed and request.webhook_url:
             tx.post(dispatch.webhook(request_id, "request.cancelled"))
     if changed:
-        _abort_on_engine(services, request_id)
+        _abort_on_engine(services, request_id, request.attempt)
 
 
-def _abort_on_engine(services: Services, request_id: str) -> None:
-    """Tell the engine to stop generating it. Best effort: the cancel is committed, so an engine
-    that misses the flag finds it in the database at its ownership check, and its write of the
-    result is refused."""
+def _abort_on_engine(services: Services, request_id: str, attempt: int) -> None:
+    """Tell the engine to stop generating it, and whoever waits for its end that it ended.
+    Best effort: the cancel is committed, so an engine that misses the flag finds it in the
+    database at its ownership check, and its write of the result is refused; a waiter that
+    misses the stream's final entry finds the row at its next look."""
     try:
         services.fleet.request_cancel(request_id)
+        close_stream(services.fleet.redis, request_id, attempt, "the request was cancelled")
     except Exception:  # noqa: BLE001 - Redis down: the engine's ownership check aborts it
         logger.warning("could not flag %s as cancelled for its engine", request_id)

@@ -43,6 +43,12 @@ logger = logging.getLogger(__name__)
 
 #: How often a sync completion polls its row while Redis is unreachable.
 ROW_POLL_S = 0.5
+#: While its stream is quiet, a waiting sync completion reads its row first after this long,
+#: then at doubling intervals up to ROW_CHECK_MAX_S: the stream's end entry is what ends the
+#: wait; the row is read for what no entry announces (a cancel by another call, a stream that
+#: Redis lost), not once a second for the whole wait.
+ROW_CHECK_FIRST_S = 2.0
+ROW_CHECK_MAX_S = 8.0
 #: A stream with latency targets of a team that refuses unmeetable ones waits this long at
 #: most for its routing, polling its row this often, before its first byte.
 ROUTING_WAIT_S = 2.0
@@ -167,9 +173,17 @@ def _wait_until_finished(svc: Services, request_id: str, hold: Hold, deadline: f
     first (a choice that finished while an earlier one was waited for)."""
     if may_be_finished and (row := _terminal_row(svc, request_id)) is not None:
         return _succeeded_or_raise(row)
+    check_in_s = ROW_CHECK_FIRST_S
+    next_check = time.monotonic() + check_in_s
     try:
         for event in read_stream(svc.fleet.redis, request_id):
-            row = _terminal_row(svc, request_id) if event is None or event.kind != "text" else None
+            row = None
+            if event is not None and event.kind != "text":
+                row = _terminal_row(svc, request_id)
+            elif event is None and time.monotonic() >= next_check:
+                check_in_s = min(check_in_s * 2, ROW_CHECK_MAX_S)
+                next_check = time.monotonic() + check_in_s
+                row = _terminal_row(svc, request_id)
             if row is not None:
                 return _succeeded_or_raise(row)
             _check_deadline(svc, request_id, deadline)

@@ -9,6 +9,7 @@ from flask.testing import FlaskClient
 
 from app import create_app, store
 from app.models import RequestStatus
+from app.streams import read_stream
 from tests.app.flask_client import services_of, team_key
 from tests.engine_states import engine_state
 
@@ -139,6 +140,9 @@ def test_cancel_queued_then_again_then_finished_is_409(client: FlaskClient) -> N
     assert client.post(f"/v1/requests/{request_id}/cancel").status_code == 200
     svc = services_of(client)
     assert svc.fleet.cancelled([request_id]) == {request_id}
+    # Whoever waits for its end (a held completion) reads it on the stream at once, no poll.
+    ended = next(read_stream(svc.fleet.redis, request_id, block_ms=100))
+    assert ended is not None and ended.kind == "error" and ended.attempt == 0
 
     other = client.post("/v1/requests", json={"prompt": "y", "max_tokens": 4}).get_json()["id"]
     with svc.db.session() as session:
