@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from celery import Celery
-from sqlalchemy import delete, select, text
+from sqlalchemy import delete, insert, select, text
 from sqlalchemy.orm import Session
 
 from app import faults
@@ -38,7 +38,9 @@ __all__ = ["Outbox", "OutboxTransaction"]
 logger = logging.getLogger(__name__)
 
 #: How long the delete thread lets sent entries gather before one delete takes them all.
-FORGET_LINGER_S = 0.02
+#: NOTE: far below `outbox_relay_after_s` (the age at which the relay would send an entry
+#: again), and long enough that at a few requests a second one delete takes several entries.
+FORGET_LINGER_S = 0.2
 #: Most entries one delete statement takes.
 FORGET_BATCH = 1000
 
@@ -48,13 +50,24 @@ class OutboxTransaction:
     """A database transaction that may stage messages to send once it committed."""
 
     session: Session
-    entries: list[OutboxEntry] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
 
     def post(self, message: Message) -> None:
-        entry = OutboxEntry(task=message.task, queue=message.queue, args=list(message.args),
-                            kwargs=dict(message.kwargs), priority=message.priority)
-        self.session.add(entry)
-        self.entries.append(entry)
+        self.messages.append(message)
+
+    def stage(self) -> list[tuple[int, Message]]:
+        """Write the posted messages into the outbox, in the transaction, before its commit:
+        one INSERT for all of them (Core, not the ORM's unit of work); (entry id, message)."""
+        if not self.messages:
+            return []
+        now = utcnow()
+        rows = [{"task": m.task, "queue": m.queue, "args": list(m.args),
+                 "kwargs": dict(m.kwargs), "priority": m.priority, "created_at": now}
+                for m in self.messages]
+        ids = self.session.execute(
+            insert(_OUTBOX).returning(_OUTBOX.c.id, sort_by_parameter_order=True), rows
+        ).scalars().all()
+        return list(zip(ids, self.messages, strict=True))
 
 
 class Outbox:
@@ -76,21 +89,22 @@ class Outbox:
         with self.db.session() as session:
             tx = OutboxTransaction(session)
             yield tx
-        if tx.entries:
+            staged = tx.stage()
+        if staged:
             faults.crash_after_commit()
-            self._send_committed(tx.entries)
+            self._send_committed(staged)
 
-    def _send_committed(self, entries: list[OutboxEntry]) -> None:
+    def _send_committed(self, entries: list[tuple[int, Message]]) -> None:
         """Send now without the broker's publish retries (the relay retries), then delete."""
         sent: list[int] = []
-        for entry in entries:
+        for entry_id, message in entries:
             try:
-                _message(entry).send(self.celery, retry=False)
+                message.send(self.celery, retry=False)
             except Exception as exc:  # noqa: BLE001 - the relay sends what is left
                 logger.warning("broker unavailable (%s): %d message(s) left to the outbox relay",
                                type(exc).__name__, len(entries) - len(sent))
                 break
-            sent.append(entry.id)
+            sent.append(entry_id)
         self._forgetter.add(sent)
 
     def relay(self, *, older_than_s: float, limit: int = 1000) -> int:
@@ -123,6 +137,9 @@ class Outbox:
         with self.db.session() as session:
             rows = session.scalars(select(OutboxEntry.args)).all()
         return {args[0] for args in rows if args and isinstance(args[0], str)}
+
+
+_OUTBOX = OutboxEntry.__table__
 
 
 def _message(entry: OutboxEntry) -> Message:
@@ -179,11 +196,12 @@ class _Forgetter:
 
     def _delete(self, entry_ids: list[int]) -> None:
         try:
-            with self.db.session() as session:
-                if session.get_bind().dialect.name == "postgresql":
+            # NOTE: a Core transaction, not an ORM session: nothing here needs the ORM.
+            with self.db.engine.begin() as connection:
+                if connection.dialect.name == "postgresql":
                     # A lost delete is only a resend (consumers dedupe): no WAL flush to wait.
-                    session.execute(text("SET LOCAL synchronous_commit TO OFF"))
-                session.execute(delete(OutboxEntry).where(OutboxEntry.id.in_(entry_ids)))
+                    connection.execute(text("SET LOCAL synchronous_commit TO OFF"))
+                connection.execute(delete(_OUTBOX).where(_OUTBOX.c.id.in_(entry_ids)))
         except Exception as exc:  # noqa: BLE001 - the relay sends them again: consumers dedupe
             logger.warning("could not delete %d sent outbox entries (%s)", len(entry_ids),
                            type(exc).__name__)
