@@ -6,8 +6,10 @@ Shape of the model::
     prompt --features.extract--> 27 cheap features (z-scored)    ├─ ridge ─> log tokens
     serving model --> its own intercept (fixed effect)           ┘    + residual quantile -> p90
 
-The head is a ridge regression on log output tokens with one unpenalised intercept per serving
-model: the prompt says how long an answer tends to be, the model says how verbose it is. A model
+The head is a linear model on log output tokens with a ridge penalty and one unpenalised
+intercept per serving model, fitted with absolute error by default (a median: what the error in
+tokens rewards; `TrainConfig.loss`): the prompt says how long an answer tends to be, the model
+says how verbose it is. A model
 the head has never seen gets the row-weighted mean intercept (`LengthPrediction.model_known` is
 False). The uncertainty is the 90th percentile of out-of-fold log residuals (per model where it
 has enough rows), so p90 = point x exp(q90) is calibrated on prompts the head did not train on.
