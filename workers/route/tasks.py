@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 _rng = random.Random()
 
 
+#: The policy that reads RoutingContext.ticket.
+ROUND_ROBIN = "round_robin"
 #: Statuses a request is routed from by the route task (the predict task routes from predicting).
 ROUTABLE = frozenset({RequestStatus.QUEUED, RequestStatus.PREDICTING})
 # NOTE: one decision at a time per process, from reading the fleet to noting the assignment, so
@@ -124,8 +126,9 @@ def _decide(rt: runtime.Runtime, request: stage.RouteInput
         exec_models = (stage.exec_models(rt).of(c.instance_id for c in candidates)
                        if needs_what_if(policy) else None)
         view = targets.budgeted(request.view, request.targets, utcnow())
-        plan = plan_route(policy, view, candidates,
-                          RoutingContext(ticket=rt.fleet.next_round_robin(), rng=_rng),
+        # NOTE: only round robin reads the fleet-wide ticket: no Redis INCR for the others.
+        ticket = rt.fleet.next_round_robin() if policy == ROUND_ROBIN else 0
+        plan = plan_route(policy, view, candidates, RoutingContext(ticket=ticket, rng=_rng),
                           exec_models)
         miss = targets.on_miss(plan, view, request.targets, first_routing=request.attempt == 0,
                                refuse_margin=rt.settings.slo_refuse_margin)
