@@ -1,0 +1,323 @@
+"""CPU per request of the control plane on emulated engines (issue 14, item 6): no GPU, no vLLM.
+
+Starts the local stack (API, predict, route, webhooks, beat, health, batches, Flower) with
+`--instances` emulated engines (engine_kind "emulated": each engine a simulated vLLM instance in
+a Celery worker of its own), the learned length predictor and the configured policy, then sends
+real ShareGPT prompts at a fixed Poisson rate through the API and measures, per role, the CPU
+seconds (user + system, psutil) its processes spent over the load window, divided by the
+requests that completed in it: the same accounting as scripts/bench_control_plane.py
+(`CpuMeter`), with the idle rate of each role (a quiet window first) subtracted for the net
+figure. The engines' own workers are reported apart (they are not the control plane).
+
+    .venv/bin/python scripts/bench_control_plane_cpu.py --rate 5 --duration-s 60
+
+CPU time is meaningful on a loaded machine (a process's CPU seconds are its own); wall
+latencies are not, and are not reported. `--profile ROLE` attaches py-spy (when installed) to
+that role's processes for the load window and writes a flame graph per process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+import sqlalchemy as sa
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_control_plane import (  # noqa: E402
+    PG_BACKENDS,
+    PG_SHARED,
+    REDIS,
+    ROLES,
+    CpuMeter,
+)
+
+from app.cli.stack import Stack, free_port  # noqa: E402
+from app.migrate import recreate_database, upgrade  # noqa: E402
+from app.settings import Settings  # noqa: E402
+
+DEFAULT_PROMPTS = (ROOT.parent / "shared" / "data" / "conversations" / "sharegpt"
+                   / "ShareGPT_V3_filtered_1000.json")
+ENGINES = "emulated engines"
+CONTROL_PLANE = "control plane (API, workers, beat, Flower, PG backends)"
+
+
+def load_prompts(path: Path, limit: int, seed: int) -> list[str]:
+    """First human turns of the ShareGPT file, shuffled by `seed`, cut to 2,000 characters."""
+    rows = json.loads(path.read_text())
+    prompts = [c["value"][:2000] for row in rows for c in row.get("conversations", [])[:1]
+               if c.get("from") == "human" and c.get("value", "").strip()]
+    random.Random(seed).shuffle(prompts)
+    return prompts[:limit]
+
+
+def settings_of(args: argparse.Namespace, data_dir: Path) -> Settings:
+    return Settings(
+        database_url=args.database_url, redis_url=args.redis_url, data_dir=data_dir,
+        model_path=args.model_path, api_port=free_port(), flower_port=free_port(),
+        num_instances=args.instances, engine_kind="emulated", emulated_time_scale=1.0,
+        emulated_output_lengths="max_tokens", length_predictor=args.predictor,
+        routing_policy=args.policy, route_in_predict=True, max_model_len=2048,
+        learn_retrain_interval_s=0, learn_refit_interval_s=0,
+        held_connections_team_caps={"local": 256}, api_threads=64, log_format="text")
+
+
+async def send(base_url: str, api_key: str, prompts: list[str], rate: float, endpoint: str,
+               max_tokens: int, seed: int) -> dict[int | str, int]:
+    """Poisson arrivals at `rate`; each request waits for its answer (held completions) or only
+    for its 202 (native requests). Returns status code -> count."""
+    rng = random.Random(seed)
+    arrivals, at = [], 0.0
+    for _ in prompts:
+        at += rng.expovariate(rate)
+        arrivals.append(at)
+    codes: dict[int | str, int] = {}
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=128)
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=300,
+                                 headers={"Authorization": f"Bearer {api_key}"}) as client:
+        start = time.perf_counter()
+
+        async def one(prompt: str, due: float) -> None:
+            await asyncio.sleep(max(0.0, start + due - time.perf_counter()))
+            body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens,
+                                    "temperature": 0}
+            if endpoint == "completions":
+                body["model"] = "tiny-llama"
+            path = "/v1/completions" if endpoint == "completions" else "/v1/requests"
+            try:
+                code: int | str = (await client.post(path, json=body)).status_code
+            except httpx.HTTPError as error:  # counted by its kind, e.g. "ReadTimeout"
+                code = type(error).__name__
+            codes[code] = codes.get(code, 0) + 1
+
+        await asyncio.gather(*(one(p, d) for p, d in zip(prompts, arrivals, strict=True)))
+    return codes
+
+
+def wait_workers_ready(stack: Stack, timeout_s: float) -> None:
+    """Until every Celery worker logged '<name>@<host> ready.' (the predictor loads its model
+    first)."""
+    deadline = time.time() + timeout_s
+    waiting = {name for name, command in stack.commands.items() if "worker" in command}
+    while waiting and time.time() < deadline:
+        stack.check_alive()
+        for name in list(waiting):
+            log = stack.log_dir / f"{name}.log"
+            if log.exists() and " ready." in log.read_text(errors="replace"):
+                waiting.discard(name)
+        time.sleep(0.5)
+    if waiting:
+        raise RuntimeError(f"workers not ready after {timeout_s:.0f} s: {sorted(waiting)}")
+
+
+def wait_done(database_url: str, expected: int, timeout_s: float) -> int:
+    """Until `expected` requests are terminal (native requests answer before they run)."""
+    engine = sa.create_engine(database_url)
+    deadline = time.time() + timeout_s
+    done = 0
+    try:
+        while time.time() < deadline:
+            with engine.connect() as conn:
+                done = conn.execute(sa.text(
+                    "SELECT count(*) FROM requests WHERE status IN "
+                    "('succeeded', 'failed', 'cancelled', 'rejected')")).scalar_one()
+            if done >= expected:
+                break
+            time.sleep(0.5)
+    finally:
+        engine.dispose()
+    return int(done)
+
+
+_DB_STATS = sa.text("SELECT xact_commit + xact_rollback, tup_inserted + tup_updated + "
+                    "tup_deleted FROM pg_stat_database WHERE datname = current_database()")
+
+
+def db_stats(database_url: str) -> tuple[int, int]:
+    """Transactions (committed or rolled back) and rows written so far in this database
+    (PostgreSQL's statistics: they lag their backends by up to half a second)."""
+    engine = sa.create_engine(database_url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(_DB_STATS).one()
+            return int(row[0]), int(row[1])
+    finally:
+        engine.dispose()
+
+
+def profile(pids: list[int], seconds: float, out_dir: Path) -> list[subprocess.Popen[bytes]]:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    return [subprocess.Popen(
+        [spy, "record", "--nonblocking", "--gil", "-p", str(pid), "-d", str(int(seconds)),
+         "-f", "raw", "-o", str(out_dir / f"profile-{pid}.txt")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in pids]
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds so far of each thread of a process (native thread id -> seconds)."""
+    import psutil  # noqa: PLC0415
+
+    try:
+        return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
+    except psutil.Error:
+        return {}
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """Native thread id -> Python thread name, from `py-spy dump` (empty without py-spy)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    try:
+        dump = subprocess.run([spy, "dump", "--nonblocking", "-p", str(pid)],
+                              capture_output=True, text=True, timeout=60, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    names = {}
+    for line in dump.splitlines():
+        words = line.split()
+        if len(words) >= 3 and words[0] == "Thread":
+            tid = words[1]
+            try:
+                names[int(tid, 16) if tid.startswith("0x") else int(tid)] = words[-1].strip('"')
+            except ValueError:
+                continue
+    return names
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=5.0, help="requests per second")
+    parser.add_argument("--duration-s", type=float, default=60.0)
+    parser.add_argument("--idle-s", type=float, default=15.0)
+    parser.add_argument("--instances", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--endpoint", choices=("completions", "requests"), default="completions")
+    parser.add_argument("--policy", default="block")
+    parser.add_argument("--predictor", default="learned")
+    parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model-path", type=Path,
+                        default=ROOT / ".blockq" / "models" / "tiny-llama")
+    parser.add_argument("--database-url",
+                        default="postgresql+psycopg://postgres@127.0.0.1:5432/blockq_bench")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
+    parser.add_argument("--profile", default=None, help="stack process name to py-spy")
+    parser.add_argument("--profile-dir", type=Path, default=Path("."))
+    parser.add_argument("--threads-of", default=None,
+                        help="stack process name whose threads' CPU to report")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = parser.parse_args()
+
+    count = max(1, round(args.rate * args.duration_s))
+    prompts = load_prompts(args.prompts, count + 8, args.seed)
+    warmup, prompts = prompts[:8], prompts[8:]
+    database = sa.engine.make_url(args.database_url).database or ""
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="blockq-cp-cpu-") as tmp:
+        settings = settings_of(args, Path(tmp))
+        recreate_database(args.database_url)
+        upgrade(args.database_url)
+        redis.Redis.from_url(args.redis_url).flushdb()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKQ_")}
+        stack = Stack(settings, env={**env, **settings.as_env()})
+        try:
+            stack.start()
+            stack.wait_ready(num_instances=args.instances, timeout_s=900)
+            wait_workers_ready(stack, 900)
+            assert stack.api_key is not None
+            roots = {ROLES.get(name, ENGINES): p.pid for name, p in stack.processes.items()}
+            meter = CpuMeter(roots, database)
+            asyncio.run(send(stack.api_url, stack.api_key, warmup, 4.0, args.endpoint,
+                             args.max_tokens, args.seed + 1))
+            wait_done(args.database_url, len(warmup), 120)
+            time.sleep(1.0)  # the statistics collector catches up
+            stats_idle = db_stats(args.database_url)
+            before = meter.snapshot()
+            time.sleep(args.idle_s)
+            after = meter.snapshot()
+            stats_idle_after = db_stats(args.database_url)
+            idle_window = after.at - before.at
+            idle = {r: s / (after.at - before.at)
+                    for r, s in CpuMeter.delta(before, after).items()}
+            spies = []
+            threads_before = (thread_cpu(stack.processes[args.threads_of].pid)
+                              if args.threads_of else {})
+            if args.profile:
+                pid = stack.processes[args.profile].pid
+                import psutil  # noqa: PLC0415
+
+                pids = [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+                spies = profile(pids, args.duration_s + 5, args.profile_dir)
+            print(f"sending {len(prompts)} requests at {args.rate} req/s", flush=True)
+            stats_before = db_stats(args.database_url)
+            before = meter.snapshot()
+            codes = asyncio.run(send(stack.api_url, stack.api_key, prompts, args.rate,
+                                     args.endpoint, args.max_tokens, args.seed))
+            accepted = codes.get(200, 0) + codes.get(202, 0)
+            done = wait_done(args.database_url, len(warmup) + accepted, 300) - len(warmup)
+            after = meter.snapshot()
+            time.sleep(1.0)
+            stats_after = db_stats(args.database_url)
+            if args.threads_of:
+                pid = stack.processes[args.threads_of].pid
+                spent = thread_cpu(pid)
+                names = thread_names(pid)
+                by_thread = sorted(((s - threads_before.get(tid, 0.0), tid)
+                                    for tid, s in spent.items()), reverse=True)
+                print(f"\nthreads of {args.threads_of} (ms of CPU per completed request):")
+                for seconds, tid in by_thread[:12]:
+                    print(f"  {tid:8d} {names.get(tid, '?'):40s} "
+                          f"{seconds / max(len(prompts), 1) * 1000:8.2f}")
+            for spy in spies:
+                spy.wait()
+        finally:
+            stack.stop(timeout_s=20)
+    window = after.at - before.at
+    cpu = CpuMeter.delta(before, after)
+    control = [*ROLES.values(), PG_BACKENDS]
+    cpu[CONTROL_PLANE] = sum(cpu.get(r, 0.0) for r in control)
+    idle[CONTROL_PLANE] = sum(idle.get(r, 0.0) for r in control)
+    rows = {}
+    # Database work per request, less the idle rate (beat's periodic tasks) over the window.
+    idle_rate = [(b - a) / idle_window for a, b in zip(stats_idle, stats_idle_after,
+                                                        strict=True)]
+    per_request = [(b - a - r * window) / max(done, 1)
+                   for a, b, r in zip(stats_before, stats_after, idle_rate, strict=True)]
+    print(f"\ndatabase per request (net of idle): {per_request[0]:.2f} transactions, "
+          f"{per_request[1]:.2f} rows written")
+    print(f"status codes {codes}; {done} completed in a {window:.1f} s window; load average "
+          f"before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}")
+    print(f"{'role':58s} {'idle ms/s':>9s} {'gross ms/req':>12s} {'net ms/req':>10s}")
+    for role in [*ROLES.values(), PG_BACKENDS, PG_SHARED, REDIS, CONTROL_PLANE, ENGINES]:
+        if role not in cpu:
+            continue
+        gross = cpu[role] / max(done, 1) * 1000
+        net = (cpu[role] - idle.get(role, 0.0) * window) / max(done, 1) * 1000
+        rows[role] = {"idle_ms_per_s": idle.get(role, 0.0) * 1000, "gross_ms": gross,
+                      "net_ms": net}
+        print(f"{role:58s} {idle.get(role, 0.0) * 1000:9.1f} {gross:12.1f} {net:10.1f}")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "args": {k: str(v) for k, v in vars(args).items()}, "codes": codes, "done": done,
+            "window_s": window, "load_before": load_before, "load_after": os.getloadavg(),
+            "db_per_request": {"transactions": per_request[0], "rows_written": per_request[1]},
+            "roles": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
