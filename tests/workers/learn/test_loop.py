@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from app.settings import Settings
 from tests.workers.synthetic_lengths import synthetic_rows
 from workers.active_model import ActiveModel
 from workers.learn.loop import LoopConfig, refit_exec_model, retrain_length_model
+from workers.predict.dataset import write_rows
 from workers.predict.encoder import Encoder
 from workers.predict.features import TokenCounter
 from workers.predict.length_model import LengthHead, LengthPrediction, train
@@ -98,6 +100,33 @@ def test_retrain_promotes_a_better_model_and_keeps_a_worse_one(
         statuses = {v.version: v.status for v in registry.versions(session, "length", SERVED)}
     assert statuses == {1: ModelStatus.ACTIVE, 2: ModelStatus.CANDIDATE}
     assert head.model_names == (SERVED,)
+
+
+def test_retrain_with_bootstrap_rows_gives_an_unseen_serving_model_its_own_intercept(
+    db: Database, tiny_encoder: Encoder, counter: TokenCounter, tmp_path: Path
+) -> None:
+    # The bootstrap knew only a verbose model, with four times more rows than the history: the
+    # served (terse) model is unknown to the active head, gets its own intercept in the
+    # candidate, and that intercept is learned from the history, not drowned by the bootstrap.
+    verbose = [r for r in synthetic_rows(200, seed=2) if r.model == "big-model"]
+    bootstrap = tmp_path / "bootstrap.jsonl"
+    write_rows(bootstrap, verbose)
+    active, _ = train(verbose, encoder=tiny_encoder, counter=counter)
+    history = _served_history()
+    _write_history(db, history)
+
+    report = retrain_length_model(db, active, model_name=SERVED, config=LoopConfig(
+        min_rows=20, holdout_share=0.25, bootstrap_rows=bootstrap))
+
+    assert report.outcome == "promoted", report
+    assert report.training_rows == len(verbose) + len(history) - report.holdout_rows
+    with db.session() as session:
+        head = LengthHead.from_bytes(registry.active(session, "length", SERVED).artifact)
+    assert head.model_names == ("big-model", SERVED)
+    # small-model writes 0.6 / 1.5 of big-model: log ratio -0.92
+    gap = head.model_intercepts[1] - head.model_intercepts[0]
+    assert -1.3 < gap < -0.5, gap
+    assert report.candidate["mae_tokens"] < 0.7 * report.active["mae_tokens"]
 
 
 def test_retrain_skips_with_too_little_history(
