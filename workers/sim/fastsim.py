@@ -408,17 +408,14 @@ class FastSim:
             self._reclaim_idle_blocks()
         chunks: list[tuple[_Seq, int, int]] = []  # (seq, new tokens, computed before)
         skipped = self._schedule_decodes(step)
+        if self.pending_units:  # decodes: ahead of the prefills in the running order
+            self._cache_pending_units(skipped or ())
         if skipped is None:
             preempted = self.num_preemptions > preemptions_before
             budget = self.token_budget - self.num_decoding
             budget, preempted = self._schedule_prefills(budget, chunks, preempted)
             if not preempted:
                 self._schedule_waiting(budget, chunks)
-        if self.pending_units:  # decodes: ahead of the prefills in the running order
-            self._cache_pending_units(skipped or ())
-        for seq, num_new, computed in chunks:
-            if seq.prefix_open and seq.prefix_keys:
-                self._cache_units(seq, computed + num_new)
         self._execute(step, chunks)
         for seq in skipped or ():
             self._start_decoding(seq, step + 1)
@@ -520,6 +517,8 @@ class FastSim:
             pool.allocate(need)
             seq.num_owned_blocks += need
             chunks.append((seq, num_new, computed))
+            if seq.prefix_open and seq.prefix_keys:
+                self._cache_units(seq, computed + num_new)
             budget -= num_new
             index += 1
         return budget, preempted
@@ -556,6 +555,8 @@ class FastSim:
             seq.num_computed_tokens = computed
             self.running.append(seq)
             chunks.append((seq, num_new, computed))
+            if seq.prefix_keys:
+                self._cache_units(seq, computed + num_new)
             budget -= num_new
 
     def _admission_plan(self, seq: _Seq, budget: int,

@@ -193,8 +193,6 @@ class Scheduler:
             computed = seq.num_computed_tokens
             chunks.append((num_new, computed, seq.num_prompt_tokens + seq.num_output_tokens))
             seq.num_computed_tokens = computed + num_new
-            if seq.prefix_open and seq.prefix_keys:
-                self._cache_units(seq, seq.num_computed_tokens)
         stats = BatchStats.of_chunks(chunks)
         self._check_invariants(scheduled)
         return SchedulerOutput(scheduled, stats, tuple(s.request_id for s in preempted))
@@ -254,6 +252,10 @@ class Scheduler:
                 pool.allocate(num_needed)
                 seq.num_owned_blocks += num_needed
             scheduled[seq.request_id] = num_new
+            if seq.prefix_open and seq.prefix_keys:
+                # vLLM caches a chunk's full blocks as it allocates them: requests
+                # scheduled after this one in the same step can hit them.
+                self._cache_units(seq, computed + num_new)
             budget -= num_new
             index += 1
         return budget
@@ -267,6 +269,8 @@ class Scheduler:
             self.waiting.popleft()
             self.running.append(seq)
             scheduled[seq.request_id] = num_new
+            if seq.prefix_keys:
+                self._cache_units(seq, seq.num_computed_tokens + num_new)
             budget -= num_new
 
     def _try_admit(self, seq: SeqState, budget: int) -> int:

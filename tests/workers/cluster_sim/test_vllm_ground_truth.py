@@ -154,10 +154,10 @@ def test_prompt_tokens_collide_exactly_where_prefix_hashes_do() -> None:
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "the first case agrees step by step; the second diverges at its 70th step (a request "
-    "finds 12 more tokens cached in vLLM), not yet diagnosed. A known difference: a request "
-    "that computes a unit another request cached meanwhile stops adding its later units to "
-    "our cache, while vLLM keeps caching them (and both copies)"))
+    "cases 0-4 agree step by step; in case 5 the published caches differ from step 30 on "
+    "(scheduling still agrees there), not yet diagnosed. A known difference: a request that "
+    "computes a unit another request cached meanwhile stops adding its later units to our "
+    "cache and frees its copy uncached, while vLLM keeps caching them and keeps both copies"))
 def test_prefix_caching_agrees_with_vllms_block_by_block(toy_model: ExecModel) -> None:
     # One prefix hash per vLLM block: our prefix cache (reference-counted units, LRU free
     # queue, hits stopping one token short) against vLLM's own, step by step.
