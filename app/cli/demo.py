@@ -17,12 +17,14 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from app.models import RequestStatus
+
 __all__ = [
     "JobSummary", "length_note", "load_sample_prompts", "run_sample_job", "summarize",
     "summary_rows",
 ]
 
-TERMINAL = {"succeeded", "failed", "cancelled"}
+TERMINAL = {status.value for status in RequestStatus if status.is_terminal}
 
 
 def load_sample_prompts(limit: int | None = None) -> list[dict[str, Any]]:

@@ -1,6 +1,7 @@
 """The demo's routing showcase: one stream of real prompts replayed twice through the whole
 pipeline (API, predict, route, engine workers) on a small fleet of emulated GPU instances, once
-under round_robin and once under block, side by side.
+under round_robin and once under block, side by side; then once more under block with a bulk
+batch of other real prompts beside it (app/cli/showcase_batch.py).
 
 The data (app/demo/):
 
@@ -40,15 +41,17 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from app.cli.demo import TERMINAL
+from app.cli.showcase_batch import BatchRun, BatchWatcher, batch_table, start_batch
 from app.settings import Settings
 
 __all__ = [
-    "FLEET", "LengthScores", "PassResult", "ShowcaseFleet", "ShowcasePrompt", "StreamRequest",
+    "FLEET", "LengthScores", "PassResult", "ShowcaseFleet", "ShowcasePrompt", "ShowcaseResult",
+    "StreamRequest",
     "build_stream", "length_scores", "length_table", "load_showcase_prompts", "run_pass",
     "run_showcase", "showcase_settings", "showcase_table",
 ]
 
-TERMINAL = {"succeeded", "failed", "cancelled"}
 #: The policies compared, in the order they run.
 POLICIES = ("round_robin", "block")
 
@@ -75,6 +78,11 @@ class ShowcaseFleet:
     #: Wall seconds per emulated second (1: real time).
     time_scale: float = 1.0
     seed: int = 0
+    #: Lines of the bulk batch that runs beside the stream in the last pass.
+    batch_lines: int = 48
+    #: Interactive TTFT p99 (s) that the batch's release window steers by
+    #: (workers/batch/headroom.py): the batch takes only the room the stream leaves.
+    batch_ttft_target_s: float = 1.0
 
 
 FLEET = ShowcaseFleet()
@@ -126,6 +134,8 @@ def showcase_settings(base: Settings, answers_path: Path, fleet: ShowcaseFleet =
     """The emulated fleet's settings: the demo's services and ports, its own data directory."""
     return base.model_copy(update={
         "data_dir": base.data_dir / "showcase",
+        # The tokenizer (prompt lengths) is the demo's model's, wherever its data dir is.
+        "model_path": base.resolved_model_path,
         "num_instances": fleet.instances, "engine_kind": "emulated",
         "emulated_exec_model": "qwen2-7b-a30", "emulated_num_blocks": fleet.num_blocks,
         "block_size": 16, "max_num_seqs": fleet.max_num_seqs, "max_num_batched_tokens": 512,
@@ -137,6 +147,12 @@ def showcase_settings(base: Settings, answers_path: Path, fleet: ShowcaseFleet =
         # model (no refits mid-run), and no fallback to round robin: each policy as configured.
         "learn_retrain_interval_s": 0, "learn_refit_interval_s": 0,
         "bias_threshold": 1e9, "bias_correction_rate": 0.0,
+        # Batch work yields: its window of lines in flight grows while the stream's TTFT p99
+        # meets the target and halves when it does not.
+        "batch_headroom_ttft_s": fleet.batch_ttft_target_s, "batch_headroom_window_s": 10.0,
+        "batch_headroom_min_window": 1, "batch_headroom_increase": 2.0,
+        "max_batch_in_flight": fleet.instances * fleet.max_num_seqs,
+        "batch_release_interval_s": 0.5,
     })
 
 
@@ -151,14 +167,15 @@ def write_answers(path: Path, prompts: list[ShowcasePrompt]) -> Path:
 
 def run_pass(client: httpx.Client, admin: httpx.Client, policy: str,
              stream: list[StreamRequest], *, count_tokens: Callable[[str], int],
-             fleet: ShowcaseFleet, progress: Progress,
+             fleet: ShowcaseFleet, progress: Progress, label: str | None = None,
              timeout_s: float = 300) -> list[dict[str, Any]]:
     """Switch every router to `policy`, send the stream at its arrival times, wait until every
     request is terminal; the final request objects, in stream order."""
     admin.put("/v1/admin/routing", json={"policy": policy}).raise_for_status()
+    label = label or policy
     ids: list[str | None] = [None] * len(stream)
     rooms = [fleet.max_model_len - count_tokens(r.prompt.prompt) for r in stream]  # one thread
-    sending = progress.add_task(f"{policy}: sending", total=len(stream))
+    sending = progress.add_task(f"{label}: sending", total=len(stream))
     started = time.monotonic() + 0.2
 
     def send(i: int) -> None:
@@ -174,7 +191,7 @@ def run_pass(client: httpx.Client, admin: httpx.Client, policy: str,
         sender = threading.Thread(target=lambda: list(pool.map(send, range(len(stream)))),
                                   daemon=True)
         sender.start()
-        done = _wait(client, ids, sender, progress.add_task(f"{policy}: finished",
+        done = _wait(client, ids, sender, progress.add_task(f"{label}: finished",
                                                             total=len(stream)), progress,
                      time.monotonic() + timeout_s)
     return [done[request_id] for request_id in ids if request_id is not None]
@@ -304,8 +321,18 @@ def length_table(result: PassResult) -> Table:
     return table
 
 
-def print_showcase(results: list[PassResult], console: Console,
+@dataclass(frozen=True)
+class ShowcaseResult:
+    #: One pass per policy of POLICIES, in that order.
+    passes: list[PassResult]
+    #: The stream under block again, with the batch beside it.
+    beside_batch: PassResult
+    batch: BatchRun
+
+
+def print_showcase(result: ShowcaseResult, console: Console,
                    fleet: ShowcaseFleet = FLEET) -> None:
+    results = result.passes
     console.print(showcase_table(results, fleet))
     console.print(length_table(results[-1]))
     console.print(
@@ -314,10 +341,19 @@ def print_showcase(results: list[PassResult], console: Console,
         "length model never saw these prompts (trained on the other 80 % of the conversations); "
         "the baseline predicts this stream's mean answer length for every request, and ranks "
         "none of them.")
+    alone = next(r for r in results if r.policy == "block")
+    console.print(batch_table((_p(alone.ttft_s, 50), _p(alone.ttft_s, 99)),
+                              (_p(result.beside_batch.ttft_s, 50),
+                               _p(result.beside_batch.ttft_s, 99)), result.batch))
+    console.print(
+        "The batch's lines enter the pipeline through a window that grows while the stream's "
+        f"TTFT p99 stays under {fleet.batch_ttft_target_s:g} s and halves when it does not, and "
+        "every engine admits interactive requests before batch ones: the batch takes the room "
+        "the stream leaves and finishes after it.")
 
 
 def run_showcase(base: Settings, prepare: Callable[[Settings], dict[str, str]],
-                 console: Console, fleet: ShowcaseFleet = FLEET) -> list[PassResult]:
+                 console: Console, fleet: ShowcaseFleet = FLEET) -> ShowcaseResult:
     """Start the emulated fleet, run the stream under each policy, stop; the passes' results.
 
     `prepare(settings)`: migrations and the processes' environment (the CLI's `_prepare`)."""
@@ -345,7 +381,8 @@ def run_showcase(base: Settings, prepare: Callable[[Settings], dict[str, str]],
             stack.supervise()
             stack.wait_ready(num_instances=fleet.instances)
         console.print(f"emulated fleet ready in {time.monotonic() - started:.0f} s: "
-                      f"{fleet.requests} requests at {fleet.rate:g} req/s, under each policy")
+                      f"{fleet.requests} requests at {fleet.rate:g} req/s, under each policy, then "
+                      f"beside a {fleet.batch_lines}-line batch")
         key = stack.issue_api_key("showcase")
         codec = PromptCodec(settings.resolved_model_path)
         with stack.client(key) as client, stack.client() as admin, Progress() as progress:
@@ -361,7 +398,7 @@ def run_showcase(base: Settings, prepare: Callable[[Settings], dict[str, str]],
 
 def _passes(client: httpx.Client, admin: httpx.Client, stream: list[StreamRequest],
             count_tokens: Callable[[str], int], fleet: ShowcaseFleet,
-            progress: Progress) -> list[PassResult]:
+            progress: Progress) -> ShowcaseResult:
     results = []
     for policy in POLICIES:
         started = time.monotonic()
@@ -370,4 +407,27 @@ def _passes(client: httpx.Client, admin: httpx.Client, stream: list[StreamReques
         results.append(PassResult.of(policy, done, fleet.time_scale))
         progress.console.print(f"{policy}: {len(done)} requests in "
                                f"{time.monotonic() - started:.0f} s")
-    return results
+    beside, batch = _batch_pass(client, admin, stream, count_tokens, fleet, progress)
+    return ShowcaseResult(results, beside, batch)
+
+
+def _batch_pass(client: httpx.Client, admin: httpx.Client, stream: list[StreamRequest],
+                count_tokens: Callable[[str], int], fleet: ShowcaseFleet,
+                progress: Progress) -> tuple[PassResult, BatchRun]:
+    """The stream again under block, with a batch of other real prompts started just before."""
+    started = time.monotonic()
+    in_stream = {r.prompt.prompt for r in stream}
+    others = [p.prompt for p in load_showcase_prompts() if p.prompt not in in_stream]
+    prompts = (others or [r.prompt.prompt for r in stream])[:fleet.batch_lines]
+    batch_id = start_batch(client, prompts, count_tokens=count_tokens,
+                           max_model_len=fleet.max_model_len)
+    watcher = BatchWatcher(client, batch_id, progress, lines=len(prompts),
+                           time_scale=fleet.time_scale)
+    watcher.start()
+    done = run_pass(client, admin, "block", stream, count_tokens=count_tokens, fleet=fleet,
+                    progress=progress, label="block beside the batch")
+    watcher.stream_ended()
+    batch = watcher.result(timeout_s=300)
+    progress.console.print(f"block beside the batch: {len(done)} requests and the batch in "
+                           f"{time.monotonic() - started:.0f} s")
+    return PassResult.of("block beside the batch", done, fleet.time_scale), batch

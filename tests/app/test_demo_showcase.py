@@ -3,10 +3,13 @@ its table (app/cli/showcase.py); the run itself needs the whole stack (`make dem
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
+from rich.progress import Progress
 
 from app.cli.showcase import (
     FLEET,
@@ -20,6 +23,7 @@ from app.cli.showcase import (
     showcase_settings,
     showcase_table,
 )
+from app.cli.showcase_batch import BatchRun, BatchWatcher, batch_input, batch_table
 from app.settings import Settings
 from workers.predict.length_model import LengthHead
 
@@ -54,6 +58,7 @@ def test_fleet_settings_are_emulated_on_their_own_data_dir(tmp_path: Path) -> No
     assert settings.engine_kind == "emulated" and settings.num_instances == FLEET.instances
     assert settings.emulated_output_lengths == "answers"
     assert settings.data_dir == tmp_path / "showcase"
+    assert settings.resolved_model_path == base.resolved_model_path  # the demo's tokenizer
     assert settings.length_model_path == model_path()
     assert settings.routing_policy == "block"
 
@@ -88,3 +93,48 @@ def test_length_table_compares_the_model_with_the_baseline() -> None:
     rows = table.columns[0]._cells
     assert rows == ["learned model (MiniLM + features)", "mean-length baseline"]
     assert table.columns[3]._cells == ["1.00", "-"]
+
+
+def test_batch_input_is_one_completions_line_per_prompt_asking_for_the_room() -> None:
+    data = batch_input(["first prompt", "second"], model="m", rooms=[100, 7])
+    lines = [json.loads(line) for line in data.decode().splitlines()]
+    assert [line["custom_id"] for line in lines] == ["line-0", "line-1"]
+    assert {line["url"] for line in lines} == {"/v1/completions"}
+    assert [line["body"]["max_tokens"] for line in lines] == [100, 7]
+    assert lines[1]["body"] == {"model": "m", "prompt": "second", "max_tokens": 7,
+                                "temperature": 0}
+
+
+def test_batch_table_sets_the_stream_alone_beside_the_stream_with_the_batch() -> None:
+    run = BatchRun(lines=48, completed=47, failed=1, status="completed",
+                   done_during_stream=12, stream_ended_s=40.2, finished_s=71.0)
+    table = batch_table(("0.10", "0.80"), ("0.12", "0.95"), run)
+    cells = dict(zip(table.columns[0]._cells, table.columns[1]._cells, strict=True))
+    assert cells["stream TTFT p50 / p99 (s), alone"] == "0.10 / 0.80"
+    assert cells["stream TTFT p50 / p99 (s), beside the batch"] == "0.12 / 0.95"
+    assert cells["batch lines done while the stream ran"] == "12 of 48 (by 40 s)"
+    assert cells["batch completed: lines completed / failed"] == "47 / 1 (all done at 71 s)"
+
+
+def test_fleet_settings_let_the_batch_yield_to_the_stream(tmp_path: Path) -> None:
+    settings = showcase_settings(Settings(data_dir=tmp_path), tmp_path / "answers.jsonl")
+    assert settings.batch_headroom_ttft_s == FLEET.batch_ttft_target_s > 0
+    assert settings.max_batch_in_flight == FLEET.instances * FLEET.max_num_seqs
+
+
+def test_batch_watcher_follows_the_batch_and_notes_the_stream_end() -> None:
+    states = iter([("in_progress", 0, 0), ("in_progress", 3, 0), ("in_progress", 5, 1),
+                   ("completed", 7, 1)])
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        status, completed, failed = next(states, ("completed", 7, 1))
+        return httpx.Response(200, json={"status": status, "request_counts": {
+            "total": 8, "completed": completed, "failed": failed}})
+
+    client = httpx.Client(transport=httpx.MockTransport(answer), base_url="http://showcase")
+    with Progress(disable=True) as progress:
+        watcher = BatchWatcher(client, "batch_1", progress, lines=8, time_scale=1.0)
+        watcher.start()
+        run = watcher.result(timeout_s=10)
+    assert (run.status, run.completed, run.failed, run.lines) == ("completed", 7, 1, 8)
+    assert run.finished_s is not None and run.finished_s >= 0
