@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
-__all__ = ["BlockPool", "chain_prefix_hashes"]
+__all__ = ["BlockPool", "PrefixHolder", "chain_prefix_hashes"]
 
 #: Segment kinds in the free queue (the first item of a segment's key).
 _ANON, _OWNED, _PREFIX = 0, 1, 2
@@ -23,6 +24,16 @@ def chain_prefix_hashes(block_hashes: Iterable[int]) -> tuple[int, ...]:
         parent = hash((parent, int(block_hash)))
         keys.append(parent)
     return tuple(keys)
+
+
+class PrefixHolder(Protocol):
+    """A request's prefix bookkeeping, as both simulators keep it."""
+
+    prefix_keys: tuple[int, ...]
+    num_prefix_held: int  # leading keys whose units it holds
+    prefix_open: bool  # False once a unit was found cached by another: no more caching
+    num_shared_blocks: int
+    num_owned_blocks: int
 
 
 class BlockPool:
@@ -216,6 +227,21 @@ class BlockPool:
             return False
         self._in_use[key] = 1
         return True
+
+    def cache_computed_units(self, seq: PrefixHolder, num_computed: int,
+                             unit_tokens: int) -> None:
+        """Add the prefix units `seq` has computed (`num_computed` tokens) to the cache (its
+        blocks become shared); stop at one the cache has already (vLLM keeps the first)."""
+        keys = seq.prefix_keys
+        held = seq.num_prefix_held
+        while held < len(keys) and (held + 1) * unit_tokens <= num_computed:
+            if not self.cache_unit(keys[held]):
+                seq.prefix_open = False
+                break
+            held += 1
+            seq.num_shared_blocks += self.unit_blocks
+            seq.num_owned_blocks -= self.unit_blocks
+        seq.num_prefix_held = held
 
     def release_prefix(self, keys: Sequence[int]) -> None:
         """Let go of held units (a prefix of a request's keys): last first, as vLLM frees a

@@ -379,20 +379,7 @@ class FastSim:
             seq.num_shared_blocks = 0
 
     def _cache_units(self, seq: _Seq, num_computed: int) -> None:
-        """Add the prefix units `seq` has computed (`num_computed` tokens) to the cache, as
-        `Scheduler._cache_units` does."""
-        keys = seq.prefix_keys
-        held = seq.num_prefix_held
-        pool = self.pool
-        unit_tokens = self.prefix_unit_tokens
-        while held < len(keys) and (held + 1) * unit_tokens <= num_computed:
-            if not pool.cache_unit(keys[held]):
-                seq.prefix_open = False
-                break
-            held += 1
-            seq.num_shared_blocks += pool.unit_blocks
-            seq.num_owned_blocks -= pool.unit_blocks
-        seq.num_prefix_held = held
+        self.pool.cache_computed_units(seq, num_computed, self.prefix_unit_tokens)
 
     def _finished(self, seq: _Seq) -> None:
         if not seq.is_future:

@@ -316,20 +316,7 @@ class Scheduler:
         return num_new
 
     def _cache_units(self, seq: SeqState, num_computed: int) -> None:
-        """Add the prefix units `seq` has computed (`num_computed` tokens) to the cache (its
-        blocks become shared); stop at one the cache has already (vLLM keeps the first)."""
-        keys = seq.prefix_keys
-        held = seq.num_prefix_held
-        pool = self.block_pool
-        unit_tokens = self.config.prefix_unit_tokens
-        while held < len(keys) and (held + 1) * unit_tokens <= num_computed:
-            if not pool.cache_unit(keys[held]):
-                seq.prefix_open = False
-                break
-            held += 1
-            seq.num_shared_blocks += pool.unit_blocks
-            seq.num_owned_blocks -= pool.unit_blocks
-        seq.num_prefix_held = held
+        self.block_pool.cache_computed_units(seq, num_computed, self.config.prefix_unit_tokens)
 
     def _release_prefix(self, seq: SeqState) -> None:
         """Let go of `seq`'s prefix units (after its own blocks, as vLLM frees tail first)."""
