@@ -109,22 +109,6 @@ async def send(base_url: str, api_key: str, prompts: list[str], rate: float, end
     return codes
 
 
-def wait_workers_ready(stack: Stack, timeout_s: float) -> None:
-    """Until every Celery worker logged '<name>@<host> ready.' (the predictor loads its model
-    first)."""
-    deadline = time.time() + timeout_s
-    waiting = {name for name, command in stack.commands.items() if "worker" in command}
-    while waiting and time.time() < deadline:
-        stack.check_alive()
-        for name in list(waiting):
-            log = stack.log_dir / f"{name}.log"
-            if log.exists() and " ready." in log.read_text(errors="replace"):
-                waiting.discard(name)
-        time.sleep(0.5)
-    if waiting:
-        raise RuntimeError(f"workers not ready after {timeout_s:.0f} s: {sorted(waiting)}")
-
-
 def wait_done(database_url: str, expected: int, timeout_s: float) -> int:
     """Until `expected` requests are terminal (native requests answer before they run)."""
     engine = sa.create_engine(database_url)
@@ -237,7 +221,7 @@ def main() -> int:
         try:
             stack.start()
             stack.wait_ready(num_instances=args.instances, timeout_s=900)
-            wait_workers_ready(stack, 900)
+            stack.wait_workers_ready(900)
             assert stack.api_key is not None
             roots = {ROLES.get(name, ENGINES): p.pid for name, p in stack.processes.items()}
             meter = CpuMeter(roots, database)

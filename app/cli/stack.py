@@ -296,6 +296,22 @@ class Stack:
                 time.sleep(0.5)
         raise StackError(f"stack not ready after {timeout_s:.0f} s; logs in {self.log_dir}")
 
+    def wait_workers_ready(self, timeout_s: float) -> None:
+        """Until every Celery worker has logged '<name>@<host> ready.': the predictor loads its
+        length model before that (`wait_ready` waits for the API and the engines only)."""
+        deadline = time.monotonic() + timeout_s
+        waiting = {name for name, command in self.commands.items() if "worker" in command}
+        while waiting and time.monotonic() < deadline:
+            self.check_alive()
+            for name in list(waiting):
+                log = self.log_dir / f"{name}.log"
+                if log.exists() and f"{name}@" in (text := log.read_text(errors="replace")) \
+                        and " ready." in text:
+                    waiting.discard(name)
+            time.sleep(0.5)
+        if waiting:
+            raise StackError(f"workers not ready after {timeout_s:.0f} s: {sorted(waiting)}")
+
     def issue_api_key(self, team_name: str, *, is_admin: bool = False) -> str:
         """A new API key of the named team (created if needed), straight in the database.
 

@@ -148,23 +148,6 @@ class _LoadSampler(threading.Thread):
             self.samples.append(os.getloadavg()[0])
 
 
-def _wait_workers_ready(stack: Stack, timeout_s: float) -> None:
-    """Until every Celery worker has logged '<name>@<host> ready.': the predictor loads its
-    length model before that (Stack.wait_ready waits for the API and the engines only)."""
-    deadline = time.time() + timeout_s
-    waiting = {name for name, command in stack.commands.items() if "worker" in command}
-    while waiting and time.time() < deadline:
-        stack.check_alive()
-        for name in list(waiting):
-            log = stack.log_dir / f"{name}.log"
-            if log.exists() and f"{name}@" in (text := log.read_text(errors="replace")) \
-                    and " ready." in text:
-                waiting.discard(name)
-        time.sleep(0.5)
-    if waiting:
-        raise RuntimeError(f"workers not ready after {timeout_s:.0f} s: {sorted(waiting)}")
-
-
 def _cpu_s(stack: Stack) -> dict[str, float]:
     """CPU seconds (user + system) so far of each stack process and its children."""
     try:
@@ -359,7 +342,7 @@ def run_point(spec: PointSpec, log: Any = print) -> dict[str, Any]:
         try:
             stack.start()
             stack.wait_ready(num_instances=spec.instances, timeout_s=600)
-            _wait_workers_ready(stack, timeout_s=600)
+            stack.wait_workers_ready(timeout_s=600)
             ready_s = time.time() - started
             # The stack's idle CPU (beat, sweeps, heartbeats, state publishing, polls), to tell
             # the CPU the requests cost from what the stack burns anyway.

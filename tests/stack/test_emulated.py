@@ -77,3 +77,7 @@ def test_block_routing_records_every_decision(
         stages = routing["stages_ms"]
         assert stages["route"] >= routing["decision_ms"]
         assert abs(sum(stages.values()) - routing["overhead_ms"]) < 1.0
+
+
+def test_every_celery_worker_logs_ready(emulated_stack: Stack) -> None:
+    emulated_stack.wait_workers_ready(timeout_s=120)  # raises StackError naming the laggards
