@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli.stack import Stack, StackError, describe_exit
+from app.cli.stack import LOW_PRIORITY, Stack, StackError, describe_exit
 from app.settings import Settings
 
 #: A process that prints a line and then waits to be stopped, like a worker.
@@ -157,3 +157,21 @@ def test_kill_all_ends_every_process_at_once_even_one_ignoring_sigterm(tmp_path:
     assert all(process.returncode == -signal.SIGKILL for process in processes)
     assert stack.processes == {} and not stack.supervising
     assert stack.restart_count("worker") == 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="no autogroup scheduling")
+def test_a_low_priority_process_gets_a_niced_session(tmp_path: Path) -> None:
+    """Each stack process has a session (so an autogroup) of its own: `nice` alone would not
+    lower its CPU share against the API's, so the session is niced too."""
+    stack = Stack(Settings(data_dir=tmp_path), env={})
+    stack.log_dir.mkdir(parents=True)
+    try:
+        stack.start_process("batches", SLEEPER)
+        stack.start_process("api", SLEEPER)
+        batches = Path(f"/proc/{stack.processes['batches'].pid}/autogroup").read_text()
+        api = Path(f"/proc/{stack.processes['api'].pid}/autogroup").read_text()
+        assert batches.split()[0] != api.split()[0]  # sessions of their own
+        assert batches.split()[-1] == str(LOW_PRIORITY["batches"])
+        assert api.split()[-1] == "0"
+    finally:
+        stack.stop(timeout_s=5)
