@@ -57,7 +57,7 @@ from app.settings import Settings
 __all__ = [
     "observe_completion",
     "observe_routing",
-    "observe_rejection",
+    "observe_unfinished_targets",
     "EngineStepMetrics",
     "RequestCountCollector",
     "QueueDepthCollector",
@@ -123,9 +123,9 @@ ROUTING_DECISION_TIME = Histogram(
 SLO_REQUESTS = Counter(
     "blockq_slo_requests_total",
     "Requests with latency targets, by target kind (ttft, e2e, or all: every target the "
-    "request had) and outcome: met or missed (succeeded, measured from creation), or rejected "
-    "(refused at routing: no instance could meet them). Goodput: the rate of kind=all, "
-    "outcome=met.",
+    "request had) and outcome, counted once when the request ends: met or missed (succeeded, "
+    "measured from creation; a failed or cancelled request missed them), or rejected (refused "
+    "at routing: no instance could meet them). Goodput: the rate of kind=all, outcome=met.",
     ["kind", "outcome"],
 )
 ENGINE_GENERATED_TOKENS = Counter(
@@ -155,11 +155,13 @@ def observe_routing(policy: str, instance_id: str, routing: Mapping[str, Any]) -
         ROUTING_OVERHEAD.labels(policy).observe(routing["overhead_ms"] / 1000)
 
 
-def observe_rejection(kinds: Iterable[str]) -> None:
-    """A request refused at routing: no instance could meet its latency targets (`kinds`:
-    which it had, ttft and/or e2e)."""
+def observe_unfinished_targets(status: RequestStatus, kinds: Iterable[str]) -> None:
+    """A request with latency targets (`kinds`: ttft and/or e2e) that ended without finishing:
+    refused at routing (outcome rejected), or failed or cancelled (outcome missed). Counted once,
+    after the commit of the transition that ended it (app/store.py)."""
+    outcome = "rejected" if status == RequestStatus.REJECTED else "missed"
     for kind in (*kinds, "all"):
-        SLO_REQUESTS.labels(kind, "rejected").inc()
+        SLO_REQUESTS.labels(kind, outcome).inc()
 
 
 def observe_completion(request: InferenceRequest) -> None:

@@ -14,7 +14,20 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, Select, Update, func, insert, literal, select, update
+from sqlalchemy import (
+    Row,
+    Select,
+    Update,
+    case,
+    event,
+    false,
+    func,
+    insert,
+    literal,
+    null,
+    select,
+    update,
+)
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -40,6 +53,13 @@ __all__ = [
 ]
 
 ACTIVE_STATUSES = frozenset(set(RequestStatus) - TERMINAL_STATUSES)
+#: Terminal statuses that miss every latency target a request has: it never finished (failed,
+#: cancelled, or refused at routing). SUCCEEDED records met or missed from its timings instead
+#: (workers/serve/request_records.py).
+MISSED_TARGETS_ON = frozenset({RequestStatus.FAILED, RequestStatus.CANCELLED,
+                               RequestStatus.REJECTED})
+#: `Session.info` key: the latency-target outcomes to count once the transaction commits.
+_SLO_OUTCOMES_KEY = "blockq_slo_outcomes"
 
 
 def new_request_id() -> str:
@@ -146,6 +166,34 @@ def transition_returning(
     change that need not survive a crash of the database server itself.
     """
     now = utcnow()
+    missed = to in MISSED_TARGETS_ON
+    if missed:
+        # NOTE: in the same guarded UPDATE, so a request's outcome is written once, by the one
+        # transition that ended it (a redelivery finds it ended and changes nothing).
+        fields = {"slo_ttft_met": _missed_if_set(_REQUESTS.c.slo_ttft_ms),
+                  "slo_e2e_met": _missed_if_set(_REQUESTS.c.slo_e2e_ms), **fields}
+        returning = (*returning, _REQUESTS.c.slo_ttft_ms.label("_slo_ttft_ms"),
+                     _REQUESTS.c.slo_e2e_ms.label("_slo_e2e_ms"))
+    row = _transition(session, request_id, to, allowed_from, returning, detail, extra_where,
+                      wait_for_wal, now, fields)
+    if missed and row is not None:
+        kinds = [kind for kind, target in (("ttft", row._mapping["_slo_ttft_ms"]),
+                                           ("e2e", row._mapping["_slo_e2e_ms"]))
+                 if target is not None]
+        if kinds:
+            session.info.setdefault(_SLO_OUTCOMES_KEY, []).append((to, kinds))
+    return row
+
+
+def _missed_if_set(target: Any) -> Any:
+    """False (missed) where the request has this target, NULL where it has none."""
+    return case((target.is_(None), null()), else_=false())
+
+
+def _transition(session: Session, request_id: str, to: RequestStatus,
+                allowed_from: Iterable[RequestStatus], returning: Sequence[Any],
+                detail: str | None, extra_where: Iterable[Any], wait_for_wal: bool,
+                now: datetime, fields: dict[str, Any]) -> Row[Any] | None:
     # NOTE: Core statements on the tables, on the session's connection: the ORM's bulk UPDATE
     # path (session.execute of an entity's update) cost twice the CPU for nothing used here
     # (synchronize_session is off), and every request passes here four times.
@@ -173,6 +221,24 @@ def transition_returning(
         insert(_EVENTS).values(request_id=request_id, status=str(to), at=now, detail=detail)
     )
     return row
+
+
+@event.listens_for(Session, "after_commit")
+def _count_slo_outcomes(session: Session) -> None:
+    """Count the latency targets missed by the transitions this transaction committed."""
+    outcomes = session.info.pop(_SLO_OUTCOMES_KEY, None)
+    if not outcomes:
+        return
+    from app import metrics  # NOTE: late: app.metrics imports modules that import this one
+
+    for status, kinds in outcomes:
+        metrics.observe_unfinished_targets(status, kinds)
+
+
+@event.listens_for(Session, "after_begin")
+def _forget_slo_outcomes(session: Session, transaction: Any, connection: Any) -> None:
+    """A transaction starts with nothing to count (one rolled back before counts nothing)."""
+    session.info.pop(_SLO_OUTCOMES_KEY, None)
 
 
 def _with_event(changing: Update, to: RequestStatus, now: datetime, detail: str | None,

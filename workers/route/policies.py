@@ -322,8 +322,10 @@ def decide(
     A request with latency targets, under a policy that simulates, goes to an instance whose
     what-if meets them, the one adding the least latency over all its requests (its own
     end-to-end plus the delay to the others; then the policy's score, then chance, on ties);
-    when none meets them, the policy's own pick stands and the decision says so
+    when none meets them, to the instance closest to them (the least worst what-if / target
+    ratio, `target_shortfall`; then the policy's score, then chance) and the decision says so
     (`meets_target` False) for the caller to act on. Without what-ifs targets are not read.
+    The route stage and the cluster simulation both decide here: the same rule for both.
     """
     if not fleet:
         raise ValueError("no candidate instances")
@@ -341,7 +343,9 @@ def decide(
             harm = {i.instance_id: ((i.what_if_delay_to_others_s or 0.0) + (i.what_if_e2e_s or 0.0),
                                     considered[i.instance_id]) for i in feasible}
             return Decision(policy_name, _lowest(harm, ctx), considered, meets_target=True)
-        return Decision(policy_name, _lowest(considered, ctx), considered, meets_target=False)
+        closest = {i.instance_id: (_shortfall(request, i), considered[i.instance_id])
+                   for i in ordered if i.instance_id in considered}
+        return Decision(policy_name, _lowest(closest, ctx), considered, meets_target=False)
     return Decision(policy=policy_name, instance_id=_lowest(considered, ctx), scores=considered)
 
 
@@ -349,12 +353,17 @@ def target_shortfall(request: RequestView, fleet: Sequence[InstanceView]) -> flo
     """How far the best instance's what-if is from the request's targets: the smallest, over
     `fleet`, of the largest what-if / target ratio (1 or less: met); None without targets or
     what-ifs. A caller refusing requests can keep a margin for the what-if's own error."""
-    ttft, e2e = request.ttft_target_s, request.e2e_target_s
     if not request.has_target or any(v.what_if_ttft_s is None for v in fleet) or not fleet:
         return None
-    return min(max(v.what_if_ttft_s / ttft if ttft else 0.0,  # type: ignore[operator]
-                   v.what_if_e2e_s / e2e if e2e else 0.0)  # type: ignore[operator]
-               for v in fleet)
+    return min(_shortfall(request, v) for v in fleet)
+
+
+def _shortfall(request: RequestView, view: InstanceView) -> float:
+    """The instance's largest what-if / target ratio over the request's targets (1 or less:
+    met); its what-ifs must be set."""
+    ttft, e2e = request.ttft_target_s, request.e2e_target_s
+    return max(view.what_if_ttft_s / ttft if ttft else 0.0,  # type: ignore[operator]
+               view.what_if_e2e_s / e2e if e2e else 0.0)  # type: ignore[operator]
 
 
 def _meets(request: RequestView, view: InstanceView) -> bool:

@@ -16,7 +16,7 @@ from app.slo import RequestTargets, SloMissAction
 from workers.route.planner import Plan
 from workers.route.policies import RequestView
 
-__all__ = ["Miss", "budgeted", "on_miss", "repointed", "MAX_RETRY_AFTER_S"]
+__all__ = ["Miss", "budgeted", "on_miss", "MAX_RETRY_AFTER_S"]
 
 #: The longest wait a refused request is told before retrying.
 MAX_RETRY_AFTER_S = 60
@@ -61,22 +61,15 @@ def on_miss(plan: Plan, view: RequestView, targets: RequestTargets | None, *,
     """
     if targets is None or plan.decision.meets_target is not False or not plan.what_ifs:
         return None
-    ratios = {instance_id: _ratio(view, ttft_s, e2e_s)
-              for instance_id, (ttft_s, e2e_s) in plan.what_ifs.items()}
-    closest = min(sorted(ratios), key=ratios.__getitem__)
+    # NOTE: `decide` already chose the instance closest to the targets when none meets them
+    # (the cluster simulation decides there too): the rule lives in one place.
+    closest = plan.decision.instance_id
     ttft_s, e2e_s = plan.what_ifs[closest]
+    ratio = _ratio(view, ttft_s, e2e_s)
     action = targets.miss_action if first_routing else SloMissAction.ROUTE
-    if action is SloMissAction.REFUSE and ratios[closest] <= 1.0 + refuse_margin:
+    if action is SloMissAction.REFUSE and ratio <= 1.0 + refuse_margin:
         action = SloMissAction.ROUTE
-    return Miss(action, closest, ratios[closest], ttft_s, e2e_s,
-                _retry_after_s(view, ttft_s, e2e_s))
-
-
-def repointed(plan: Plan, instance_id: str) -> Plan:
-    """The plan with its decision moved to `instance_id` (one of its candidates)."""
-    assert instance_id in plan.what_ifs, f"{instance_id} was not simulated"
-    return dataclasses.replace(
-        plan, decision=dataclasses.replace(plan.decision, instance_id=instance_id))
+    return Miss(action, closest, ratio, ttft_s, e2e_s, _retry_after_s(view, ttft_s, e2e_s))
 
 
 def _ratio(view: RequestView, ttft_s: float, e2e_s: float) -> float:

@@ -85,9 +85,7 @@ def route_request(rt: runtime.Runtime, request: stage.RouteInput, timing: dict[s
         routing["slo"] = miss.record() if miss is not None else {
             "met": plan.decision.meets_target}
     if miss is not None and miss.action is SloMissAction.REFUSE:
-        assert request.targets is not None
-        _refuse(rt, request_id, plan, routing, miss, request.targets.kinds, allowed_from,
-                columns or {})
+        _refuse(rt, request_id, plan, routing, miss, allowed_from, columns or {})
         return True
     demoted = miss is not None and miss.action is SloMissAction.QUEUE
     priority = Priority.BATCH.rank if demoted else request.priority
@@ -113,7 +111,7 @@ def route_request(rt: runtime.Runtime, request: stage.RouteInput, timing: dict[s
 
 def _decide(rt: runtime.Runtime, request: stage.RouteInput
             ) -> tuple[Plan, targets.Miss | None, dict[str, Any] | None, float] | None:
-    """The plan (moved to the instance closest to the targets when none meets them), the
+    """The plan (on the instance closest to the targets when none meets them: `decide`), the
     miss if any, the bias watch's fallback and the decision's time in ms; the assignment is
     noted unless the request is to be refused. None when no instance is routable."""
     with _deciding:
@@ -133,8 +131,6 @@ def _decide(rt: runtime.Runtime, request: stage.RouteInput
         miss = targets.on_miss(plan, view, request.targets, first_routing=request.attempt == 0,
                                refuse_margin=rt.settings.slo_refuse_margin)
         refused = miss is not None and miss.action is SloMissAction.REFUSE
-        if miss is not None and not refused:
-            plan = targets.repointed(plan, miss.instance_id)
         decision_ms = (time.perf_counter() - started) * 1000
         if not refused:
             rt.fleet.assign(
@@ -147,8 +143,7 @@ def _decide(rt: runtime.Runtime, request: stage.RouteInput
 
 
 def _refuse(rt: runtime.Runtime, request_id: str, plan: Plan, routing: dict[str, Any],
-            miss: targets.Miss, kinds: tuple[str, ...],
-            allowed_from: Collection[RequestStatus], columns: dict[str, Any]) -> None:
+            miss: targets.Miss, allowed_from: Collection[RequestStatus], columns: dict[str, Any]) -> None:
     """End the request rejected (its latency targets are out of reach and its team refuses
     such requests), then wake whoever waits for its end (a held OpenAI call answers 429)."""
     with rt.outbox.transaction() as tx:
@@ -158,7 +153,6 @@ def _refuse(rt: runtime.Runtime, request_id: str, plan: Plan, routing: dict[str,
             tx.post(dispatch.webhook(request_id, "request.rejected"))
     if refused is None:
         return  # cancelled meanwhile
-    metrics.observe_rejection(kinds)
     logger.info("refused: latency targets unmeetable (x%.2f)", miss.shortfall,
                 extra={"policy": plan.decision.policy, "instance_id": miss.instance_id})
     try:

@@ -278,11 +278,16 @@ def test_a_target_picks_the_instance_meeting_it_that_delays_the_others_least() -
     assert (plain.instance_id, plain.meets_target) == ("gpu.0", None)
 
 
-def test_when_no_instance_meets_the_target_the_policy_pick_stands_and_says_so() -> None:
-    fleet = [_simulated("gpu.0", ttft=2.0, e2e=5.0, harm=0.0),
-             _simulated("gpu.1", ttft=1.2, e2e=12.0, harm=0.0)]
+def test_when_no_instance_meets_the_target_the_closest_wins_and_says_so() -> None:
+    fleet = [_simulated("gpu.0", ttft=2.0, e2e=5.0, harm=0.0),    # block's pick; TTFT 2x
+             _simulated("gpu.1", ttft=1.2, e2e=12.0, harm=0.0)]   # 1.2x both: closest
     decision = decide("block", TARGETED, fleet, _ctx())
-    assert (decision.instance_id, decision.meets_target) == ("gpu.0", False)
+    assert (decision.instance_id, decision.meets_target) == ("gpu.1", False)
+    assert decision.scores == {"gpu.0": 5.0, "gpu.1": 12.0}  # the policy's scores, unchanged
+    # Equally close: the policy's score breaks the tie.
+    tied = [_simulated("gpu.0", ttft=1.5, e2e=9.0, harm=0.0),
+            _simulated("gpu.1", ttft=1.5, e2e=8.0, harm=0.0)]
+    assert decide("block", TARGETED, tied, _ctx()).instance_id == "gpu.1"
     only_e2e = RequestView("r", 10, 20, 64, e2e_target_s=5.0)
     assert decide("block", only_e2e, fleet, _ctx()).meets_target is True
 
