@@ -18,6 +18,11 @@ Predictions are clipped to [1, max_tokens].
 Inference is numpy on top of the encoder; `train` is what the offline script and the online
 retraining loop call. The artifact is one small ``.npz`` (weights and a JSON metadata entry with
 the metrics), `to_bytes`/`from_bytes` for a registry row.
+
+The online loop (`workers/learn`) adds to a head one `ModelCorrection` per serving model it has
+learned from that model's own history: a shift, a scale of the log point and a small weight
+vector on the same inputs, all fitted on the residuals of the shared head and shrunk by how much
+history there was. Applying one costs a dot product per row on inputs the head computes anyway.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ __all__ = [
     "LengthHead",
     "LengthPrediction",
     "LengthPredictor",
+    "ModelCorrection",
     "TrainConfig",
     "design_matrix",
     "encoder_config_for",
@@ -61,7 +67,9 @@ __all__ = [
 
 #: The model shipped with the package, trained on ../shared/data/conversations.
 BOOTSTRAP_ARTIFACT = Path(__file__).resolve().parent / "models" / "length_bootstrap.npz"
-ARTIFACT_FORMAT = 1
+ARTIFACT_FORMAT = 2
+#: Formats `LengthHead.from_bytes` reads (1: no per-model corrections).
+_READABLE_FORMATS = (1, 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +152,41 @@ def design_matrix(prompts: Sequence[Prompt], models: Sequence[str], *, encoder: 
 
 
 @dataclass(frozen=True)
+class ModelCorrection:
+    """A serving model's own correction of the shared head, learned online from its history.
+
+    On the head's log point z of that model's rows (its intercept included) the corrected point
+    is ``z + intercept + slope * (z - center) + inputs @ weights``.
+    """
+
+    intercept: float                 # log tokens added (already shrunk towards 0)
+    slope: float = 0.0               # added to the coefficient of the head's own log point
+    center: float = 0.0              # the head's mean log point on the rows it was fitted on
+    weights: np.ndarray | None = None  # (num inputs,) on the head's scaled inputs, or None
+    log_q: float | None = None       # upper residual quantile of the corrected point, or None
+    rows: int = 0                    # history rows it was fitted on
+    through: str = ""                # newest history row it saw (ISO time or row label)
+    penalty: float | None = None     # ridge penalty of `weights` chosen by time-ordered CV
+
+    def apply(self, log_point: np.ndarray, inputs: np.ndarray) -> np.ndarray:
+        shifted = log_point + self.intercept + self.slope * (log_point - self.center)
+        return shifted if self.weights is None else shifted + inputs @ self.weights
+
+    def to_meta(self) -> dict:
+        return {"intercept": self.intercept, "slope": self.slope, "center": self.center,
+                "log_q": self.log_q, "rows": self.rows, "through": self.through,
+                "penalty": self.penalty, "has_weights": self.weights is not None}
+
+    @classmethod
+    def from_meta(cls, meta: Mapping, weights: np.ndarray | None) -> ModelCorrection:
+        return cls(intercept=float(meta["intercept"]), slope=float(meta["slope"]),
+                   center=float(meta["center"]), weights=weights,
+                   log_q=None if meta.get("log_q") is None else float(meta["log_q"]),
+                   rows=int(meta.get("rows", 0)), through=str(meta.get("through", "")),
+                   penalty=None if meta.get("penalty") is None else float(meta["penalty"]))
+
+
+@dataclass(frozen=True)
 class LengthHead:
     """The trained regression head and everything needed to apply it (numpy only)."""
 
@@ -163,6 +206,8 @@ class LengthHead:
     metrics: dict = field(default_factory=dict)
     version: str = ""                   # content hash, set on fit
     trained_at: str = ""                # UTC ISO timestamp
+    #: Per-serving-model corrections learned online (`workers.learn`), applied after the head.
+    corrections: Mapping[str, ModelCorrection] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if tuple(self.feature_names) != FEATURE_NAMES:
@@ -177,16 +222,52 @@ class LengthHead:
         features = (design.features - self.feature_mean) / self.feature_scale
         return np.hstack([design.embeddings * self.embedding_scale, features])
 
-    def predict_log(self, design: Design) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(log point, log upper quantile, model known) per row; no clipping."""
+    def inputs(self, design: Design) -> np.ndarray:
+        """The scaled inputs the weights (and the corrections' weights) apply to."""
+        return self._inputs(design)
+
+    def predict_log(self, design: Design, *, corrected: bool = True
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(log point, log upper quantile, model known) per row; no clipping.
+
+        `corrected=False` leaves out the per-model corrections (what they were fitted on).
+        """
         index = {name: i for i, name in enumerate(self.model_names)}
         slots = np.array([index.get(m, -1) for m in design.models], dtype=np.int64)
         known = slots >= 0
         intercept = np.where(known, self.model_intercepts[np.maximum(slots, 0)],
                              self.pooled_intercept)
         log_q = np.where(known, self.model_log_q[np.maximum(slots, 0)], self.pooled_log_q)
-        log_point = self._inputs(design) @ self.weights + intercept + self.log_offset
+        inputs = self._inputs(design)
+        log_point = inputs @ self.weights + intercept + self.log_offset
+        if corrected and self.corrections:
+            models = np.asarray(design.models, dtype=object)
+            for model, correction in self.corrections.items():
+                rows = models == model
+                if not rows.any():
+                    continue
+                log_point[rows] = correction.apply(log_point[rows], inputs[rows])
+                if correction.log_q is not None:
+                    log_q[rows] = correction.log_q
         return log_point, log_point + np.maximum(log_q, 0.0), known
+
+    def with_correction(self, model: str, correction: ModelCorrection | None) -> LengthHead:
+        """This head with `model`'s correction replaced (None: removed); a new version."""
+        corrections = {m: c for m, c in self.corrections.items() if m != model}
+        if correction is not None:
+            corrections[model] = correction
+        digest = hashlib.sha1(self.version.encode())
+        for name in sorted(corrections):
+            c = corrections[name]
+            digest.update(json.dumps([name, c.to_meta()], sort_keys=True, default=str).encode())
+            if c.weights is not None:
+                digest.update(np.asarray(c.weights, dtype=np.float32).tobytes())
+        version = digest.hexdigest()[:12] if corrections else self._base_version()
+        return replace(self, corrections=corrections, version=version,
+                       metrics={**self.metrics, "base_version": self._base_version()})
+
+    def _base_version(self) -> str:
+        return str(self.metrics.get("base_version", self.version))
 
     def predict(self, design: Design, max_tokens: np.ndarray | int
                 ) -> list[LengthPrediction]:
@@ -215,7 +296,11 @@ class LengthHead:
             "feature_names": list(self.feature_names),
             "encoder": self.encoder,
             "metrics": self.metrics,
+            "corrections": {m: c.to_meta() for m, c in self.corrections.items()},
         }
+        correction_weights = {f"correction_weights_{i}": np.asarray(c.weights, np.float32)
+                              for i, c in enumerate(self.corrections.values())
+                              if c.weights is not None}
         buffer = io.BytesIO()
         np.savez_compressed(
             buffer,
@@ -225,6 +310,7 @@ class LengthHead:
             feature_scale=self.feature_scale.astype(np.float32),
             model_intercepts=self.model_intercepts.astype(np.float64),
             model_log_q=self.model_log_q.astype(np.float64),
+            **correction_weights,
         )
         return buffer.getvalue()
 
@@ -232,8 +318,13 @@ class LengthHead:
     def from_bytes(cls, data: bytes) -> LengthHead:
         with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
             meta = json.loads(arrays["meta"].tobytes().decode())
-            if meta.get("format") != ARTIFACT_FORMAT:
+            if meta.get("format") not in _READABLE_FORMATS:
                 raise ValueError(f"unknown length-model artifact format {meta.get('format')!r}")
+            corrections = {
+                model: ModelCorrection.from_meta(
+                    c, arrays[f"correction_weights_{i}"].astype(np.float32)
+                    if c.get("has_weights") else None)
+                for i, (model, c) in enumerate(meta.get("corrections", {}).items())}
             return cls(
                 weights=arrays["weights"].astype(np.float32),
                 feature_mean=arrays["feature_mean"],
@@ -251,6 +342,7 @@ class LengthHead:
                 metrics=dict(meta["metrics"]),
                 version=str(meta["version"]),
                 trained_at=str(meta["trained_at"]),
+                corrections=corrections,
             )
 
     def save(self, path: Path | str) -> Path:

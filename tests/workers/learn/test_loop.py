@@ -58,12 +58,14 @@ def _served_history() -> list[dict]:
 
 
 class OraclePredictor:
-    """A stand-in active model that is never wrong: no candidate can beat it."""
+    """A stand-in active model that is never wrong: no candidate can beat it. Its `head` is what
+    a "correction" candidate corrects."""
 
     name = "oracle"
 
-    def __init__(self, truth: dict[str, int], encoder: Encoder, counter: TokenCounter) -> None:
-        self.truth, self.encoder, self.counter = truth, encoder, counter
+    def __init__(self, truth: dict[str, int], head: LengthHead, encoder: Encoder,
+                 counter: TokenCounter) -> None:
+        self.truth, self.head, self.encoder, self.counter = truth, head, encoder, counter
 
     def predict_batch(self, prompts, models, max_tokens) -> list[LengthPrediction]:  # noqa: ANN001
         return [LengthPrediction(self.truth[p], self.truth[p], True) for p in prompts]
@@ -77,21 +79,27 @@ def test_retrain_promotes_a_better_model_and_keeps_a_worse_one(
     active, _ = train(verbose, encoder=tiny_encoder, counter=counter)
     history = _served_history()
     _write_history(db, history)
-    config = LoopConfig(min_rows=20, holdout_share=0.25)
+    config = LoopConfig(min_rows=20)
 
     report = retrain_length_model(db, active, model_name=SERVED, config=config)
 
     assert report.outcome == "promoted", report
     assert report.candidate["mae_tokens"] < report.active["mae_tokens"]
-    assert report.holdout_rows == round(len(history) * 0.25)
+    assert report.confidence is not None and report.confidence >= config.min_confidence
+    # Judged on every row past the first of the 5 time blocks, each predicted from older rows.
+    assert report.holdout_rows == len(history) - len(np.array_split(history, 5)[0])
     with db.session() as session:
         promoted = registry.active(session, registry.KIND_LENGTH, SERVED)
         assert promoted is not None and promoted.version == 1
         assert promoted.metrics["candidate"]["mae_tokens"] == report.candidate["mae_tokens"]
         head = LengthHead.from_bytes(promoted.artifact)
+    # The shared head is kept; the served model gets its own correction on top of it.
+    assert head.model_names == active.head.model_names
+    assert set(head.corrections) == {SERVED}
+    assert head.corrections[SERVED].rows == len(history)
 
-    oracle = OraclePredictor({r["prompt"]: r["output_tokens"] for r in history}, tiny_encoder,
-                             counter)
+    oracle = OraclePredictor({r["prompt"]: r["output_tokens"] for r in history}, active.head,
+                             tiny_encoder, counter)
     report = retrain_length_model(
         db, oracle, model_name=SERVED, config=config)  # type: ignore[arg-type]
 
@@ -99,7 +107,34 @@ def test_retrain_promotes_a_better_model_and_keeps_a_worse_one(
     with db.session() as session:
         statuses = {v.version: v.status for v in registry.versions(session, "length", SERVED)}
     assert statuses == {1: ModelStatus.ACTIVE, 2: ModelStatus.CANDIDATE}
-    assert head.model_names == (SERVED,)
+
+
+def test_a_second_turn_judges_only_rows_the_active_correction_did_not_see(
+    db: Database, tiny_encoder: Encoder, counter: TokenCounter
+) -> None:
+    verbose = [r for r in synthetic_rows(48, seed=2) if r.model == "big-model"]
+    active, _ = train(verbose, encoder=tiny_encoder, counter=counter)
+    history = _served_history()
+    _write_history(db, history[:60])
+    first = retrain_length_model(db, active, model_name=SERVED, config=LoopConfig(min_rows=20))
+    assert first.outcome == "promoted", first
+    with db.session() as session:
+        corrected = active.with_head(LengthHead.from_bytes(
+            registry.active(session, "length", SERVED).artifact))
+    with db.session() as session:  # more requests finish after the first turn
+        start = utcnow()
+        for i, row in enumerate(history[60:]):
+            session.add(RequestOutcome(
+                request_id=f"late_{i:05d}", finished_at=start + timedelta(seconds=i),
+                model_name=SERVED, instance_id="gpu.0", policy="block", predictor="x",
+                prompt=row["prompt"], messages=None, features={}, prompt_tokens=10,
+                max_tokens=4096, predicted_output_tokens=100, predicted_output_tokens_p90=200,
+                output_tokens=row["output_tokens"], finish_reason="stop", predicted_ttft_s=0.1,
+                ttft_s=0.1, predicted_e2e_s=1.0, e2e_s=1.0))
+
+    second = retrain_length_model(db, corrected, model_name=SERVED,
+                                  config=LoopConfig(min_rows=20))
+    assert second.holdout_rows == len(history) - 60
 
 
 def test_retrain_with_bootstrap_rows_gives_an_unseen_serving_model_its_own_intercept(
@@ -116,7 +151,7 @@ def test_retrain_with_bootstrap_rows_gives_an_unseen_serving_model_its_own_inter
     _write_history(db, history)
 
     report = retrain_length_model(db, active, model_name=SERVED, config=LoopConfig(
-        min_rows=20, holdout_share=0.25, bootstrap_rows=bootstrap))
+        min_rows=20, holdout_share=0.25, bootstrap_rows=bootstrap, method="refit"))
 
     assert report.outcome == "promoted", report
     assert report.training_rows == len(verbose) + len(history) - report.holdout_rows
