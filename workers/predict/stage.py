@@ -9,6 +9,8 @@ runs.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -32,6 +34,8 @@ from workers.runtime import Runtime
 
 if TYPE_CHECKING:
     from workers.predict.length_model import LengthPredictor
+
+log = logging.getLogger(__name__)
 
 __all__ = ["LengthQuery", "LengthAnswer", "LENGTH_PREDICTORS", "length_predictor", "Started",
            "start", "prediction_columns", "record"]
@@ -97,10 +101,19 @@ class TableLengths:
 @LENGTH_PREDICTORS.register("learned")
 class LearnedLengths:
     """The registry's active length model of the served model (hot-reloaded), else the
-    configured or packaged one; one encoder is loaded, versions swap only the head."""
+    configured or packaged one; one encoder is loaded, versions swap only the head.
+
+    A model that cannot load or run (a bad artifact, a missing encoder) must not stall the
+    pipeline: its queries are answered by the baseline, labelled so, and the model is tried
+    again after `retry_after_s`.
+    """
+
+    #: Seconds of baseline answers after the learned model failed, before it is tried again.
+    retry_after_s: float = 60.0
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+        self._failed_at: float | None = None
         self.batcher: MicroBatcher[LengthQuery, LengthAnswer] = MicroBatcher(
             self._predict_batch, max_batch=32, name="length-batcher")
 
@@ -129,7 +142,24 @@ class LearnedLengths:
     def predict(self, query: LengthQuery) -> LengthAnswer:
         return self.batcher(query, priority=query.priority)
 
+    @cached_property
+    def fallback(self) -> BaselineLengths:
+        return BaselineLengths(self.rt)
+
     def _predict_batch(self, queries: Sequence[LengthQuery]) -> list[LengthAnswer]:
+        if self._failed_at is not None and time.monotonic() - self._failed_at < self.retry_after_s:
+            return [self.fallback.predict(q) for q in queries]
+        try:
+            answers = self._predict_learned(queries)
+        except Exception:  # noqa: BLE001 - any failure of the model: the baseline answers
+            log.exception("learned length model unavailable; the baseline answers for %.0f s",
+                          self.retry_after_s)
+            self._failed_at = time.monotonic()
+            return [self.fallback.predict(q) for q in queries]
+        self._failed_at = None
+        return answers
+
+    def _predict_learned(self, queries: Sequence[LengthQuery]) -> list[LengthAnswer]:
         model_name = self.rt.settings.model_name
         predictor = self.active.get()
         predictions = predictor.predict_batch(
