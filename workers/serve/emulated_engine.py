@@ -14,9 +14,16 @@ lock-protected inbox and futures; listener hooks run on the engine thread. It pu
 snapshot and step samples, with ``engine_kind="emulated"`` in every snapshot and "emulated" in
 every log line, so nobody mistakes its numbers for a GPU's.
 
-NOTE: priorities, sampling parameters and stop strings are accepted and ignored: scheduling is
-FCFS, like the instance simulator the router predicts with, and the text is synthetic anyway. What
-shapes the length is honoured: max_tokens, `ignore_eos` (it runs to max_tokens) and `min_tokens`
+Requests are ordered as VllmEngine has vLLM order them (vLLM's priority policy, always): by class
+first, every interactive request before any batch one, then by arrival ("fcfs") or by
+predicted-shortest-first with aging ("priority"), each request's priority `engine_priority`. A
+request short of KV blocks preempts the lowest-priority running request (a batch one while there
+is one), as vLLM's scheduler does; a full running batch (max_num_seqs) preempts nothing, in vLLM
+either. The snapshot says "priority" whenever that order is not plain FCFS (a batch request in
+flight, or the "priority" setting), so that what-ifs model the same order.
+
+NOTE: sampling parameters and stop strings are accepted and ignored: the text is synthetic anyway.
+What shapes the length is honoured: max_tokens, `ignore_eos` (it runs to max_tokens) and `min_tokens`
 (no emulated EOS before it). Logprobs, when asked for, are synthetic too: each token's is a
 deterministic value in [-5, 0] with made-up alternatives, so that clients reading logprobs work
 against an emulated fleet; they mean nothing.
@@ -24,6 +31,7 @@ against an emulated fleet; they mean nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -146,8 +154,14 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
         self.exec_model = bundled_model(exec_model) if isinstance(exec_model, str) else exec_model
         self.model = self.config.model or f"emulated/{self.exec_model.name}"
         self._instance_config = self.config.instance_config()
+        #: Each request's priority: its class, then arrival ms + this x its predicted length.
+        self._ms_per_token = (self.config.priority_ms_per_token
+                              if self.config.scheduling_policy == "priority" else 0.0)
         # --- guarded by _cond ---
-        self._scheduler = Scheduler(self._instance_config)
+        # NOTE: vLLM's priority policy whatever the setting, as VllmEngine runs vLLM: under
+        # "fcfs" each priority is the class, then the arrival (`_ms_per_token` 0).
+        self._scheduler = Scheduler(dataclasses.replace(self._instance_config,
+                                                        scheduling_policy="priority"))
         # --- engine thread only ---
         self._rng = random.Random(self.config.seed)  # step-time noise
         self._clock_s: float | None = None  # monotonic end of the last step; None when idle
@@ -174,6 +188,7 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
             requests += [self._state_of(t) for t in self._inflight.values() if t.seq is None]
             num_running = len(scheduler.running)
             num_free = scheduler.block_pool.num_free
+            policy = self._published_policy()
         config = self.config
         return EngineState(
             engine_kind=ENGINE_KIND,
@@ -189,9 +204,22 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
             max_model_len=config.max_model_len,
             requests=tuple(requests),
             taken_at=time.time(),
-            scheduling_policy=config.scheduling_policy,
-            priority_ms_per_token=config.priority_ms_per_token,
+            scheduling_policy=policy,
+            priority_ms_per_token=self._ms_per_token,
         )
+
+    def _published_policy(self) -> str:
+        """The policy what-ifs must model on the snapshot. Under the lock.
+
+        "fcfs" orders by class, then arrival: plain FCFS while every request in flight is
+        interactive, vLLM's priority policy (priorities class, then arrival ms) once a batch
+        request is in: a what-if then puts a new interactive request ahead of waiting batch
+        work, as the engine will.
+        """
+        if self.config.scheduling_policy == "priority" or any(
+                t.request.priority for t in self._inflight.values()):
+            return "priority"
+        return "fcfs"
 
     @staticmethod
     def _state_of(tracked: _Tracked) -> RequestState:
@@ -238,7 +266,7 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
                            num_target_tokens=min(num_drawn, num_cap), finish_reason=reason,
                            priority=engine_priority(request.priority, admitted_at,
                                                     request.predicted_output_tokens,
-                                                    self.config.priority_ms_per_token))
+                                                    self._ms_per_token))
         if sampling.prompt_logprobs is not None:
             tracked.prompt_logprobs = [
                 _synthetic_logprob(request.request_id, -i, sampling.prompt_logprobs)

@@ -88,7 +88,8 @@ class VllmEngineConfig:
     log_iterations: bool = False
     # "fcfs": requests by class (GenerationRequest.priority), then arrival; "priority":
     # predicted-shortest-first with aging inside a class (`workers.sim.engine_priority`).
-    # vLLM runs its priority policy either way.
+    # vLLM runs its priority policy either way: every interactive request before any batch
+    # one, and a request short of KV blocks preempts the lowest-priority running one.
     scheduling_policy: str = "fcfs"
     priority_ms_per_token: float = DEFAULT_PRIORITY_MS_PER_TOKEN
 
@@ -236,6 +237,10 @@ class VllmEngine(ThreadedEngine[_Tracked]):
         with self._cond:
             stats = self._scheduler_stats
             num_in_flight = len(self._inflight)
+            # NOTE: "fcfs" is vLLM's priority policy on (class, arrival): FCFS while only
+            # interactive requests are in, not once a batch one is (what-ifs must know).
+            policy = ("priority" if self.config.scheduling_policy == "priority"
+                      or any(t.request.priority for t in self._inflight.values()) else "fcfs")
             requests = tuple(
                 RequestState(
                     request_id=t.request.request_id,
@@ -267,8 +272,8 @@ class VllmEngine(ThreadedEngine[_Tracked]):
             max_model_len=self.config.max_model_len,
             requests=requests,
             taken_at=time.time(),
-            scheduling_policy=self.config.scheduling_policy,
-            priority_ms_per_token=self.config.priority_ms_per_token,
+            scheduling_policy=policy,
+            priority_ms_per_token=self._ms_per_token,
         )
 
     # ---------------------------------------------------------------- engine thread
@@ -277,14 +282,20 @@ class VllmEngine(ThreadedEngine[_Tracked]):
         self, request: GenerationRequest, future: Future[GenerationResult], prepared: object
     ) -> _Tracked:
         admitted_at = time.time()
-        priority = request.priority
-        if self.config.scheduling_policy == "priority":
-            priority = engine_priority(request.priority, admitted_at,
-                                       request.predicted_output_tokens,
-                                       self.config.priority_ms_per_token)
+        # Class, then arrival ms (+ predicted-shortest-first's term under "priority"): the
+        # integer the snapshot publishes is the one vLLM orders by.
+        priority = engine_priority(request.priority, admitted_at,
+                                   request.predicted_output_tokens, self._ms_per_token)
         tracked = _Tracked(request, future, admitted_at, seq=self._next_seq, priority=priority)
         self._next_seq += 1
         return tracked
+
+    @property
+    def _ms_per_token(self) -> float:
+        """`engine_priority`'s weight of the predicted length: 0 under "fcfs"."""
+        if self.config.scheduling_policy == "priority":
+            return self.config.priority_ms_per_token
+        return 0.0
 
     def _open(self) -> None:
         self._engine = self._build()

@@ -39,10 +39,10 @@ def make_engine(recorder: RecordingListener) -> Iterator:
 
 
 def _request(request_id: str, max_tokens: int = 16, prompt_tokens: int = 50,
-             predicted: int | None = None) -> GenerationRequest:
+             predicted: int | None = None, priority: int = 0) -> GenerationRequest:
     # approx_token_count: four characters per token.
     return GenerationRequest(request_id, "x" * (4 * prompt_tokens), max_tokens=max_tokens,
-                             predicted_output_tokens=predicted)
+                             predicted_output_tokens=predicted, priority=priority)
 
 
 def test_the_idle_snapshot_says_it_is_emulated(make_engine) -> None:
@@ -250,15 +250,48 @@ def test_priority_policy_serves_the_shortest_predicted_first(make_engine, record
     futures = [engine.submit(_request(name, max_tokens=4, predicted=predicted))
                for name, predicted in (("long", 400), ("short", 5), ("mid", 50))]
     snap = engine.snapshot()
-    assert snap.scheduling_policy == policy and snap.priority_ms_per_token == 1000.0
+    # FCFS: every request interactive, priorities in arrival ms (no length term).
+    assert snap.scheduling_policy == policy
+    assert snap.priority_ms_per_token == (1000.0 if policy == "priority" else 0.0)
     assert snap.instance_config().scheduling_policy == policy
     priorities = {r.request_id: r.priority for r in snap.requests}
-    assert priorities["short"] < priorities["mid"] < priorities["long"]
+    assert (priorities["short"] < priorities["mid"] < priorities["long"] if policy == "priority"
+            else priorities["long"] <= priorities["short"] <= priorities["mid"])
     for future in [first, *futures]:
         future.result(RESULT_TIMEOUT_S)
     order = sorted(("long", "short", "mid"), key=recorder.first_tokens.__getitem__)
     assert order == (["short", "mid", "long"] if policy == "priority"
                      else ["long", "short", "mid"])
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_an_interactive_request_overtakes_batch_work_that_fills_the_kv_cache(
+        make_engine, recorder, policy: str) -> None:
+    # 32 blocks of 16 tokens: three batch requests growing to 500 tokens each cannot stay
+    # resident together and keep preempting one another. An interactive request arriving once
+    # one was preempted is admitted before the preempted batch requests and, once running, is
+    # never the one preempted (vLLM's priority policy: the largest priority goes): it finishes
+    # long before any of them. Under plain FCFS it would queue behind them and finish last.
+    engine = make_engine(num_blocks=33, max_model_len=512, time_scale=0.05,
+                         scheduling_policy=policy)
+    batch = [engine.submit(_request(f"b{i}", max_tokens=400, prompt_tokens=100, predicted=400,
+                                    priority=1)) for i in range(3)]
+    deadline = time.monotonic() + RESULT_TIMEOUT_S
+    while True:  # until the KV cache is full: a batch request was preempted, it waits
+        snap = engine.snapshot()
+        if any(not r.is_running and r.num_output_tokens for r in snap.requests):
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert snap.scheduling_policy == "priority"  # a batch request is in: what-ifs must know
+    interactive = engine.submit(_request("i", max_tokens=20, prompt_tokens=50, predicted=20))
+    done = interactive.result(RESULT_TIMEOUT_S)
+    results = [f.result(RESULT_TIMEOUT_S) for f in batch]
+    assert done.num_output_tokens == 20
+    assert done.finished_at < min(r.finished_at for r in results)
+    assert sum(s.num_prefill_tokens for s in recorder.steps) > 3 * 100 + 50  # preempted batch
+    ttft_s = recorder.first_tokens["i"] - done.admitted_at
+    assert ttft_s < 0.25 * (min(r.finished_at for r in results) - done.admitted_at)
 
 
 def test_config_is_validated() -> None:

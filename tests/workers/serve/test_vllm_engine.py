@@ -52,16 +52,23 @@ def test_the_priority_vllm_gets_is_the_class_or_predicted_shortest_first(policy:
         request = GenerationRequest(request_id, "hi", max_tokens=600,
                                     predicted_output_tokens=predicted, priority=klass)
         tracked[request_id] = engine._track(request, Future(), None)
-    if policy == "fcfs":
-        assert [tracked[r].priority for r in ("long", "short", "batch")] == [0, 0, 1]
+    long, short, batch = tracked["long"], tracked["short"], tracked["batch"]
+    if policy == "fcfs":  # class, then arrival ms
+        assert long.priority == engine_priority(0, long.admitted_at, None, 0.0)
+        assert long.priority <= short.priority < batch.priority
     else:
-        long, short = tracked["long"], tracked["short"]
         assert long.priority == engine_priority(0, long.admitted_at, 500, 2.0)
-        assert short.priority < long.priority < tracked["batch"].priority
+        assert short.priority < long.priority < batch.priority
     with engine._cond:
-        engine._inflight.update(tracked)
+        engine._inflight.update({"long": long, "short": short})
+    # Interactive requests only: "fcfs" is plain FCFS.
+    assert engine.snapshot().scheduling_policy == policy
+    with engine._cond:
+        engine._inflight["batch"] = batch
+    # A batch request in: vLLM's priority policy on class-first priorities, whichever setting.
     state = engine.snapshot()
-    assert state.scheduling_policy == policy
+    assert state.scheduling_policy == "priority"
+    assert state.priority_ms_per_token == (2.0 if policy == "priority" else 0.0)
     assert [r.priority for r in state.requests] == [tracked[r].priority
                                                    for r in ("long", "short", "batch")]
 
