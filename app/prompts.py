@@ -49,7 +49,11 @@ class PromptCodec:
 
     def count(self, text: str) -> int:
         """Prompt tokens as the engine counts them (special tokens included)."""
-        return len(self.tokenizer(text)["input_ids"])
+        return len(self.token_ids(text))
+
+    def token_ids(self, text: str) -> list[int]:
+        """The prompt's token ids as the engine tokenizes it (special tokens included)."""
+        return list(self.tokenizer(text)["input_ids"])
 
     @property
     def vocab_size(self) -> int:

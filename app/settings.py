@@ -116,6 +116,14 @@ class Settings(BaseSettings):
         description="Under engine_scheduling_policy=priority: a request predicted one token "
         "longer is served as if it had arrived this many ms later.",
     )
+    engine_prefix_caching: bool | None = Field(
+        None,
+        description="vLLM's automatic prefix caching in every engine: a prompt whose leading "
+        "tokens another request computed reuses their KV blocks. Engines publish the prompt "
+        "units they hold and routers credit a new request's match (prefix_affinity policy, "
+        "and the what-ifs). Unset: on for emulated engines, off for vLLM (its per-request "
+        "progress estimate does not yet account for cache hits).",
+    )
     block_size: int | None = Field(
         None,
         gt=0,
@@ -539,6 +547,14 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'blockq.sqlite3').resolve()}"
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether engines run with prefix caching (`engine_prefix_caching`, else the kind's
+        default)."""
+        if self.engine_prefix_caching is not None:
+            return self.engine_prefix_caching
+        return self.engine_kind == "emulated"
 
     @property
     def resolved_model_path(self) -> Path:

@@ -196,6 +196,10 @@ class Started:
     num_prompt_tokens: int
     attempt: int
     targets: RequestTargets | None = None  # its latency targets, for the router
+    # The prompt as the engine gets it, for prefix-cache-aware routing: its text, and its
+    # token ids when the client gave ids.
+    prompt: str = ""
+    prompt_token_ids: list[int] | None = None
 
 
 def start(db: Database, request_id: str) -> Started | None:
@@ -223,7 +227,7 @@ def start(db: Database, request_id: str) -> Started | None:
                             Priority(request.priority).rank)
         return Started(query, request.prompt_tokens, request.attempt, RequestTargets.of(
             request.slo_ttft_ms, request.slo_e2e_ms, request.slo_miss_action,
-            request.created_at))
+            request.created_at), request.prompt, request.prompt_token_ids)
 
 
 #: What `start` reads of a request.
@@ -231,7 +235,8 @@ _STARTED_COLUMNS = (InferenceRequest.messages, InferenceRequest.prompt,
                     InferenceRequest.max_tokens, InferenceRequest.priority,
                     InferenceRequest.prompt_tokens, InferenceRequest.attempt,
                     InferenceRequest.slo_ttft_ms, InferenceRequest.slo_e2e_ms,
-                    InferenceRequest.slo_miss_action, InferenceRequest.created_at)
+                    InferenceRequest.slo_miss_action, InferenceRequest.created_at,
+                    InferenceRequest.prompt_token_ids)
 
 
 def prediction_columns(answer: LengthAnswer) -> dict[str, Any]:

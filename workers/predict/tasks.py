@@ -38,7 +38,9 @@ def annotate(request_id: str) -> None:
     if rt.settings.route_in_predict:
         request = route_stage.RouteInput(
             view=RequestView(request_id=request_id, num_prompt_tokens=started.num_prompt_tokens,
-                             predicted_output_tokens=answer.tokens, max_tokens=query.max_tokens),
+                             predicted_output_tokens=answer.tokens, max_tokens=query.max_tokens,
+                             prompt_token_ids=route_stage.prompt_token_ids(
+                                 rt, started.prompt, started.prompt_token_ids)),
             priority=query.priority, status=RequestStatus.PREDICTING, instance_id=None,
             attempt=started.attempt, targets=started.targets)
         if route_tasks.route_request(rt, request, timing, predicted_at,

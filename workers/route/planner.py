@@ -15,6 +15,7 @@ from workers.route.policies import (
     Decision,
     RequestView,
     RoutingContext,
+    credit_prefix,
     decide,
     instance_view,
     needs_what_if,
@@ -23,6 +24,7 @@ from workers.route.policies import (
 )
 from workers.sim import ExecModel, SimRequest, predict_what_if_prepared, request_priority
 from workers.sim.fleet_state import InstanceStatus
+from workers.sim.snapshot import prefix_unit_hashes
 
 __all__ = ["Plan", "plan_route"]
 
@@ -47,6 +49,10 @@ def plan_route(
     `exec_model`: one execution-time model for every instance, or one per instance id.
     `now`: time.time() of the decision (default: the clock's), the new request's arrival in
     the priority an instance scheduling by priority gives it.
+
+    With the request's prompt token ids, each instance publishing a prefix cache is credited
+    the request's leading prompt units it holds (or will, for the requests routed to it since):
+    its view's ``prefix_match_tokens``, and the what-if starts with them cached.
     """
     now = time.time() if now is None else now
     simulate = needs_what_if(policy_name)
@@ -56,6 +62,7 @@ def plan_route(
                            request.predicted_output_tokens)
     views = []
     what_ifs: dict[str, tuple[float, float]] = {}
+    hashes_by_unit: dict[int, tuple[int, ...]] = {}  # the prompt's unit hashes, per unit size
     for status in probed(policy_name, sorted(candidates, key=lambda c: c.instance_id), ctx.rng):
         assert status.state is not None, f"{status.instance_id} has published no state"
         snapshot = status.state.to_instance_snapshot()
@@ -64,18 +71,25 @@ def plan_route(
         assigned = [a.to_sim_request(snapshot.config) for a in status.assigned
                     if a.request_id != request.request_id]
         what_if = None
+        target = new_request
+        if request.prompt_token_ids and snapshot.config.enable_prefix_caching:
+            unit = snapshot.config.prefix_unit_tokens
+            if unit not in hashes_by_unit:
+                hashes_by_unit[unit] = prefix_unit_hashes(request.prompt_token_ids, unit)
+            target = credit_prefix(dataclasses.replace(
+                new_request, prefix_hashes=hashes_by_unit[unit]), snapshot, assigned)
         if simulate:
             assert exec_model is not None
             model = exec_model if isinstance(exec_model, ExecModel) else exec_model[
                 status.instance_id]
             prepared = prepare_published(snapshot, assigned)
-            target = new_request
             if snapshot.config.is_priority:
-                target = dataclasses.replace(new_request, priority=request_priority(
+                target = dataclasses.replace(target, priority=request_priority(
                     now, request.predicted_output_tokens, snapshot.config.priority_ms_per_token))
             what_if = predict_what_if_prepared(prepared, target, model, status.future_load)
             what_ifs[status.instance_id] = (what_if.ttft_s, what_if.e2e_s)
-        views.append(instance_view(status.instance_id, snapshot, assigned, what_if))
+        views.append(instance_view(status.instance_id, snapshot, assigned, what_if,
+                                   prefix_match_tokens=target.num_cached_tokens))
     return Plan(decide(policy_name, request, views, ctx), what_ifs)
 
 

@@ -22,7 +22,6 @@ prefix cached (`credit_prefix`), as the engine's cache will serve it.
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -74,6 +73,9 @@ class RequestView:
     # The request's latency targets (seconds from now), if any: see `decide`.
     ttft_target_s: float | None = None
     e2e_target_s: float | None = None
+    # The prompt's token ids, when instances run with prefix caching: the planner hashes them
+    # (`workers.sim.snapshot.prefix_unit_hashes`) to find each instance's cached prefix.
+    prompt_token_ids: tuple[int, ...] | None = None
 
     @property
     def has_target(self) -> bool:
@@ -239,6 +241,8 @@ class PrefixAffinity:
     needs_what_if = False
     MAX_QUEUED: ClassVar[int] = 5
     MAX_KV_USAGE: ClassVar[float] = 0.8
+    #: Added to the score of an instance without the best usable match.
+    NOT_PREFERRED: ClassVar[float] = 1e6
 
     def scores(self, request, fleet, ctx):  # type: ignore[no-untyped-def]
         loads = [float(i.num_running + i.num_waiting + i.num_assigned) for i in fleet]
@@ -248,7 +252,9 @@ class PrefixAffinity:
                    default=0)
         if best <= 0:
             return loads
-        return [load if ok and i.prefix_match_tokens == best else math.inf
+        # NOTE: finite scores (decisions are stored as JSON): any other instance scores more
+        # than every best-matching one.
+        return [load if ok and i.prefix_match_tokens == best else load + self.NOT_PREFERRED
                 for i, ok, load in zip(fleet, open_, loads, strict=True)]
 
 

@@ -9,7 +9,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -23,6 +23,7 @@ from app.fleet import Fleet
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
 from app.settings import Settings
 from app.slo import REJECTED_CODE, RequestTargets
+from workers import runtime
 from workers.active_model import ActiveModel
 from workers.route.planner import Plan
 from workers.route.policies import POLICIES, RequestView
@@ -31,6 +32,7 @@ from workers.runtime import Runtime
 from workers.sim import ExecModel, bundled_model, bundled_model_names
 
 __all__ = ["DEFAULT_EXEC_MODEL", "ExecModels", "exec_models", "RouteInput", "load",
+           "prompt_token_ids",
            "policy_in_force", "routing_record", "record", "Refused", "reject", "overhead"]
 
 logger = logging.getLogger(__name__)
@@ -97,6 +99,8 @@ def load(db: Database, request_id: str) -> RouteInput | None:
                 num_prompt_tokens=request.prompt_tokens,
                 predicted_output_tokens=request.predicted_output_tokens,
                 max_tokens=request.max_tokens,
+                prompt_token_ids=prompt_token_ids(runtime.get(), request.prompt,
+                                                  request.prompt_token_ids),
             ),
             priority=Priority(request.priority).rank,
             status=RequestStatus(request.status),
@@ -105,6 +109,18 @@ def load(db: Database, request_id: str) -> RouteInput | None:
             targets=RequestTargets.of(request.slo_ttft_ms, request.slo_e2e_ms,
                                       request.slo_miss_action, request.created_at),
         )
+
+
+def prompt_token_ids(rt: Runtime, prompt: str,
+                     token_ids: Sequence[int] | None) -> tuple[int, ...] | None:
+    """A request's prompt token ids for prefix-cache-aware routing (`RequestView`): the ids the
+    client gave, else the served model's tokenization of its text, as emulated engines hash
+    it; None when engines run without prefix caching."""
+    if not rt.settings.prefix_caching:
+        return None
+    if token_ids is not None:
+        return tuple(int(t) for t in token_ids)
+    return tuple(rt.prompts.token_ids(prompt))
 
 
 def policy_in_force(fleet: Fleet, settings: Settings) -> str:

@@ -16,8 +16,10 @@ Pure: no I/O, nothing of ours outside workers.sim.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
-from collections.abc import Mapping
+import struct
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,9 +42,11 @@ class RequestState:
     predicted_output_tokens: int | None  # copied from the request
     is_running: bool  # False = waiting (not yet scheduled, or preempted)
     priority: int = 0  # the engine's vLLM priority (used under the "priority" policy)
+    # Prompt tokens the engine's prefix cache served it (0: none, or not known yet).
+    num_cached_tokens: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "request_id": self.request_id,
             "num_prompt_tokens": self.num_prompt_tokens,
             "num_computed_tokens": self.num_computed_tokens,
@@ -51,6 +55,9 @@ class RequestState:
             "is_running": self.is_running,
             "priority": self.priority,
         }
+        if self.num_cached_tokens:
+            data["num_cached_tokens"] = self.num_cached_tokens
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RequestState:
@@ -63,6 +70,7 @@ class RequestState:
             predicted_output_tokens=None if predicted is None else int(predicted),
             is_running=bool(data["is_running"]),
             priority=int(data.get("priority", 0)),
+            num_cached_tokens=int(data.get("num_cached_tokens", 0)),
         )
 
     def to_sim_request(self) -> SimRequest:
@@ -75,6 +83,7 @@ class RequestState:
             predicted_output_tokens=self.predicted_output_tokens,
             is_running=self.is_running,
             priority=self.priority,
+            num_cached_tokens=self.num_cached_tokens,
         )
 
 
@@ -102,6 +111,12 @@ class EngineState:
     # request's priority from `request_priority` at this many ms per predicted token ---
     scheduling_policy: str = "fcfs"
     priority_ms_per_token: float = DEFAULT_PRIORITY_MS_PER_TOKEN
+    # --- prefix caching: 0 when off; else the tokens of one prefix unit
+    # (`workers.sim.snapshot.prefix_unit_hashes`) and the chained keys
+    # (`workers.sim.block_pool.chain_prefix_hashes`) of the units the engine's cache holds or
+    # will hold for the requests it has (stored packed: see `pack_prefix_keys`) ---
+    prefix_unit_tokens: int = 0
+    cached_prefixes: tuple[int, ...] = ()
 
     def published(self, instance_id: str, model: str, *, accepting: bool) -> EngineState:
         """This state as the engine host publishes it for its instance."""
@@ -112,6 +127,7 @@ class EngineState:
         """The JSON object the fleet stores (keys in field order)."""
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["requests"] = [r.to_json() for r in self.requests]
+        data["cached_prefixes"] = pack_prefix_keys(self.cached_prefixes)
         return data
 
     @classmethod
@@ -136,11 +152,16 @@ class EngineState:
             scheduling_policy=str(data.get("scheduling_policy", "fcfs")),
             priority_ms_per_token=float(data.get("priority_ms_per_token",
                                                  DEFAULT_PRIORITY_MS_PER_TOKEN)),
+            prefix_unit_tokens=int(data.get("prefix_unit_tokens", 0)),
+            cached_prefixes=unpack_prefix_keys(data.get("cached_prefixes") or ""),
         )
 
     def instance_config(self, *, watermark: float = 0.0,
-                        enable_prefix_caching: bool = False) -> InstanceConfig:
-        """The simulator's config of this instance (its blocks counted as vLLM counts them)."""
+                        enable_prefix_caching: bool | None = None) -> InstanceConfig:
+        """The simulator's config of this instance (its blocks counted as vLLM counts them);
+        `enable_prefix_caching` None: as the engine runs (`prefix_unit_tokens`)."""
+        if enable_prefix_caching is None:
+            enable_prefix_caching = self.prefix_unit_tokens > 0
         return InstanceConfig(
             num_total_blocks=self.num_total_blocks + NUM_NULL_BLOCKS,
             block_size=self.block_size,
@@ -151,12 +172,31 @@ class EngineState:
             enable_prefix_caching=enable_prefix_caching,
             scheduling_policy=self.scheduling_policy,
             priority_ms_per_token=self.priority_ms_per_token,
+            prefix_block_size=self.prefix_unit_tokens if enable_prefix_caching else 0,
         )
 
     def to_instance_snapshot(self, *, watermark: float = 0.0,
-                             enable_prefix_caching: bool = False) -> InstanceSnapshot:
-        """The simulator's snapshot of this state; requests not tokenized yet are left out."""
+                             enable_prefix_caching: bool | None = None) -> InstanceSnapshot:
+        """The simulator's snapshot of this state; requests not tokenized yet are left out.
+        With prefix caching, the cache holds the published `cached_prefixes`."""
         config = self.instance_config(watermark=watermark,
                                       enable_prefix_caching=enable_prefix_caching)
         requests = tuple(r.to_sim_request() for r in self.requests if r.num_prompt_tokens > 0)
-        return InstanceSnapshot(config, self.num_free_blocks, requests)
+        cached = frozenset(self.cached_prefixes) if config.enable_prefix_caching else frozenset()
+        return InstanceSnapshot(config, self.num_free_blocks, requests, cached)
+
+
+_KEY = struct.Struct("<q")
+
+
+def pack_prefix_keys(keys: Iterable[int]) -> str:
+    """Chained prefix keys (signed 64-bit) as base64 of their little-endian bytes: 12 characters
+    a key in the published JSON, where a decimal list takes about 21."""
+    keys = tuple(keys)
+    return base64.b64encode(struct.pack(f"<{len(keys)}q", *keys)).decode("ascii")
+
+
+def unpack_prefix_keys(packed: str) -> tuple[int, ...]:
+    """The keys `pack_prefix_keys` packed."""
+    raw = base64.b64decode(packed)
+    return struct.unpack(f"<{len(raw) // _KEY.size}q", raw)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from .block_pool import chain_prefix_hashes
@@ -19,6 +20,9 @@ DEFAULT_PRIORITY_MS_PER_TOKEN = 2.0
 #: Engines put a request's class (0 interactive, 1 batch) above its predicted-shortest-first
 #: priority: a class's priorities span less than this many ms (about 30,000 years).
 PRIORITY_CLASS_SPAN_MS = 10**15
+#: Live engines hash prompts in units of at least this many tokens (`live_prefix_unit_tokens`):
+#: coarser than vLLM's block, so what an engine publishes of its cache stays small.
+LIVE_PREFIX_UNIT_MIN_TOKENS = 64
 
 __all__ = [
     "InstanceConfig",
@@ -30,8 +34,10 @@ __all__ = [
     "normalise",
     "SCHEDULING_POLICIES",
     "engine_priority",
+    "live_prefix_unit_tokens",
     "matched_prefix_tokens",
     "prefix_keys",
+    "prefix_unit_hashes",
     "prepare",
     "request_priority",
     "shared_prefix_blocks",
@@ -344,6 +350,29 @@ def prefix_keys(request: SimRequest, config: InstanceConfig) -> tuple[int, ...]:
         return ()
     num_units = request.num_prompt_tokens // config.prefix_unit_tokens
     return chain_prefix_hashes(request.prefix_hashes[:num_units])
+
+
+def live_prefix_unit_tokens(block_size: int) -> int:
+    """Tokens per prefix unit of a live engine with KV blocks of `block_size` tokens: the
+    smallest multiple of the block size of at least `LIVE_PREFIX_UNIT_MIN_TOKENS`."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    return block_size * -(-LIVE_PREFIX_UNIT_MIN_TOKENS // block_size)
+
+
+def prefix_unit_hashes(token_ids: Sequence[int], unit_tokens: int) -> tuple[int, ...]:
+    """Each full unit of `unit_tokens` prompt tokens' own hash, in order: a prompt's
+    `SimRequest.prefix_hashes` from its token ids.
+
+    The one function engines (to model and publish their prefix cache) and routers (to find a
+    new request's match) hash prompts with; `prefix_keys` chains the result. Deterministic
+    across processes (Python hashes tuples of ints without a per-process salt).
+    """
+    if unit_tokens <= 0:
+        raise ValueError(f"unit_tokens must be positive, got {unit_tokens}")
+    ids = [int(t) for t in token_ids]
+    return tuple(hash(tuple(ids[start:start + unit_tokens]))
+                 for start in range(0, len(ids) - unit_tokens + 1, unit_tokens))
 
 
 def matched_prefix_tokens(request: SimRequest, cached: frozenset[int] | set[int],

@@ -8,7 +8,12 @@ import json
 import pytest
 
 from workers.sim import ExecModel, SimRequest, predict_what_if
-from workers.sim.engine_state import EngineState, RequestState
+from workers.sim.engine_state import (
+    EngineState,
+    RequestState,
+    pack_prefix_keys,
+    unpack_prefix_keys,
+)
 
 #: As an engine publishes it: the Block paper's A30 / Qwen2-7B instance, one request running
 #: (vLLM's KV estimate may count every token), one waiting, one not tokenized yet.
@@ -29,6 +34,7 @@ PUBLISHED = {
     ],
     "taken_at": 1700000000.5, "instance_id": "gpu.0", "accepting": False,
     "published_at": 1700000000.75, "scheduling_policy": "fcfs", "priority_ms_per_token": 2.0,
+    "prefix_unit_tokens": 0, "cached_prefixes": "",
 }
 
 
@@ -94,3 +100,26 @@ def test_the_simulator_counts_the_null_block_and_skips_untokenized_requests(
 def test_a_state_missing_a_field_is_refused() -> None:
     with pytest.raises(KeyError, match="num_free_blocks"):
         EngineState.from_json({k: v for k, v in PUBLISHED.items() if k != "num_free_blocks"})
+
+
+def test_prefix_caching_state_round_trips_and_reaches_the_simulator() -> None:
+    keys = (2**63 - 1, -(2**63), 0, 12345)
+    assert unpack_prefix_keys(pack_prefix_keys(keys)) == keys
+    assert len(pack_prefix_keys(range(300))) == 4 * 300 * 8 // 3  # 32 characters per 3 keys
+    data = dict(PUBLISHED, prefix_unit_tokens=64, cached_prefixes=pack_prefix_keys(keys))
+    data["requests"] = [dict(PUBLISHED["requests"][0], num_cached_tokens=128),
+                        *PUBLISHED["requests"][1:]]
+    state = EngineState.from_json(data)
+    assert state.cached_prefixes == keys and state.requests[0].num_cached_tokens == 128
+    assert json.dumps(state.to_json()) == json.dumps(data)
+    snapshot = state.to_instance_snapshot()
+    assert snapshot.config.enable_prefix_caching and snapshot.config.prefix_block_size == 64
+    assert snapshot.cached_prefixes == frozenset(keys)
+    assert snapshot.running[0].num_cached_tokens == 128
+    # The caller may still turn the cache off (the simulator then ignores it).
+    off = state.to_instance_snapshot(enable_prefix_caching=False)
+    assert not off.config.enable_prefix_caching and off.cached_prefixes == frozenset()
+    # States from engines that publish no prefix information read as prefix caching off.
+    older = {k: v for k, v in PUBLISHED.items()
+             if k not in ("prefix_unit_tokens", "cached_prefixes")}
+    assert not EngineState.from_json(older).to_instance_snapshot().config.enable_prefix_caching
