@@ -419,6 +419,13 @@ class Settings(BaseSettings):
     batch_headroom_increase: float = Field(
         4.0, gt=0, description="Slots the batch window gains per release round without harm.",
     )
+    batch_headroom_slot_margin: float = Field(
+        2.0, description="With batch_headroom_ttft_s on, the batch window is also at most the "
+        "live engines' slots (max_num_seqs summed) less the interactive requests expected in "
+        "them (their engine seconds over the last batch_headroom_window_s, per second) plus this "
+        "many Poisson standard deviations of that count: bursts find a free slot, as a running "
+        "batch line keeps its slot (engines preempt for KV blocks only). Negative: no bound.",
+    )
     batch_release_interval_s: float = Field(
         1.0, gt=0, description="How often beat runs the batch releaser (which also hands "
         "finished batches to finalization). Each run costs an idle stack CPU; a slot freed "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import random
 import sys
@@ -26,6 +27,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,10 @@ from app.db import Database  # noqa: E402
 from app.migrate import recreate_database, upgrade  # noqa: E402
 from app.models import InferenceRequest  # noqa: E402
 from app.settings import Settings  # noqa: E402
+from workers.batch.headroom import slot_bound  # noqa: E402
+from workers.serve.output_lengths import sharegpt_output_tokens  # noqa: E402
+from workers.sim import InstanceConfig, Scheduler, SeqState, bundled_model  # noqa: E402
+from workers.sim import engine_priority  # noqa: E402
 
 console = Console(width=160)
 
@@ -143,8 +149,8 @@ def run_config(args: argparse.Namespace, headroom_ttft_s: float) -> dict[str, An
     with tempfile.TemporaryDirectory() as data_dir:
         settings = Settings(
             database_url=args.database_url, redis_url=args.redis_url, data_dir=Path(data_dir),
-            model_path=ROOT / ".blockq" / "models" / "tiny-llama", api_port=8793,
-            flower_port=5593, num_instances=args.instances, engine_kind="emulated",
+            model_path=ROOT / ".blockq" / "models" / "tiny-llama", api_port=args.api_port,
+            flower_port=args.flower_port, num_instances=args.instances, engine_kind="emulated",
             emulated_time_scale=args.time_scale, routing_policy="block", engine_concurrency=96,
             max_batch_in_flight=args.max_batch_in_flight, batch_headroom_ttft_s=headroom_ttft_s,
         )
@@ -187,6 +193,166 @@ def run_config(args: argparse.Namespace, headroom_ttft_s: float) -> dict[str, An
                       "share_of_free": beside["batch_tokens_s"] / free if free > 0 else None}}
 
 
+# ---------------------------------------------------------------- --simulated: engines only
+
+@dataclass
+class _SimRequest:
+    seq: SeqState
+    is_batch: bool
+    arrival_s: float
+    instance: int
+    first_token_s: float | None = None
+    finished_s: float | None = None
+
+
+def _simulate(args: argparse.Namespace, *, engine: str, window: str, interactive: bool,
+              batch: bool) -> dict[str, Any]:
+    """One phase on `--instances` simulated engines in emulated time (no control plane): a
+    Poisson interactive stream and/or a batch backlog released every second through `window`
+    ("fixed": `--max-batch-in-flight`; "bound": the engine slots less the interactive
+    reserve, workers.batch.headroom.slot_bound). `engine`: "fcfs" (plain FCFS, the emulated
+    engine before class-first priorities) or "class" (interactive first, vLLM's priority
+    policy, what both engines do now). Each request goes to the instance with the fewest
+    requests ahead of it."""
+    config = InstanceConfig(num_total_blocks=args.sim_blocks, block_size=16,
+                            max_num_seqs=args.sim_max_num_seqs, max_num_batched_tokens=512,
+                            max_model_len=4096, priority_ms_per_token=0.0,
+                            scheduling_policy="priority" if engine == "class" else "fcfs")
+    model = bundled_model("qwen2-7b-a30")
+    rng = random.Random(args.seed)
+    schedulers = [Scheduler(config) for _ in range(args.instances)]
+    step_end: list[float | None] = [None] * args.instances
+    outputs: list[Any] = [None] * args.instances
+    requests: dict[str, _SimRequest] = {}
+    horizon = args.sim_warmup + args.sim_duration
+    arrivals: list[float] = []
+    t = 0.0
+    while interactive:
+        t += rng.expovariate(args.sim_rate)
+        if t > horizon:
+            break
+        arrivals.append(t)
+    batch_tokens = interactive_tokens = 0
+    next_release = 0.0 if batch else math.inf
+    num_batch = 0
+
+    def lengths() -> tuple[int, int]:
+        prompt = min(2048, max(4, round(rng.lognormvariate(math.log(150), 1.0))))
+        return prompt, min(4096 - prompt, sharegpt_output_tokens(rng.random() * 100.0))
+
+    def add(now: float, is_batch: bool) -> None:
+        prompt, output = lengths()
+        rid = f"{'b' if is_batch else 'i'}{len(requests)}"
+        # What block's what-if sees: whether the new request finds a slot at once, then how
+        # many requests run or wait ahead of it (FCFS: all; class order: the interactive ones).
+        ahead = [sum(1 for s in sch.waiting
+                     if engine == "fcfs" or is_batch or not requests[s.request_id].is_batch)
+                 for sch in schedulers]
+        k = min(range(args.instances), key=lambda i: (
+            len(schedulers[i].running) + ahead[i] >= config.max_num_seqs, ahead[i],
+            len(schedulers[i].running), i))
+        seq = SeqState(rid, prompt, output, priority=engine_priority(int(is_batch), now, output,
+                                                                     0.0), arrival_s=now)
+        requests[rid] = _SimRequest(seq, is_batch, now, k)
+        schedulers[k].add_request(seq)
+        if step_end[k] is None:
+            start(k, now)
+
+    def start(k: int, now: float) -> None:
+        sch = schedulers[k]
+        while sch.has_unfinished_requests:
+            output = sch.schedule()
+            if output.num_scheduled_tokens:
+                outputs[k], step_end[k] = output, now + model.step_ms(output.stats) / 1000.0
+                return
+            sch.update_from_output(output)  # a priority step that only preempted
+        step_end[k] = None
+
+    def occupancy(now: float) -> float:
+        busy = sum(min(r.finished_s, now) - max(r.arrival_s, now - 30.0)
+                   for r in requests.values() if not r.is_batch and r.finished_s is not None
+                   and r.finished_s > now - 30.0)
+        return busy / min(30.0, max(now, 1.0))
+
+    arrival_index = 0
+    while True:
+        ends = [(e, k) for k, e in enumerate(step_end) if e is not None]
+        next_step = min(ends) if ends else (math.inf, -1)
+        next_arrival = arrivals[arrival_index] if arrival_index < len(arrivals) else math.inf
+        now = min(next_step[0], next_arrival, next_release)
+        if now > horizon:
+            break
+        if now == next_arrival:
+            arrival_index += 1
+            add(now, False)
+        elif now == next_release:
+            in_flight = sum(1 for r in requests.values() if r.is_batch and r.finished_s is None)
+            allowed = args.max_batch_in_flight
+            if window == "bound":
+                allowed = min(allowed, slot_bound(args.instances * config.max_num_seqs,
+                                                  occupancy(now), args.sim_margin))
+            for _ in range(max(0, allowed - in_flight)):
+                add(now, True)
+                num_batch += 1
+            next_release = now + 1.0
+        else:
+            k = next_step[1]
+            result = schedulers[k].update_from_output(outputs[k])
+            for rid in result.sampled_ids:
+                r = requests[rid]
+                if r.first_token_s is None:
+                    r.first_token_s = now
+                if now >= args.sim_warmup:
+                    if r.is_batch:
+                        batch_tokens += 1
+                    else:
+                        interactive_tokens += 1
+            for rid in result.finished_ids:
+                requests[rid].finished_s = now
+            start(k, now)
+    measured = [r for r in requests.values() if not r.is_batch and r.arrival_s >= args.sim_warmup
+                and r.first_token_s is not None]
+    ttft = np.array([r.first_token_s - r.arrival_s for r in measured]) if measured else None
+    return {"requests": len(measured),
+            "ttft_p50": float(np.percentile(ttft, 50)) if ttft is not None else None,
+            "ttft_p99": float(np.percentile(ttft, 99)) if ttft is not None else None,
+            "interactive_tokens_s": interactive_tokens / args.sim_duration,
+            "batch_tokens_s": batch_tokens / args.sim_duration,
+            "preemptions": sum(s.num_preemptions for s in schedulers)}
+
+
+def run_simulated(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each (engine, window) configuration's three phases, in emulated time."""
+    results = []
+    for engine, window in (c.split("/") for c in args.sim_configs):
+        alone = _simulate(args, engine=engine, window=window, interactive=True, batch=False)
+        capacity = _simulate(args, engine=engine, window=window, interactive=False,
+                             batch=True)["batch_tokens_s"]
+        beside = _simulate(args, engine=engine, window=window, interactive=True, batch=True)
+        free = capacity - alone["interactive_tokens_s"]
+        results.append({"engine": engine, "window": window, "alone": alone, "with_batch": beside,
+                        "capacity_tokens_s": capacity, "free_tokens_s": free,
+                        "share_of_free": beside["batch_tokens_s"] / free if free > 0 else None})
+    table = Table(title=f"Simulated engines only (no control plane): {args.instances} instances "
+                        f"x max_num_seqs {args.sim_max_num_seqs}, Qwen2-7B/A30, interactive "
+                        f"{args.sim_rate:g} req/s for {args.sim_duration:g} s, slot bound "
+                        f"margin {args.sim_margin:g} sigma")
+    for column in ("engine order", "batch window", "TTFT p99 alone (s)",
+                   "TTFT p99 beside (s)", "ratio", "batch share of free capacity",
+                   "preemptions"):
+        table.add_column(column, justify="right")
+    for r in results:
+        a, b = r["alone"], r["with_batch"]
+        table.add_row(r["engine"], "fixed " + str(args.max_batch_in_flight)
+                      if r["window"] == "fixed" else "slot bound",
+                      f"{a['ttft_p99']:.3f}", f"{b['ttft_p99']:.3f}",
+                      f"{b['ttft_p99'] / a['ttft_p99']:.2f}x",
+                      "-" if r["share_of_free"] is None else f"{r['share_of_free']:.0%}",
+                      str(b["preemptions"]))
+    console.print(table)
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--instances", type=int, default=4)
@@ -204,8 +370,29 @@ def main() -> int:
     parser.add_argument("--database-url",
                         default="postgresql+psycopg://postgres@127.0.0.1:5432/blockq_bench")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
+    parser.add_argument("--api-port", type=int, default=8793)
+    parser.add_argument("--flower-port", type=int, default=5593)
     parser.add_argument("--json", type=Path, help="write the results to this file")
+    parser.add_argument("--simulated", action="store_true",
+                        help="no stack: the engines alone (workers.sim.Scheduler) in emulated "
+                             "time, FCFS vs class-first order, fixed window vs the slot bound")
+    parser.add_argument("--sim-rate", type=float, default=8.0, help="interactive req/s")
+    parser.add_argument("--sim-duration", type=float, default=600.0)
+    parser.add_argument("--sim-warmup", type=float, default=60.0)
+    parser.add_argument("--sim-max-num-seqs", type=int, default=48)
+    parser.add_argument("--sim-blocks", type=int, default=7289)
+    parser.add_argument("--sim-configs", nargs="+",
+                        default=["fcfs/fixed", "class/fixed", "class/bound"],
+                        help="engine order (fcfs|class) / batch window (fixed|bound) pairs")
+    parser.add_argument("--sim-margin", type=float, default=2.0,
+                        help="the slot bound's margin in Poisson sigmas "
+                             "(batch_headroom_slot_margin)")
     args = parser.parse_args()
+    if args.simulated:
+        results = run_simulated(args)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+        return 0
     results = [run_config(args, target) for target in args.headroom_ttft]
     _print(results, args)
     if args.json:

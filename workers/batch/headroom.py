@@ -11,13 +11,22 @@ harm multiplies the window by `decrease`. Signs of harm:
 - the interactive TTFT p99 over the last window is above the target;
 - interactive requests waiting for an engine (accepted, not running yet) grew since the last
   round and are more than `queue_slack` (a growing queue is a miss on its way).
+
+That signal lags: a TTFT is known only when its request completes, seconds after the batch
+lines that delayed it took their engine slots, and a running batch line keeps its slot for its
+whole answer (vLLM preempts for KV blocks, never for a slot). So the window is also bounded feed
+forward (`slot_bound`): the fleet's engine slots less those interactive traffic is expected to
+occupy (Little's law over its recent history, plus a Poisson margin). Inside each engine
+interactive requests already run before batch ones (workers/serve: class-first priorities).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-__all__ = ["HeadroomConfig", "HeadroomSignal", "next_window"]
+__all__ = ["HeadroomConfig", "HeadroomSignal", "interactive_reserve", "next_window",
+           "slot_bound"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,3 +63,18 @@ def next_window(window: float, signal: HeadroomSignal, config: HeadroomConfig) -
     else:
         window += config.increase
     return min(max(window, float(config.min_window)), float(config.max_window))
+
+
+def interactive_reserve(occupancy: float, margin_sigmas: float) -> int:
+    """Engine slots to keep for interactive requests: `occupancy` (how many run at once on
+    average: their arrival rate x time in an engine, Little's law) plus `margin_sigmas`
+    standard deviations of a Poisson count with that mean, so that bursts find a slot too."""
+    if occupancy <= 0.0:
+        return 0
+    return math.ceil(occupancy + margin_sigmas * math.sqrt(occupancy))
+
+
+def slot_bound(num_slots: int, occupancy: float, margin_sigmas: float) -> int:
+    """Batch requests the fleet's `num_slots` engine slots (max_num_seqs summed) hold beside
+    interactive traffic of `occupancy` without making an interactive request wait for one."""
+    return max(0, num_slots - interactive_reserve(occupancy, margin_sigmas))

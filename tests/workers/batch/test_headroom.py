@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from workers.batch.headroom import HeadroomConfig, HeadroomSignal, harmed, next_window
+from workers.batch.headroom import (
+    HeadroomConfig,
+    HeadroomSignal,
+    harmed,
+    interactive_reserve,
+    next_window,
+    slot_bound,
+)
 
 CONFIG = HeadroomConfig(target_ttft_s=1.0, min_window=4, max_window=64, increase=4.0,
                         decrease=0.5, queue_slack=2)
@@ -44,3 +51,12 @@ def test_after_a_miss_the_window_climbs_back_linearly() -> None:
     window = next_window(64.0, signal(ttft=2.0), CONFIG)
     assert window == 32.0
     assert [window := next_window(window, signal(), CONFIG) for _ in range(3)] == [36, 40, 44]
+
+
+def test_the_slot_bound_keeps_expected_interactive_concurrency_and_its_bursts() -> None:
+    assert interactive_reserve(0.0, 2.0) == 0
+    assert interactive_reserve(4.0, 2.0) == 8  # 4 + 2 x sqrt(4)
+    assert interactive_reserve(4.0, 0.0) == 4  # Little's law alone
+    assert interactive_reserve(0.2, 2.0) == 2  # ceil(0.2 + 0.89): a burst of one finds a slot
+    assert slot_bound(192, 56.0, 2.0) == 192 - 71
+    assert slot_bound(32, 30.0, 2.0) == 0  # never negative

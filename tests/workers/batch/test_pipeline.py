@@ -322,14 +322,17 @@ def test_50000_lines_are_expanded_in_bounded_memory(rt: Runtime) -> None:
     assert len(release(rt).released) == 8
 
 
-def _interactive_done(rt: Runtime, ttft_s: float, finished_ago_s: float = 0.0) -> None:
-    """An interactive request that finished `finished_ago_s` ago after a TTFT of `ttft_s`."""
+def _interactive_done(rt: Runtime, ttft_s: float, finished_ago_s: float = 0.0,
+                      engine_s: float = 1.0) -> None:
+    """An interactive request that finished `finished_ago_s` ago after a TTFT of `ttft_s`,
+    `engine_s` after its engine started it."""
     finished = utcnow() - timedelta(seconds=finished_ago_s)
-    created = finished - timedelta(seconds=ttft_s + 1.0)
+    created = finished - timedelta(seconds=max(ttft_s + 1.0, engine_s))
     with rt.db.session() as session:
         request_id = new_request(session)
         session.execute(update(InferenceRequest).where(InferenceRequest.id == request_id).values(
             status=RequestStatus.SUCCEEDED, created_at=created, updated_at=finished,
+            started_at=finished - timedelta(seconds=engine_s),
             first_token_at=created + timedelta(seconds=ttft_s), finished_at=finished))
 
 
@@ -371,3 +374,31 @@ def test_a_growing_engine_queue_shrinks_the_batch_window(rt: Runtime) -> None:
     # Off (target 0): the fixed cap, whatever the queue.
     assert batch_window(Runtime(rt.settings.model_copy(
         update={"batch_headroom_ttft_s": 0.0}))) == rt.settings.max_batch_in_flight
+
+
+def test_the_batch_window_leaves_the_engine_slots_interactive_traffic_needs(rt: Runtime) -> None:
+    rt = Runtime(rt.settings.model_copy(update={
+        "batch_headroom_ttft_s": 1.0, "batch_headroom_min_window": 2,
+        "batch_headroom_increase": 100.0, "batch_headroom_window_s": 10.0,
+        "batch_headroom_slot_margin": 2.0, "max_batch_in_flight": 256}))
+
+    def window() -> int:
+        for name in ("gpu.0", "gpu.1"):  # fresh heartbeats: two live engines, 16 slots each
+            rt.fleet.publish(name, engine_state(max_num_seqs=16))
+        return batch_window(rt)
+
+    # No interactive traffic: every slot of the two engines, whatever the window's growth.
+    assert window() == 32
+    # Interactive requests on time but 40 engine-seconds in the last 10 s: 4 at once on
+    # average, so 4 + 2 x sqrt(4) = 8 slots stay theirs.
+    for _ in range(4):
+        _interactive_done(rt, ttft_s=0.2, engine_s=10.0)
+    assert window() == 24
+    assert json.loads(rt.redis.get(BATCH_WINDOW_KEY))["slot_bound"] == 24
+    # So busy that nothing is left: the window's minimum still runs.
+    for _ in range(30):
+        _interactive_done(rt, ttft_s=0.2, engine_s=10.0)
+    assert window() == 2
+    # A negative margin turns the bound off: the window alone (it stepped from 2).
+    rt = Runtime(rt.settings.model_copy(update={"batch_headroom_slot_margin": -1.0}))
+    assert window() == 102
