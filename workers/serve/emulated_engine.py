@@ -7,6 +7,9 @@ as a ground-truth execution-time model (`workers.sim.ExecModel`) says that batch
 multiplicative noise, times `time_scale` (1.0 is real time; 0.1 runs ten times faster).
 Requests produce synthetic tokens (``"tok123 "``) and finish at their true output length, which
 the emulator draws (see `workers.serve.output_lengths`), capped by max_tokens and max_model_len.
+With `enable_prefix_caching` it models vLLM's automatic prefix caching in units of
+`live_prefix_unit_tokens` prompt tokens: a request whose leading units are cached skips their
+prefill, and its published state carries the units it holds (`workers.serve.prefixes`).
 
 It has VllmEngine's threading shape: one engine thread owns the scheduler and loops "admit what
 was submitted, apply aborts, step"; other threads exchange plain data with it through a
@@ -36,9 +39,10 @@ import logging
 import random
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from workers.serve.engine import (
     EngineListener,
@@ -50,6 +54,7 @@ from workers.serve.engine import (
     TokenLogprob,
 )
 from workers.serve.output_lengths import OutputLengths, ShareGptLengths
+from workers.serve.prefixes import PrefixMemory
 from workers.serve.threaded import ThreadedEngine, TrackedRequest
 from workers.sim import (
     BatchStats,
@@ -62,7 +67,7 @@ from workers.sim import (
     engine_priority,
 )
 from workers.sim.engine_state import EngineState, RequestState
-from workers.sim.snapshot import DEFAULT_PRIORITY_MS_PER_TOKEN
+from workers.sim.snapshot import DEFAULT_PRIORITY_MS_PER_TOKEN, live_prefix_unit_tokens
 
 __all__ = ["EmulatedEngine", "EmulatedEngineConfig", "approx_token_count"]
 
@@ -107,6 +112,18 @@ class EmulatedEngineConfig:
     # (`engine_priority`).
     scheduling_policy: str = "fcfs"
     priority_ms_per_token: float = DEFAULT_PRIORITY_MS_PER_TOKEN
+    # vLLM's automatic prefix caching, modelled in units of `prefix_unit_tokens` prompt tokens:
+    # a request whose leading units are cached skips their prefill.
+    enable_prefix_caching: bool = False
+    # A prompt text's token ids (the served model's tokenizer): with prefix caching, text
+    # prompts are hashed on these (and counted by them); None: only prompts given as token
+    # ids find or fill the cache.
+    tokenize: Callable[[str], Sequence[int]] | None = None
+
+    @property
+    def prefix_unit_tokens(self) -> int:
+        """Tokens per prefix unit (`live_prefix_unit_tokens`); 0 without prefix caching."""
+        return live_prefix_unit_tokens(self.block_size) if self.enable_prefix_caching else 0
 
     def __post_init__(self) -> None:
         if not self.time_scale > 0:
@@ -125,7 +142,16 @@ class EmulatedEngineConfig:
             max_model_len=self.max_model_len,
             scheduling_policy=self.scheduling_policy,
             priority_ms_per_token=self.priority_ms_per_token,
+            enable_prefix_caching=self.enable_prefix_caching,
+            prefix_block_size=self.prefix_unit_tokens,
         )
+
+
+class _Prepared(NamedTuple):
+    """A prompt's token count and, with prefix caching, its units' chained keys."""
+
+    num_prompt_tokens: int
+    prefix_keys: tuple[int, ...] = ()
 
 
 @dataclass(slots=True, eq=False, kw_only=True)
@@ -136,6 +162,8 @@ class _Tracked(TrackedRequest):
     finish_reason: FinishReason  # how it will finish: "length" if a cap cut it short
     seq: SeqState | None = None  # once handed to the scheduler
     priority: int = 0  # vLLM priority (used under the "priority" policy)
+    prefix_keys: tuple[int, ...] = ()  # its prompt units' chained keys (prefix caching)
+    num_cached_tokens: int | None = None  # prompt tokens the prefix cache served, once known
 
 
 class EmulatedEngine(ThreadedEngine[_Tracked]):
@@ -162,6 +190,11 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
         # "fcfs" each priority is the class, then the arrival (`_ms_per_token` 0).
         self._scheduler = Scheduler(dataclasses.replace(self._instance_config,
                                                         scheduling_policy="priority"))
+        self._prefixes: PrefixMemory | None = None
+        if self.config.enable_prefix_caching:
+            unit_tokens = self.config.prefix_unit_tokens
+            self._prefixes = PrefixMemory(unit_tokens, self._instance_config.num_usable_blocks
+                                          * self.config.block_size // unit_tokens)
         # --- engine thread only ---
         self._rng = random.Random(self.config.seed)  # step-time noise
         self._clock_s: float | None = None  # monotonic end of the last step; None when idle
@@ -189,6 +222,7 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
             num_running = len(scheduler.running)
             num_free = scheduler.block_pool.num_free
             policy = self._published_policy()
+            cached = self._published_prefixes()
         config = self.config
         return EngineState(
             engine_kind=ENGINE_KIND,
@@ -206,7 +240,17 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
             taken_at=time.time(),
             scheduling_policy=policy,
             priority_ms_per_token=self._ms_per_token,
+            prefix_unit_tokens=config.prefix_unit_tokens,
+            cached_prefixes=cached,
         )
+
+    def _published_prefixes(self) -> tuple[int, ...]:
+        """The prefix units to publish (`PrefixMemory.published`): the in-flight requests',
+        then those of finished ones the emulated cache still holds. Under the lock."""
+        if self._prefixes is None:
+            return ()
+        return self._prefixes.published((t.prefix_keys for t in self._inflight.values()),
+                                        self._scheduler.block_pool.is_cached)
 
     def _published_policy(self) -> str:
         """The policy what-ifs must model on the snapshot. Under the lock.
@@ -232,22 +276,30 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
             predicted_output_tokens=tracked.request.predicted_output_tokens,
             is_running=seq is not None and seq.status == SeqStatus.RUNNING,
             priority=tracked.priority,
+            num_cached_tokens=tracked.num_cached_tokens or 0,
         )
 
     # ---------------------------------------------------------------- new requests
 
-    def _prepare(self, request: GenerationRequest) -> int:
-        """The prompt's token count (tokenizing is slow: done outside the lock)."""
-        if request.prompt_token_ids is not None:
-            return len(request.prompt_token_ids)
-        return self.config.count_tokens(request.prompt)
+    def _prepare(self, request: GenerationRequest) -> _Prepared:
+        """The prompt's token count and prefix keys (tokenizing is slow: done outside the
+        lock)."""
+        token_ids = request.prompt_token_ids
+        if self._prefixes is None or (token_ids is None and self.config.tokenize is None):
+            if token_ids is not None:
+                return _Prepared(len(token_ids))
+            return _Prepared(self.config.count_tokens(request.prompt))
+        if token_ids is None:
+            assert self.config.tokenize is not None
+            token_ids = self.config.tokenize(request.prompt)
+        return _Prepared(len(token_ids), self._prefixes.keys_of(token_ids))
 
     def _track(
         self, request: GenerationRequest, future: Future[GenerationResult], prepared: object
     ) -> _Tracked:
         """Bookkeeping for a new request, with the output length at which it will finish."""
-        assert isinstance(prepared, int)
-        num_prompt_tokens = prepared
+        assert isinstance(prepared, _Prepared)
+        num_prompt_tokens = prepared.num_prompt_tokens
         max_len = self.config.max_model_len
         if num_prompt_tokens >= max_len:
             raise RequestRejected(
@@ -267,6 +319,7 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
                            priority=engine_priority(request.priority, admitted_at,
                                                     request.predicted_output_tokens,
                                                     self._ms_per_token))
+        tracked.prefix_keys = prepared.prefix_keys
         if sampling.prompt_logprobs is not None:
             tracked.prompt_logprobs = [
                 _synthetic_logprob(request.request_id, -i, sampling.prompt_logprobs)
@@ -289,6 +342,7 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
                 tracked.seq = SeqState(tracked.request_id, tracked.num_prompt_tokens,
                                        tracked.num_target_tokens, priority=tracked.priority,
                                        arrival_s=tracked.admitted_at)
+                tracked.seq.prefix_keys = tracked.prefix_keys
                 self._scheduler.add_request(tracked.seq)
 
     def _abort(self, request_ids: list[str]) -> None:
@@ -322,12 +376,18 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
         del scheduler.requests[seq.request_id]
         scheduler.block_pool.free(seq.num_owned_blocks, reusable=False)
         seq.num_owned_blocks = 0
+        if seq.status == SeqStatus.RUNNING and seq.num_prefix_held:
+            # Its prefix units stay cached for others (a preempted one let go of them).
+            scheduler.block_pool.release_prefix(seq.prefix_keys[:seq.num_prefix_held])
+            seq.num_prefix_held = seq.num_shared_blocks = 0
         seq.status = SeqStatus.FINISHED
 
     def _step(self) -> None:
         """One emulated forward pass: schedule, "run" it (sleep its duration), take its output."""
         with self._cond:
             output = self._scheduler.schedule()
+            if self._prefixes is not None:
+                self._note_cache_hits(output.num_scheduled_tokens)
         assert output.num_scheduled_tokens or output.preempted_ids, (
             "requests wait but none can be scheduled")
         if not output.num_scheduled_tokens:
@@ -360,6 +420,8 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
                 tracked = self._inflight.pop(request_id)
                 self._remember(request_id, tracked.future)
                 finished.append(tracked)
+                if self._prefixes is not None:
+                    self._prefixes.finished(tracked.prefix_keys)
             sample = self._sample(output.stats, len(output.num_scheduled_tokens), duration_s, now)
             self._note_if_idle()
         for request_id in first_tokens:
@@ -369,6 +431,14 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
         for tracked in finished:
             self._resolve(tracked, tracked.finish_reason, now)
         self._notify("on_step", sample)
+
+    def _note_cache_hits(self, num_scheduled_tokens: dict[str, int]) -> None:
+        """Note what the prefix cache served each request scheduled for the first time (its
+        tokens computed before this step's chunk). Under the lock."""
+        for request_id, num_new in num_scheduled_tokens.items():
+            tracked = self._inflight[request_id]
+            if tracked.num_cached_tokens is None and tracked.seq is not None:
+                tracked.num_cached_tokens = tracked.seq.num_computed_tokens - num_new
 
     def _step_duration_s(self, stats: BatchStats) -> float:
         """Wall seconds of a step: ground truth x log-normal noise (mean 1) x time scale."""

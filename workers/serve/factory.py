@@ -59,6 +59,7 @@ class VllmEngineBuilder:
             num_threads=settings.engine_threads,
             scheduling_policy=settings.engine_scheduling_policy,
             priority_ms_per_token=settings.engine_priority_ms_per_token,
+            enable_prefix_caching=settings.prefix_caching,
         )
 
     def __call__(self, listener: EngineListener) -> Engine:
@@ -91,6 +92,9 @@ class EmulatedEngineBuilder:
             count_tokens=prompts.count,
             scheduling_policy=settings.engine_scheduling_policy,
             priority_ms_per_token=settings.engine_priority_ms_per_token,
+            # Prompts hashed on the tokens the router hashes them on (the route stage).
+            enable_prefix_caching=settings.prefix_caching,
+            tokenize=prompts.token_ids,
         )
 
     def __call__(self, listener: EngineListener) -> Engine:
