@@ -36,6 +36,7 @@ from workers.serve.engine import (
     StepSample,
     TokenLogprob,
 )
+from workers.serve.prefixes import PrefixMemory
 from workers.serve.threaded import ThreadedEngine, TrackedRequest
 from workers.sim.engine_state import EngineState, RequestState
 from workers.sim.exec_model import BatchStats
@@ -43,6 +44,7 @@ from workers.sim.snapshot import (
     DEFAULT_PRIORITY_MS_PER_TOKEN,
     SCHEDULING_POLICIES,
     engine_priority,
+    live_prefix_unit_tokens,
 )
 
 if TYPE_CHECKING:
@@ -116,6 +118,8 @@ class _Tracked(TrackedRequest):
     is_running: bool = False
     run_seq: int | None = None  # order in which it (last) started running
     priority: int = 0  # the priority vLLM got (lower runs first)
+    prefix_keys: tuple[int, ...] = ()  # its prompt units' chained keys (prefix caching)
+    num_cached_tokens: int = 0  # prompt tokens vLLM's prefix cache served (its first output)
 
 
 def _scheduling_order(tracked: _Tracked) -> tuple[int, int, int]:
@@ -230,6 +234,8 @@ class VllmEngine(ThreadedEngine[_Tracked]):
         self._step_details: SchedulerIterationDetails | None = None
         self._schedule_tap: ScheduleTap | None = None
         self._warned_seed = False
+        # --- prefix caching: what the engine publishes of its cache (made in _build) ---
+        self._prefixes: PrefixMemory | None = None
 
     def snapshot(self) -> EngineState:
         """Running count and KV usage from vLLM's latest scheduler stats, per-request state
@@ -250,9 +256,13 @@ class VllmEngine(ThreadedEngine[_Tracked]):
                     predicted_output_tokens=t.request.predicted_output_tokens,
                     is_running=t.is_running,
                     priority=t.priority,
+                    num_cached_tokens=t.num_cached_tokens,
                 )
                 for t in sorted(self._inflight.values(), key=lambda t: t.seq)
             )
+            prefixes = self._prefixes
+            cached = (prefixes.published(t.prefix_keys for t in self._inflight.values())
+                      if prefixes is not None else ())
         # NOTE: the stats are as of the last step; requests submitted since wait for the next
         # one, so "waiting" is everything in flight that vLLM did not report running.
         num_running = min(stats.num_running_reqs if stats is not None else 0, num_in_flight)
@@ -274,6 +284,8 @@ class VllmEngine(ThreadedEngine[_Tracked]):
             taken_at=time.time(),
             scheduling_policy=policy,
             priority_ms_per_token=self._ms_per_token,
+            prefix_unit_tokens=prefixes.unit_tokens if prefixes is not None else 0,
+            cached_prefixes=cached,
         )
 
     # ---------------------------------------------------------------- engine thread
@@ -392,6 +404,11 @@ class VllmEngine(ThreadedEngine[_Tracked]):
         # NOTE: vLLM keeps one block aside (the null block); its KV usage is over the rest.
         self._num_total_blocks = max(0, (cache_config.num_gpu_blocks or 0) - 1)
         self._block_size = cache_config.block_size
+        if config.enable_prefix_caching and self._block_size:
+            unit_tokens = live_prefix_unit_tokens(self._block_size)
+            with self._cond:
+                self._prefixes = PrefixMemory(
+                    unit_tokens, self._num_total_blocks * self._block_size // unit_tokens)
         logger.info(
             "vLLM engine ready: model=%s blocks=%d block_size=%d max_num_seqs=%d",
             config.model,
@@ -468,9 +485,13 @@ class VllmEngine(ThreadedEngine[_Tracked]):
             failure.__cause__ = err
             tracked.future.set_exception(failure)
             return
+        token_ids = engine_input.get("prompt_token_ids") or ()
+        # Hashed as the route stage hashes the prompt (the same token ids).
+        keys = self._prefixes.keys_of(token_ids) if self._prefixes is not None else ()
         with self._cond:
             tracked.added = True
-            tracked.num_prompt_tokens = len(engine_input.get("prompt_token_ids") or ())
+            tracked.num_prompt_tokens = len(token_ids)
+            tracked.prefix_keys = keys
 
     def _request_seed(self, request: GenerationRequest) -> int | None:
         if request.seed is None or request.temperature == 0 or self._honours_seeds:
@@ -518,8 +539,11 @@ class VllmEngine(ThreadedEngine[_Tracked]):
                 if num_new and tracked.first_token_at is None:
                     tracked.first_token_at = now
                     first_tokens.append(tracked.request.request_id)
-                    # Its last prefill chunk ran in this step.
-                    num_prefill_done += tracked.num_prompt_tokens - tracked.num_computed_tokens
+                    # Its last prefill chunk ran in this step (the cache served the first
+                    # num_cached_tokens, which no step computed).
+                    tracked.num_cached_tokens = getattr(output, "num_cached_tokens", None) or 0
+                    num_prefill_done += max(0, tracked.num_prompt_tokens - max(
+                        tracked.num_computed_tokens, tracked.num_cached_tokens))
                 tracked.num_output_tokens += num_new
                 if tracked.request.sampling.logprobs is not None:
                     self._take_logprobs(tracked, output, completion)
@@ -534,6 +558,8 @@ class VllmEngine(ThreadedEngine[_Tracked]):
                         # submit never finds the id in neither place.
                         self._remember(output.request_id, tracked.future)
                     finished.append((tracked, reason))
+                    if self._prefixes is not None:
+                        self._prefixes.finished(tracked.prefix_keys)
             num_prefill = details.num_ctx_tokens if details is not None else 0
             self._estimate_progress(max(0, num_prefill - num_prefill_done))
             stats = self._scheduler_stats
