@@ -13,6 +13,7 @@ from app.sampling import check_token_ids, sampling_column
 from app.schemas import CreateRequest, parse_body
 from app.services import Services
 from app.settings import Settings
+from app.sessions import session_key
 from app.slo import SloMissAction
 from app.streams import close_stream
 from app.webhook_targets import check_submitted_url
@@ -26,13 +27,14 @@ MAX_IDEMPOTENCY_KEY_LEN = 200
 
 def submit_request(
     services: Services, body: Any, *, idempotency_key: str | None, team_id: str | None,
-    stream: bool = False, slo_miss_action: str | None = None,
+    stream: bool = False, slo_miss_action: str | None = None, session_id: str | None = None,
 ) -> tuple[InferenceRequest, bool]:
     """Validate, persist, then enqueue for prediction. Returns (request, created).
 
     Idempotency keys are per team: two teams may use the same key for different requests.
     `stream`: the engine worker publishes the output text as it is generated.
     `slo_miss_action`: the team's, kept with a request that has latency targets.
+    `session_id`: the x-session-id header's, when the body names no session_id.
     """
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_LEN:
         raise InvalidRequest(
@@ -41,7 +43,8 @@ def submit_request(
         )
     parsed = parse_body(CreateRequest, body)
     fields = request_fields(services, parsed)
-    fields.update(body_sha256=store.body_digest(body), team_id=team_id, stream=stream)
+    fields.update(body_sha256=store.body_digest(body), team_id=team_id, stream=stream,
+                  session_key=session_key(team_id, parsed.session_id or session_id))
     _with_miss_action(fields, slo_miss_action)
     scoped_key = None if idempotency_key is None else f"{team_id}:{idempotency_key}"
     with services.outbox.transaction() as tx:
@@ -57,15 +60,17 @@ def submit_request(
 
 
 def submit_together(services: Services, bodies: list[dict[str, Any]], *, team_id: str | None,
-                    stream: bool = False,
-                    slo_miss_action: str | None = None) -> list[InferenceRequest]:
+                    stream: bool = False, slo_miss_action: str | None = None,
+                    session_id: str | None = None) -> list[InferenceRequest]:
     """Several requests of one OpenAI call (its prompts, each n times), in order: all are
     validated before any is stored (one bad prompt refuses the call), then stored and enqueued
-    in one transaction."""
+    in one transaction. `session_id`: the conversation they belong to (app/sessions.py)."""
     columns = []
     for body in bodies:
-        fields = request_fields(services, parse_body(CreateRequest, body))
-        fields.update(body_sha256=store.body_digest(body), team_id=team_id, stream=stream)
+        parsed = parse_body(CreateRequest, body)
+        fields = request_fields(services, parsed)
+        fields.update(body_sha256=store.body_digest(body), team_id=team_id, stream=stream,
+                      session_key=session_key(team_id, parsed.session_id or session_id))
         _with_miss_action(fields, slo_miss_action)
         columns.append(fields)
     with services.outbox.transaction() as tx:

@@ -58,6 +58,7 @@ __all__ = [
     "observe_completion",
     "observe_routing",
     "observe_unfinished_targets",
+    "observe_affinity",
     "EngineStepMetrics",
     "RequestCountCollector",
     "QueueDepthCollector",
@@ -128,6 +129,14 @@ SLO_REQUESTS = Counter(
     "at routing: no instance could meet them). Goodput: the rate of kind=all, outcome=met.",
     ["kind", "outcome"],
 )
+SESSION_AFFINITY = Counter(
+    "blockq_session_affinity_total",
+    "Routing decisions of requests naming a session (x-session-id, or OpenAI's user), by what "
+    "became of the session's previous instance: none (no previous turn remembered), kept (the "
+    "policy chose it anyway), applied (moved there, within the margin), declined (too slow, or "
+    "missing the latency targets), unavailable (not a candidate, or not simulated).",
+    ["outcome"],
+)
 ENGINE_GENERATED_TOKENS = Counter(
     "blockq_engine_generated_tokens_total",
     "Output tokens an engine decoded (the decode tokens of its steps).",
@@ -153,6 +162,11 @@ def observe_routing(policy: str, instance_id: str, routing: Mapping[str, Any]) -
         ROUTING_DECISION_TIME.labels(policy).observe(routing["decision_ms"] / 1000)
     if routing.get("overhead_ms") is not None:
         ROUTING_OVERHEAD.labels(policy).observe(routing["overhead_ms"] / 1000)
+
+
+def observe_affinity(outcome: str) -> None:
+    """One committed routing decision of a request with a session."""
+    SESSION_AFFINITY.labels(outcome).inc()
 
 
 def observe_unfinished_targets(status: RequestStatus, kinds: Iterable[str]) -> None:

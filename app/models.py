@@ -176,6 +176,9 @@ class InferenceRequest(Base):
     # Whether the finished request met each target (None: no such target, or not finished).
     slo_ttft_met: Mapped[bool | None]
     slo_e2e_met: Mapped[bool | None]
+    # A digest of the team and the client's session id (app/sessions.py): the router keeps a
+    # session on the instance that served its previous turn; None: no session.
+    session_key: Mapped[str | None] = mapped_column(String(32))
     # Set when the request runs one line of a batch (/v1/batches): the batch, the line's
     # custom_id and its 1-based line number in the input file.
     batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id"))

@@ -89,6 +89,11 @@ class CreateRequest(SamplingFields):
         None, description="Latency targets (interactive requests): the router picks an "
                           "instance predicted to meet them; the team's slo_miss_action says "
                           "what happens when none can.")
+    session_id: str | None = Field(
+        None, min_length=1, max_length=256,
+        description="The conversation this request belongs to (also the x-session-id "
+                    "header): its turns go to the instance that served the previous one, "
+                    "which holds its prefix in cache, while that instance has room.")
 
     _stop_as_list = field_validator("stop", mode="before")(stop_as_list)
 

@@ -286,6 +286,16 @@ class Settings(BaseSettings):
         "of the target (e.g. 0.25: predicted over 1.25 x the target); nearer misses are routed "
         "to the closest instance (the what-if has its own error).",
     )
+    session_affinity_ttl_s: float = Field(
+        600.0, ge=0, description="Session affinity: how long the router remembers the instance "
+        "that served a session's last turn (x-session-id, or OpenAI's user); 0: off.",
+    )
+    session_affinity_margin: float = Field(
+        0.2, ge=0, description="Session affinity: a session's next turn goes to the instance "
+        "of its previous turn when that instance's what-if end-to-end latency is within this "
+        "share of the chosen instance's (0.2: at most 20 % slower) and meets the request's "
+        "latency targets; policies that do not simulate ignore sessions.",
+    )
     route_in_predict: bool = Field(
         True, description="The predict task routes the request it has just predicted (one "
         "transaction writes the prediction and the decision; no hop through the route queue). "

@@ -36,6 +36,7 @@ from app.openai_schemas import (
 )
 from app.schemas import parse_body
 from app.services import Services
+from app.sessions import session_from_headers
 from app.slo import SloMissAction, SloUnmeetable, merge_header_targets
 from app.streams import read_stream
 
@@ -107,6 +108,8 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
     targets = merge_header_targets(parsed.slo, request.headers)
     if targets is not parsed.slo:
         parsed = parsed.model_copy(update={"slo": targets})
+    # The conversation: the x-session-id header, else OpenAI's `user` (app/sessions.py).
+    session_id = session_from_headers(request.headers) or parsed.user or None
     svc = services()
     check_model(parsed, svc.settings.model_name)
     principal = current_principal()
@@ -119,7 +122,8 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
         # One request per choice (a stream has one: the body's validation saw to it).
         submitted = submit_together(svc, native_bodies(parsed), team_id=team_id,
                                     stream=parsed.stream,
-                                    slo_miss_action=principal.slo_miss_action)
+                                    slo_miss_action=principal.slo_miss_action,
+                                    session_id=session_id)
         if parsed.stream:
             if parsed.slo is not None and principal.slo_miss_action == SloMissAction.REFUSE:
                 _await_routing(svc, submitted[0].id, hold)

@@ -25,6 +25,7 @@ from app.batches import CreateBatch
 from app.commands import MAX_IDEMPOTENCY_KEY_LEN
 from app.openai_schemas import ChatCompletionBody, CompletionBody
 from app.schemas import CreateRequest
+from app.sessions import MAX_SESSION_ID_LEN, SESSION_HEADER
 from app.slo import E2E_HEADER, MAX_TARGET_MS, MIN_TARGET_MS, TTFT_HEADER
 
 __all__ = ["bp", "OPERATIONS", "build_document", "openapi_path"]
@@ -109,6 +110,14 @@ SLO_PARAMS = (
     Param(E2E_HEADER, "header", _TARGET_MS,
           "End-to-end latency target, milliseconds from acceptance, as slo.e2e_ms."),
 )
+#: The conversation a request belongs to (session affinity, app/sessions.py).
+SESSION_PARAM = Param(
+    SESSION_HEADER, "header",
+    {"type": "string", "minLength": 1, "maxLength": MAX_SESSION_ID_LEN,
+     "pattern": "^[!-~]([ -~]*[!-~])?$"},
+    "The conversation this request belongs to: its turns go to the instance that served the "
+    "previous one while that instance has room (on the OpenAI calls, `user` names it when "
+    "this header is absent).")
 ADMIN = "Operations (admin keys only)"
 
 OPERATIONS: dict[str, Operation] = {
@@ -118,7 +127,8 @@ OPERATIONS: dict[str, Operation] = {
         errors=(400, 409, 413, 422),
         params=(Param("Idempotency-Key", "header",
                       {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY_LEN},
-                      "Submitting again with the same key returns the first request."),),
+                      "Submitting again with the same key returns the first request."),
+                SESSION_PARAM),
         links={"GetRequest": _link("requests_show", request_id=_BODY_ID),
                "CancelRequest": _link("requests_cancel", request_id=_BODY_ID)},
         description="Queued at once; predicted, routed and run by the workers. Poll "
@@ -133,13 +143,13 @@ OPERATIONS: dict[str, Operation] = {
                                    errors=(404,)),
     "openai.completions": Operation(
         "Create a completion", "OpenAI-compatible", c.CompletionObject, body=CompletionBody,
-        stream=c.CompletionChunk, errors=(400, 404, 413, 422, 504), params=SLO_PARAMS,
+        stream=c.CompletionChunk, errors=(400, 404, 413, 422, 504), params=(*SLO_PARAMS, SESSION_PARAM),
         description="Waits for the answer; with `stream: true`, server-sent events as the text "
                     "is generated, ended by `data: [DONE]`."),
     "openai.chat_completions": Operation(
         "Create a chat completion", "OpenAI-compatible", c.ChatCompletionObject,
         body=ChatCompletionBody, stream=c.ChatCompletionChunk,
-        errors=(400, 404, 413, 422, 504), params=SLO_PARAMS,
+        errors=(400, 404, 413, 422, 504), params=(*SLO_PARAMS, SESSION_PARAM),
         description="As /v1/completions, with messages rendered by the model's chat template."),
     # --- files
     "files.upload": Operation(

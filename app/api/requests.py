@@ -10,6 +10,7 @@ from app.api.auth import current_principal
 from app.api.json_body import json_body
 from app.api.services import services
 from app.commands import cancel_request, submit_request
+from app.sessions import session_from_headers
 
 bp = Blueprint("requests", __name__, url_prefix="/v1/requests")
 
@@ -21,6 +22,7 @@ def create() -> ResponseReturnValue:
     created_request, created = submit_request(
         services(), body, idempotency_key=request.headers.get("Idempotency-Key"),
         team_id=principal.team_id, slo_miss_action=principal.slo_miss_action,
+        session_id=session_from_headers(request.headers),
     )
     status_url = url_for("requests.show", request_id=created_request.id, _external=True)
     payload = {

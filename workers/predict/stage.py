@@ -200,6 +200,7 @@ class Started:
     # token ids when the client gave ids.
     prompt: str = ""
     prompt_token_ids: list[int] | None = None
+    session_key: str | None = None  # its session, for session affinity (app/sessions.py)
 
 
 def start(db: Database, request_id: str) -> Started | None:
@@ -227,7 +228,7 @@ def start(db: Database, request_id: str) -> Started | None:
                             Priority(request.priority).rank)
         return Started(query, request.prompt_tokens, request.attempt, RequestTargets.of(
             request.slo_ttft_ms, request.slo_e2e_ms, request.slo_miss_action,
-            request.created_at), request.prompt, request.prompt_token_ids)
+            request.created_at), request.prompt, request.prompt_token_ids, request.session_key)
 
 
 #: What `start` reads of a request.
@@ -236,7 +237,7 @@ _STARTED_COLUMNS = (InferenceRequest.messages, InferenceRequest.prompt,
                     InferenceRequest.prompt_tokens, InferenceRequest.attempt,
                     InferenceRequest.slo_ttft_ms, InferenceRequest.slo_e2e_ms,
                     InferenceRequest.slo_miss_action, InferenceRequest.created_at,
-                    InferenceRequest.prompt_token_ids)
+                    InferenceRequest.prompt_token_ids, InferenceRequest.session_key)
 
 
 def prediction_columns(answer: LengthAnswer) -> dict[str, Any]:

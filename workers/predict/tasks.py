@@ -42,7 +42,7 @@ def annotate(request_id: str) -> None:
                              prompt_token_ids=route_stage.prompt_token_ids(
                                  rt, started.prompt, started.prompt_token_ids)),
             priority=query.priority, status=RequestStatus.PREDICTING, instance_id=None,
-            attempt=started.attempt, targets=started.targets)
+            attempt=started.attempt, targets=started.targets, session_key=started.session_key)
         if route_tasks.route_request(rt, request, timing, predicted_at,
                                      allowed_from={RequestStatus.PREDICTING},
                                      columns=stage.prediction_columns(answer)):

@@ -15,6 +15,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import redis
 from sqlalchemy.orm import Session
 
 from app import model_registry, store
@@ -86,6 +87,8 @@ class RouteInput:
     attempt: int
     # Its latency targets and its team's action on a miss (app/slo.py); None without.
     targets: RequestTargets | None = None
+    # Its session (app/sessions.py): the router prefers the instance of its previous turn.
+    session_key: str | None = None
 
 
 def load(db: Database, request_id: str) -> RouteInput | None:
@@ -108,6 +111,7 @@ def load(db: Database, request_id: str) -> RouteInput | None:
             attempt=request.attempt,
             targets=RequestTargets.of(request.slo_ttft_ms, request.slo_e2e_ms,
                                       request.slo_miss_action, request.created_at),
+            session_key=request.session_key,
         )
 
 
@@ -237,3 +241,29 @@ def overhead(timing: dict[str, float], route_started_at: float) -> dict[str, obj
 def _exec_model_of(artifact: bytes) -> ExecModel:
     return ExecModel.from_dict(json.loads(artifact))
 
+
+# -- session affinity (the decision itself: workers/route/affinity.py) --------------------------
+
+def _session_redis_key(session_key: str) -> str:
+    return f"blockq:session:{session_key}:instance"
+
+
+def last_instance(client: redis.Redis, session_key: str) -> str | None:
+    """The instance that served the session's last turn, if remembered; None also when Redis
+    does not answer (the request is routed without affinity)."""
+    try:
+        value = client.get(_session_redis_key(session_key))
+    except redis.RedisError:
+        logger.warning("session affinity skipped: Redis did not answer")
+        return None
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def remember_instance(client: redis.Redis, session_key: str, instance_id: str,
+                      ttl_s: float) -> None:
+    """Remember that the session's last turn went to `instance_id`, for `ttl_s` seconds (best
+    effort: a lost write costs the next turn its affinity, nothing else)."""
+    try:
+        client.set(_session_redis_key(session_key), instance_id, px=max(int(ttl_s * 1000), 1))
+    except redis.RedisError:
+        logger.warning("could not remember the session's instance")

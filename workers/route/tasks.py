@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
@@ -19,6 +20,7 @@ from app.slo import SloMissAction
 from app.streams import close_stream
 from workers import runtime
 from workers.retries import ON_OUTAGE
+from workers.route import affinity as session_affinity
 from workers.route import stage, targets
 from workers.route.planner import Plan, plan_route
 from workers.route.policies import RoutingContext, needs_what_if
@@ -78,12 +80,14 @@ def route_request(rt: runtime.Runtime, request: stage.RouteInput, timing: dict[s
     decided = _decide(rt, request)
     if decided is None:
         return False
-    plan, miss, fallback, decision_ms = decided
+    plan, miss, affinity, fallback, decision_ms = decided
     decision = plan.decision
     routing = stage.routing_record(plan, decision_ms, fallback, timing, route_started_at)
     if request.targets is not None:
         routing["slo"] = miss.record() if miss is not None else {
             "met": plan.decision.meets_target}
+    if affinity is not None:
+        routing["affinity"] = affinity.record()
     if miss is not None and miss.action is SloMissAction.REFUSE:
         _refuse(rt, request_id, plan, routing, miss, allowed_from, columns or {})
         return True
@@ -103,17 +107,31 @@ def route_request(rt: runtime.Runtime, request: stage.RouteInput, timing: dict[s
         rt.fleet.unassign(decision.instance_id, request_id)
         return True
     metrics.observe_routing(decision.policy, decision.instance_id, routing)
+    if affinity is not None:
+        assert request.session_key is not None
+        stage.remember_instance(rt.redis, request.session_key, decision.instance_id,
+                                rt.settings.session_affinity_ttl_s)
+        metrics.observe_affinity(str(affinity.outcome))
     logger.info("routed to %s by %s", decision.instance_id, decision.policy,
                 extra={"instance_id": decision.instance_id, "policy": decision.policy,
-                       "fallback": bool(fallback), "decision_ms": routing["decision_ms"]})
+                       "fallback": bool(fallback), "decision_ms": routing["decision_ms"],
+                       **({"affinity": str(affinity.outcome)} if affinity else {})})
     return True
 
 
 def _decide(rt: runtime.Runtime, request: stage.RouteInput
-            ) -> tuple[Plan, targets.Miss | None, dict[str, Any] | None, float] | None:
-    """The plan (on the instance closest to the targets when none meets them: `decide`), the
-    miss if any, the bias watch's fallback and the decision's time in ms; the assignment is
-    noted unless the request is to be refused. None when no instance is routable."""
+            ) -> tuple[Plan, targets.Miss | None, session_affinity.Affinity | None,
+                       dict[str, Any] | None, float] | None:
+    """The plan (on the instance closest to the targets when none meets them: `decide`; on
+    the session's previous instance while it has room: `affinity.prefer`), the miss if any,
+    the session's affinity if it has a session, the bias watch's fallback and the decision's
+    time in ms; the assignment is noted unless the request is to be refused. None when no
+    instance is routable."""
+    sessions_on = request.session_key is not None and rt.settings.session_affinity_ttl_s > 0
+    # NOTE: read before the decision's lock: one Redis round trip, only for a session.
+    preferred = (stage.last_instance(rt.redis, request.session_key)  # type: ignore[arg-type]
+                 if sessions_on else None)
+    affinity = None
     with _deciding:
         started = time.perf_counter()
         candidates = rt.fleet.routable()
@@ -131,6 +149,12 @@ def _decide(rt: runtime.Runtime, request: stage.RouteInput
         miss = targets.on_miss(plan, view, request.targets, first_routing=request.attempt == 0,
                                refuse_margin=rt.settings.slo_refuse_margin)
         refused = miss is not None and miss.action is SloMissAction.REFUSE
+        if sessions_on and not refused:
+            affinity = session_affinity.prefer(plan.decision, plan.what_ifs, view, preferred,
+                                               margin=rt.settings.session_affinity_margin)
+            if affinity.instance_id != plan.decision.instance_id:
+                plan = dataclasses.replace(plan, decision=dataclasses.replace(
+                    plan.decision, instance_id=affinity.instance_id))
         decision_ms = (time.perf_counter() - started) * 1000
         if not refused:
             rt.fleet.assign(
@@ -139,7 +163,7 @@ def _decide(rt: runtime.Runtime, request: stage.RouteInput
                 num_prompt_tokens=request.view.num_prompt_tokens,
                 predicted_output_tokens=request.view.predicted_output_tokens,
             )
-    return plan, miss, fallback, decision_ms
+    return plan, miss, affinity, fallback, decision_ms
 
 
 def _refuse(rt: runtime.Runtime, request_id: str, plan: Plan, routing: dict[str, Any],
