@@ -148,7 +148,8 @@ def showcase_settings(base: Settings, answers_path: Path, fleet: ShowcaseFleet =
         "learn_retrain_interval_s": 0, "learn_refit_interval_s": 0,
         "bias_threshold": 1e9, "bias_correction_rate": 0.0,
         # Batch work yields: its window of lines in flight grows while the stream's TTFT p99
-        # meets the target and halves when it does not.
+        # meets the target and halves when it does not, within the slots the stream leaves
+        # (batch_headroom_slot_margin); engines run interactive requests first regardless.
         "batch_headroom_ttft_s": fleet.batch_ttft_target_s, "batch_headroom_window_s": 10.0,
         "batch_headroom_min_window": 1, "batch_headroom_increase": 2.0,
         "max_batch_in_flight": fleet.instances * fleet.max_num_seqs,
@@ -347,9 +348,10 @@ def print_showcase(result: ShowcaseResult, console: Console,
                                _p(result.beside_batch.ttft_s, 99)), result.batch))
     console.print(
         "The batch's lines enter the pipeline through a window that grows while the stream's "
-        f"TTFT p99 stays under {fleet.batch_ttft_target_s:g} s and halves when it does not, and "
-        "every engine admits interactive requests before batch ones: the batch takes the room "
-        "the stream leaves and finishes after it.")
+        f"TTFT p99 stays under {fleet.batch_ttft_target_s:g} s and halves when it does not, "
+        "never past the engine slots the stream is expected to leave free, and every engine "
+        "runs interactive requests before batch ones: the batch takes the room the stream "
+        "leaves and finishes after it.")
 
 
 def run_showcase(base: Settings, prepare: Callable[[Settings], dict[str, str]],

@@ -3,8 +3,10 @@ the interactive stream is replayed again under block, so that the two run side b
 
 The batch's lines are other real prompts of the showcase set. The releaser lets batch lines into
 the pipeline through a window that grows while the stream's TTFT p99 meets its target and halves
-when it does not (workers/batch/headroom.py), and each engine admits interactive requests before
-batch ones: the batch should take the room the stream leaves, and finish once the stream is gone.
+when it does not, never past the engine slots the stream is expected to leave free
+(workers/batch/headroom.py), and each engine runs interactive requests before batch ones (class-
+first priorities, vLLM's priority policy): the batch should take the room the stream leaves, and
+finish once the stream is gone.
 """
 
 from __future__ import annotations
