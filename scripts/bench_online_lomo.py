@@ -6,10 +6,19 @@ For each serving model M of ../shared/data/conversations in turn:
   (the test), the other folds, in a fixed random order, are M's requests as they arrive;
 - the bootstrap head is trained on the other serving models' answers to every prompt but the
   test fold's (M is unknown to it: the pooled intercept);
-- after N of M's requests, the loop's turn runs as in `workers.learn.loop.retrain_length_model`:
-  the newest 20 % of the N history rows are held out, a candidate is trained on the rest plus
-  the bootstrap rows, and promoted only if its MAE on the held-out slice beats the bootstrap's;
-- reported: MAE in tokens on the test fold of the bootstrap and of the promoted head.
+- after N of M's requests, one turn of the loop runs on those N history rows, by `--methods`:
+  - `correction` (the loop's default): `workers.learn.loop.correction_turn`, the very function
+    `retrain_length_model` calls: M's own correction (intercept, scale, prompt weights, chosen
+    by time-ordered cross-validation) on the bootstrap head, judged by the paired test on the
+    history rows past the first time block, each predicted from older rows only;
+  - `intercept`: the same turn with the correction limited to a shrunk intercept;
+  - `refit` (the loop before 2026-12-02): the whole head retrained on the older 80 % of the N
+    rows plus the bootstrap rows, judged on the newest 20 % (`--refit-confidence 0`: promoted
+    when its MAE there is lower, the old rule);
+- reported: MAE in tokens on the test fold of the bootstrap and of the model in use after the
+  turn (the candidate if promoted, else the bootstrap), pooled over the folds; and the wrong
+  calls of the acceptance test: candidates promoted that are worse on the test fold, and kept
+  that are better.
 
 The encoder's embeddings are computed once (the loop reuses the active encoder too), so this
 measures the head the loop trains and its acceptance test, not the stack. The bias watch's
@@ -23,6 +32,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +40,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from workers.learn.loop import split_recent  # noqa: E402
+from workers.learn.correction import CorrectionConfig  # noqa: E402
+from workers.learn.loop import LoopConfig, correction_turn, paired_verdict, split_recent  # noqa: E402
 from workers.predict.dataset import DEFAULT_DATA_DIR, build_rows  # noqa: E402
 from workers.predict.encoder import Encoder  # noqa: E402
 from workers.predict.features import TokenCounter  # noqa: E402
@@ -46,9 +57,13 @@ from workers.predict.length_model import (  # noqa: E402
 MAX_TOKENS = 4096
 
 
+def _tokens(head: LengthHead, design: Design, index: np.ndarray) -> np.ndarray:
+    return np.array([p.tokens for p in head.predict(design.take(index), MAX_TOKENS)],
+                    dtype=np.float64)
+
+
 def _mae(head: LengthHead, design: Design, tokens: np.ndarray, index: np.ndarray) -> float:
-    predicted = np.array([p.tokens for p in head.predict(design.take(index), MAX_TOKENS)])
-    return float(np.abs(predicted - tokens[index]).mean())
+    return float(np.abs(_tokens(head, design, index) - tokens[index]).mean())
 
 
 def _fit(design: Design, tokens: np.ndarray, groups: np.ndarray, index: np.ndarray,
@@ -58,38 +73,81 @@ def _fit(design: Design, tokens: np.ndarray, groups: np.ndarray, index: np.ndarr
     return head
 
 
+def _turn(method: str, model: str, bootstrap: LengthHead, design: Design, tokens: np.ndarray,
+          groups: np.ndarray, history: np.ndarray, boot: np.ndarray, info: dict,
+          args: argparse.Namespace) -> tuple[LengthHead, bool, float, int]:
+    """(candidate, promoted, paired-test confidence, rows judged) of one turn of the loop."""
+    if method == "refit":
+        older, holdout = split_recent(list(history), args.holdout_share)
+        older, holdout = np.array(older), np.array(holdout)
+        candidate = _fit(design, tokens, groups, np.concatenate([older, boot]), info,
+                         TrainConfig())
+        verdict = paired_verdict(
+            np.abs(_tokens(candidate, design, holdout) - tokens[holdout]),
+            np.abs(_tokens(bootstrap, design, holdout) - tokens[holdout]),
+            min_confidence=args.refit_confidence)
+        return candidate, verdict.promote, verdict.confidence, verdict.rows
+    correction = CorrectionConfig() if method == "correction" else CorrectionConfig(
+        penalties=(), scale=False)
+    config = LoopConfig(min_confidence=args.min_confidence, correction=correction)
+    history_design = design.take(history)
+    turn = correction_turn(bootstrap, history_design, tokens[history], MAX_TOKENS,
+                           _tokens(bootstrap, design, history), model=model, config=config)
+    return turn.candidate, turn.verdict.promote, turn.verdict.confidence, turn.verdict.rows
+
+
 def run_model(model: str, design: Design, tokens: np.ndarray, groups: np.ndarray,
-              counts: list[int], num_folds: int, info: dict, config: TrainConfig,
-              holdout_share: float, seed: int, max_folds: int, repeats: list[int]
-              ) -> list[dict]:
+              info: dict, args: argparse.Namespace) -> list[dict]:
     models = np.array(design.models)
     own = np.flatnonzero(models == model)
-    order = own[np.random.default_rng(seed).permutation(len(own))]
+    order = own[np.random.default_rng(args.seed).permutation(len(own))]
     results = []
-    for k in range(min(num_folds, max_folds)):
-        test = order[k::num_folds]
+    for k in range(min(args.folds, args.max_folds)):
+        test = order[k::args.folds]
         arriving = np.array([i for i in order if i not in set(test)])
         test_prompts = set(groups[test])
         boot = np.array([i for i in range(len(tokens)) if models[i] != model
                          and groups[i] not in test_prompts])
-        bootstrap = _fit(design, tokens, groups, boot, info, config)
+        started = time.process_time()
+        bootstrap = _fit(design, tokens, groups, boot, info, TrainConfig())
+        fit_cpu = time.process_time() - started
         before = _mae(bootstrap, design, tokens, test)
-        for n in counts:
+        for n, method in itertools.product(args.counts, args.methods):
             if n > len(arriving):
                 continue
-            older, holdout = split_recent(list(arriving[:n]), holdout_share)
-            older, holdout = np.array(older), np.array(holdout)
-            active_holdout = _mae(bootstrap, design, tokens, holdout)
-            for repeat in repeats:  # the history rows counted `repeat` times in the retrain
-                candidate = _fit(design, tokens, groups,
-                                 np.concatenate([np.repeat(older, repeat), boot]), info, config)
-                results.append({"model": model, "fold": k, "n": n, "repeat": repeat,
-                                "test": len(test), "bootstrap": before,
-                                "candidate": _mae(candidate, design, tokens, test),
-                                "promoted": _mae(candidate, design, tokens, holdout)
-                                < active_holdout})
-                print(results[-1], flush=True)
+            started = time.process_time()
+            candidate, promoted, confidence, judged = _turn(
+                method, model, bootstrap, design, tokens, groups, arriving[:n], boot, info, args)
+            results.append({"model": model, "fold": k, "n": n, "method": method,
+                            "test": len(test), "bootstrap": before,
+                            "candidate": _mae(candidate, design, tokens, test),
+                            "promoted": promoted, "confidence": round(confidence, 3),
+                            "judged": judged, "bootstrap_fit_cpu_s": round(fit_cpu, 1),
+                            "turn_cpu_s": round(time.process_time() - started, 2)})
+            print(results[-1], flush=True)
     return results
+
+
+def _table(results: list[dict], names: list[str], design: Design, args: argparse.Namespace,
+           folds: int) -> None:
+    print(f"\n| held-out serving model | answers | method | after N requests "
+          f"| test answers (folds {folds}) | bootstrap MAE | MAE after the turn | change "
+          "| promoted | promoted but worse / kept but better |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for model, n, method in itertools.product(names, args.counts, args.methods):
+        cell = [r for r in results if r["model"] == model and r["n"] == n
+                and r["method"] == method and r["fold"] < folds]
+        if not cell:
+            continue
+        test = sum(r["test"] for r in cell)
+        boot = sum(r["bootstrap"] * r["test"] for r in cell) / test
+        after = sum((r["candidate"] if r["promoted"] else r["bootstrap"]) * r["test"]
+                    for r in cell) / test
+        wrong_in = sum(r["promoted"] and r["candidate"] > r["bootstrap"] for r in cell)
+        wrong_out = sum(not r["promoted"] and r["candidate"] < r["bootstrap"] for r in cell)
+        print(f"| {model} | {design.models.count(model)} | {method} | {n} | {test} "
+              f"| {boot:.1f} | {after:.1f} | {after / boot - 1:+.1%} "
+              f"| {sum(r['promoted'] for r in cell)}/{len(cell)} | {wrong_in} / {wrong_out} |")
 
 
 def main() -> int:
@@ -100,8 +158,14 @@ def main() -> int:
     parser.add_argument("--models", nargs="*", help="serving models to hold out (default: all "
                         "with at least 100 answers)")
     parser.add_argument("--max-folds", type=int, default=5, help="evaluate only the first folds")
-    parser.add_argument("--repeats", type=int, nargs="+", default=[1],
-                        help="weights of the history rows in the retrain (row repeats)")
+    parser.add_argument("--methods", nargs="+", default=["correction"],
+                        choices=["correction", "intercept", "refit"])
+    parser.add_argument("--min-confidence", type=float, default=LoopConfig().min_confidence,
+                        help="paired-test confidence a correction needs to be promoted")
+    parser.add_argument("--refit-confidence", type=float, default=0.0,
+                        help="the same for method refit (0: the old rule, lower MAE)")
+    parser.add_argument("--table-folds", type=int, nargs="*", default=[],
+                        help="also print the table over only the first K folds")
     parser.add_argument("--holdout-share", type=float, default=0.2)
     parser.add_argument("--cache", type=Path, help="npz file to keep the embeddings in")
     parser.add_argument("--seed", type=int, default=0)
@@ -123,25 +187,9 @@ def main() -> int:
                                   if design.models.count(m) >= 100)
     results = []
     for model in names:
-        results += run_model(model, design, tokens, groups, args.counts, args.folds,
-                             encoder_info(encoder), TrainConfig(), args.holdout_share,
-                             args.seed, args.max_folds, args.repeats)
-    print("\n| held-out serving model | answers | history weight | after N requests "
-          "| test answers (sum of folds) | bootstrap MAE | promoted MAE | change "
-          "| folds promoted |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for model, repeat, n in itertools.product(names, args.repeats, args.counts):
-        cell = [r for r in results
-                if r["model"] == model and r["n"] == n and r["repeat"] == repeat]
-        if not cell:
-            continue
-        test = sum(r["test"] for r in cell)
-        boot = sum(r["bootstrap"] * r["test"] for r in cell) / test
-        after = sum((r["candidate"] if r["promoted"] else r["bootstrap"]) * r["test"]
-                    for r in cell) / test
-        print(f"| {model} | {design.models.count(model)} | {repeat} | {n} | {test} "
-              f"| {boot:.1f} | {after:.1f} | {after / boot - 1:+.1%} "
-              f"| {sum(r['promoted'] for r in cell)}/{len(cell)} |")
+        results += run_model(model, design, tokens, groups, encoder_info(encoder), args)
+    for folds in [*args.table_folds, min(args.folds, args.max_folds)]:
+        _table(results, names, design, args, folds)
     return 0
 
 

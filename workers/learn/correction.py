@@ -36,7 +36,7 @@ __all__ = ["CorrectionConfig", "fit_correction", "forward_chained", "time_blocks
 @dataclass(frozen=True, slots=True)
 class CorrectionConfig:
     #: Ridge penalties tried for the prompt weights `w` (on inputs of squared norm about 170).
-    penalties: tuple[float, ...] = (30.0, 100.0, 300.0, 1000.0, 3000.0)
+    penalties: tuple[float, ...] = (100.0, 300.0, 1000.0, 3000.0, 10000.0)
     #: Whether the scale term `b` may be used (the intercept always is).
     scale: bool = True
     #: Pseudo-rows of the intercept's prior at 0: a = median residual * n / (n + prior_rows).
@@ -133,13 +133,22 @@ def _select(kernel: np.ndarray, z: np.ndarray, r: np.ndarray, tokens: np.ndarray
     blocks = time_blocks(len(rows), config)
     if not blocks:
         return families[0]
-    errors = dict.fromkeys(families, 0.0)
+    errors: dict[_Family, list[np.ndarray]] = {f: [] for f in families}
     for k in range(1, len(blocks)):
         train, score = rows[np.concatenate(blocks[:k])], rows[blocks[k]]
         for family, fit in _fit(kernel, z, r, train, families, config).items():
-            errors[family] += float(_token_errors(z[score] + _predict(fit, kernel, z, score),
-                                                  tokens[score], caps[score]).sum())
-    return min(families, key=lambda f: errors[f])  # min keeps the first (simplest) of ties
+            errors[family].append(_token_errors(z[score] + _predict(fit, kernel, z, score),
+                                                tokens[score], caps[score]))
+    per_row = {f: np.concatenate(e) for f, e in errors.items()}
+    best = min(families, key=lambda f: per_row[f].mean())
+    # One-standard-error rule: the simplest family whose error is within one standard error
+    # (of its paired difference with the best) of the best one: a more complex correction
+    # must predict the next requests clearly better to be used, not by selection noise.
+    for family in families:  # simplest first
+        diff = per_row[family] - per_row[best]
+        if diff.mean() <= diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else True:
+            return family
+    return best
 
 
 def _prepare(inputs: np.ndarray, z: np.ndarray, tokens: np.ndarray
