@@ -34,7 +34,7 @@ from live_bench.point import POLICIES, PointSpec, run_point  # noqa: E402
 from live_bench.report import fmt, plot, print_report  # noqa: E402
 from live_bench.stats import rates_around_simulated, search_capacity  # noqa: E402
 
-WORKLOADS = ("conversations", "sharegpt-azure")
+WORKLOADS = ("conversations", "sharegpt-azure", "mooncake")
 DEFAULT_RATES = (30.0, 40.0, 50.0, 60.0, 70.0)
 SMOKE = {"instances": 4, "requests": 100, "policies": ["round_robin", "block"], "rates": [12.0],
          "bisect": 0, "workloads": ["conversations"], "time_scale": 4.0}
@@ -44,8 +44,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true",
                         help="4 instances, 100 requests, round_robin and block, one rate")
-    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
-    parser.add_argument("--policies", nargs="+", choices=list(POLICIES), default=list(POLICIES))
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS[:2]),
+                        help="mooncake (issue 15: shared prefixes, the engines' prefix cache) "
+                             "is run only when named")
+    parser.add_argument("--policies", nargs="+", choices=list(POLICIES),
+                        default=[p for p in POLICIES if p != "prefix_affinity"],
+                        help="default: all but prefix_affinity (issue 15's baseline)")
     parser.add_argument("--rates", type=float, nargs="+", default=list(DEFAULT_RATES),
                         help="emulated requests/s, tried in order until the SLO fails")
     parser.add_argument("--around-sim", type=Path, metavar="JSON",
@@ -117,7 +121,8 @@ def _load_workload(name: str, args: argparse.Namespace) -> workloads.LiveWorkloa
         errors = load_length_errors()
     except FileNotFoundError:  # the fixture (scripts/make_length_error_fixture.py) not made yet
         errors = None
-    return workloads.sharegpt_azure(
+    build = workloads.mooncake if name == "mooncake" else workloads.sharegpt_azure
+    return build(
         args.data, num_requests=args.requests, max_model_len=args.max_model_len, seed=args.seed,
         decode=codec.decode, vocab_size=codec.vocab_size,
         learned=None if errors is None else (lambda true: errors.draw(true, args.seed)))

@@ -49,6 +49,7 @@ POLICIES: dict[str, tuple[str, str]] = {
     "round_robin": ("round_robin", "none"),
     "least_requests": ("least_requests", "none"),
     "llumnix": ("llumnix", "none"),
+    "prefix_affinity": ("prefix_affinity", "none"),
     "block": ("block", "learned"),
     "block@learned-table": ("block", "learned-table"),
     "block@oracle": ("block", "oracle"),

@@ -12,6 +12,11 @@ Two workloads (docs/benchmarks_live.md):
   Prompts are sent as token ids (random ids, the trace's count): the engine sees exactly the
   trace's prompt length; the table key is their text as the API decodes it. `block` gets the
   learned-errors noise model's lengths (workers/cluster_sim/predictors.py) through the table.
+- "mooncake" (issue 15): the Mooncake conversation trace's lengths, arrival pattern and shared
+  prefixes (requests whose prompt fits max_model_len). Prompts are token ids: each full 512-token
+  block the trace hashes (``hash_ids``) is a sequence drawn from its hash alone, so requests that
+  share leading hashes share those prompt tokens (and the engines' prefix cache serves them), and
+  the rest of the prompt is the request's own. Lengths for block as for "sharegpt-azure".
 
 Every request asks for the whole room (max_tokens = max_model_len - prompt tokens): the true
 length comes from the emulated engine's answer table (Settings.emulated_output_lengths
@@ -29,15 +34,19 @@ from pathlib import Path
 
 from workers.cluster_sim.workload import (
     AZURE_CONV,
+    MOONCAKE_BLOCK_TOKENS,
+    MOONCAKE_CONV,
     SHAREGPT,
     load_azure_trace,
     load_length_trace,
+    load_mooncake_trace,
     load_replay_prompts,
     poisson_unit_arrivals,
     replay_sequence,
 )
 
-__all__ = ["LiveRequest", "LiveWorkload", "conversations", "sharegpt_azure", "write_jsonl"]
+__all__ = ["LiveRequest", "LiveWorkload", "conversations", "mooncake", "mooncake_token_ids",
+           "sharegpt_azure", "write_jsonl"]
 
 #: Token ids below this are left out of generated prompts (the tokenizer's special tokens).
 _FIRST_PLAIN_ID = 16
@@ -173,4 +182,56 @@ def sharegpt_azure(data_dir: Path, *, num_requests: int, max_model_len: int, see
     if learned is None:
         notes.append("no learned-errors noise model available: block (learned) not run")
     return LiveWorkload("sharegpt-azure", requests, list(arrivals[:n]), "tiny-llama", None,
+                        learned_live=False, notes=notes)
+
+
+def mooncake_token_ids(hash_ids: tuple[int, ...], num_prompt_tokens: int, own: str,
+                       vocab_size: int) -> list[int]:
+    """Prompt token ids sharing a prefix where the Mooncake hashes do: each full 512-token
+    block a hash covers is drawn from that hash alone (the engines chain units, so an equal
+    block after a different prefix still differs), the rest from `own` (the request's alone:
+    at least one token, so that no two prompts are equal)."""
+    num_blocks = min(len(hash_ids), (num_prompt_tokens - 1) // MOONCAKE_BLOCK_TOKENS)
+    ids: list[int] = []
+    for block_hash in hash_ids[:num_blocks]:
+        rng = random.Random(f"mooncake-block:{block_hash}")
+        ids += [rng.randrange(_FIRST_PLAIN_ID, vocab_size) for _ in range(MOONCAKE_BLOCK_TOKENS)]
+    rng = random.Random(f"mooncake-own:{own}")
+    ids += [rng.randrange(_FIRST_PLAIN_ID, vocab_size) for _ in range(num_prompt_tokens - len(ids))]
+    return ids
+
+
+def mooncake(data_dir: Path, *, num_requests: int, max_model_len: int, seed: int,
+             decode: Callable[[list[int]], str], vocab_size: int,
+             learned: Callable[[list[int]], list[int]] | None = None) -> LiveWorkload:
+    """The Mooncake conversation trace's first `num_requests` requests that fit
+    `max_model_len`, in trace order with its arrival pattern; prompts as token ids sharing the
+    trace's prefixes (`mooncake_token_ids`)."""
+    trace = load_mooncake_trace(data_dir / MOONCAKE_CONV, max_model_len=max_model_len,
+                                num_requests=num_requests)
+    n = len(trace)
+    outputs = list(trace.num_output_tokens)
+    predicted = learned(outputs) if learned is not None else [None] * n
+    requests, seen, shared = [], set(), 0
+    for i in range(n):
+        prompt_tokens = trace.num_prompt_tokens[i]
+        ids = mooncake_token_ids(trace.prefix_hashes_of(i), prompt_tokens, f"{seed}:{i}",
+                                 vocab_size)
+        key = decode(ids).replace("\x00", "\ufffd")  # as app.commands stores it
+        if key in seen:
+            raise ValueError(f"mooncake request {i}: two prompts decode to the same text")
+        seen.add(key)
+        shared += min(len(trace.prefix_hashes_of(i)), (prompt_tokens - 1) // MOONCAKE_BLOCK_TOKENS)
+        room = max_model_len - prompt_tokens
+        requests.append(LiveRequest(ids, key, prompt_tokens, min(outputs[i], room),
+                                    predicted[i], room))
+    total = sum(r.prompt_tokens for r in requests)
+    notes = [f"{n} requests of the Mooncake conversation trace ({MOONCAKE_CONV.name}) that fit "
+             f"max_model_len {max_model_len}, its arrival pattern; prompts as token ids, "
+             f"{shared * MOONCAKE_BLOCK_TOKENS / total:.0%} of prompt tokens in hashed "
+             f"{MOONCAKE_BLOCK_TOKENS}-token blocks"
+             + ("; block's lengths: learned-errors draws" if learned is not None else "")]
+    if learned is None:
+        notes.append("no learned-errors noise model available: block (learned) not run")
+    return LiveWorkload("mooncake", requests, list(trace.unit_arrival_s), "tiny-llama", None,
                         learned_live=False, notes=notes)
