@@ -193,7 +193,7 @@ def retrain_length_model(db: Database, active: LengthPredictor, *, model_name: s
     design = design_matrix([r["prompt"] for r in rows], [model_name] * len(rows),
                            encoder=active.encoder, counter=active.counter)
     tokens = np.array([r["output_tokens"] for r in rows], dtype=np.float64)
-    caps = np.array([r["max_tokens"] or 1 for r in rows], dtype=np.int64)
+    caps = np.array([max(int(r["max_tokens"]), 1) for r in rows], dtype=np.int64)
     if isinstance(active, LengthPredictor):
         active_tokens = np.array([p.tokens for p in active.head.predict(design, caps)])
     else:  # any object with predict_batch (and a head to correct), e.g. a test stand-in
