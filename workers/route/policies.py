@@ -416,7 +416,10 @@ def credit_prefix(request: SimRequest, snapshot: InstanceSnapshot,
     return _with_match(request, _cached_after(snapshot, assigned), snapshot.config)
 
 
-def _cached_after(snapshot: InstanceSnapshot, assigned: Sequence[SimRequest]) -> set[int]:
+def _cached_after(snapshot: InstanceSnapshot,
+                  assigned: Sequence[SimRequest]) -> set[int] | frozenset[int]:
+    if not any(r.prefix_hashes for r in assigned):
+        return snapshot.cached_prefixes  # NOTE: no copy (a live state publishes 2,048 keys)
     cached = set(snapshot.cached_prefixes)
     for r in assigned:
         cached.update(prefix_keys(r, snapshot.config))
@@ -503,7 +506,7 @@ class _Published:
     prepared: PreparedInstance | None = None
     view: InstanceView | None = None
     # Prefix units the instance's cache will hold: published, plus the routed requests'.
-    cached: set[int] | None = None
+    cached: set[int] | frozenset[int] | None = None
 
 
 class FleetLedger:
