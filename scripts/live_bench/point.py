@@ -131,6 +131,11 @@ def _settings(spec: PointSpec, data_dir: Path) -> Settings:
         emulated_time_scale=spec.time_scale, emulated_output_lengths="answers",
         emulated_answers_path=answers, engine_concurrency=256,
         routing_policy=routing, length_predictor=predictor,
+        # NOTE: prefix caching only where the workload shares prefixes by design (Mooncake's
+        # hash ids): the conversations replay repeats 167 held-out prompts, which would turn
+        # into cache hits that production traffic does not have and the discrete-event
+        # comparison does not model.
+        engine_prefix_caching=spec.workload.name == "mooncake",
         # No retraining, refitting or model swaps mid-run: the router simulates the configured
         # exec model (the engines' ground truth) and the predictor keeps its model.
         learn_retrain_interval_s=0, learn_refit_interval_s=0,
