@@ -84,9 +84,11 @@ class Fleet:
         *,
         num_prompt_tokens: int,
         predicted_output_tokens: int | None,
+        priority_class: int = 0,
     ) -> None:
         """Record a routing decision so the next decision sees it before the engine shows it."""
-        entry = Assignment(request_id, num_prompt_tokens, predicted_output_tokens, time.time())
+        entry = Assignment(request_id, num_prompt_tokens, predicted_output_tokens, time.time(),
+                           priority_class)
         payload = json.dumps(entry.to_json())
         if self.recent_window_s <= 0:
             self.redis.hset(self._key("instance", instance_id, "assigned"), request_id, payload)

@@ -40,7 +40,8 @@ def annotate(request_id: str) -> None:
             view=RequestView(request_id=request_id, num_prompt_tokens=started.num_prompt_tokens,
                              predicted_output_tokens=answer.tokens, max_tokens=query.max_tokens,
                              prompt_token_ids=route_stage.prompt_token_ids(
-                                 rt, started.prompt, started.prompt_token_ids)),
+                                 rt, started.prompt, started.prompt_token_ids),
+                             priority_class=query.priority),
             priority=query.priority, status=RequestStatus.PREDICTING, instance_id=None,
             attempt=started.attempt, targets=started.targets, session_key=started.session_key)
         if route_tasks.route_request(rt, request, timing, predicted_at,

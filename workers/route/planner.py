@@ -22,7 +22,7 @@ from workers.route.policies import (
     prepare_published,
     probed,
 )
-from workers.sim import ExecModel, SimRequest, predict_what_if_prepared, request_priority
+from workers.sim import ExecModel, SimRequest, engine_priority, predict_what_if_prepared
 from workers.sim.fleet_state import InstanceStatus
 from workers.sim.snapshot import prefix_unit_hashes
 
@@ -84,8 +84,9 @@ def plan_route(
                 status.instance_id]
             prepared = prepare_published(snapshot, assigned)
             if snapshot.config.is_priority:
-                target = dataclasses.replace(target, priority=request_priority(
-                    now, request.predicted_output_tokens, snapshot.config.priority_ms_per_token))
+                target = dataclasses.replace(target, priority=engine_priority(
+                    request.priority_class, now, request.predicted_output_tokens,
+                    snapshot.config.priority_ms_per_token))
             what_if = predict_what_if_prepared(prepared, target, model, status.future_load)
             what_ifs[status.instance_id] = (what_if.ttft_s, what_if.e2e_s)
         views.append(instance_view(status.instance_id, snapshot, assigned, what_if,

@@ -76,6 +76,9 @@ class RequestView:
     # The prompt's token ids, when instances run with prefix caching: the planner hashes them
     # (`workers.sim.snapshot.prefix_unit_hashes`) to find each instance's cached prefix.
     prompt_token_ids: tuple[int, ...] | None = None
+    # Its class (`Priority.rank`: 0 interactive, 1 batch): an engine with batch work in flight
+    # schedules every interactive request first (`workers.sim.snapshot.engine_priority`).
+    priority_class: int = 0
 
     @property
     def has_target(self) -> bool:

@@ -104,6 +104,7 @@ def load(db: Database, request_id: str) -> RouteInput | None:
                 max_tokens=request.max_tokens,
                 prompt_token_ids=prompt_token_ids(runtime.get(), request.prompt,
                                                   request.prompt_token_ids),
+                priority_class=Priority(request.priority).rank,
             ),
             priority=Priority(request.priority).rank,
             status=RequestStatus(request.status),

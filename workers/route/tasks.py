@@ -162,6 +162,7 @@ def _decide(rt: runtime.Runtime, request: stage.RouteInput
                 request.view.request_id,
                 num_prompt_tokens=request.view.num_prompt_tokens,
                 predicted_output_tokens=request.view.predicted_output_tokens,
+                priority_class=request.view.priority_class,
             )
     return plan, miss, affinity, fallback, decision_ms
 

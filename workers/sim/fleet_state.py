@@ -14,7 +14,7 @@ from typing import Any
 
 from .engine_state import EngineState
 from .future_load import NO_FUTURE_LOAD, FutureLoad, estimate_future_load
-from .snapshot import InstanceConfig, SimRequest, request_priority
+from .snapshot import InstanceConfig, SimRequest, engine_priority
 
 __all__ = ["Assignment", "InstanceStatus", "future_load_of"]
 
@@ -27,10 +27,12 @@ class Assignment:
     num_prompt_tokens: int
     predicted_output_tokens: int | None
     at: float  # time.time() of the routing decision
+    priority_class: int = 0  # Priority.rank: 0 interactive, 1 batch
 
     def to_json(self) -> dict[str, Any]:
         return {"request_id": self.request_id, "num_prompt_tokens": self.num_prompt_tokens,
-                "predicted_output_tokens": self.predicted_output_tokens, "at": self.at}
+                "predicted_output_tokens": self.predicted_output_tokens, "at": self.at,
+                "priority_class": self.priority_class}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Assignment:
@@ -38,16 +40,19 @@ class Assignment:
         return cls(request_id=str(data["request_id"]),
                    num_prompt_tokens=int(data["num_prompt_tokens"]),
                    predicted_output_tokens=None if predicted is None else int(predicted),
-                   at=float(data["at"]))
+                   at=float(data["at"]),
+                   # NOTE: entries written before the class was kept are interactive.
+                   priority_class=int(data.get("priority_class", 0)))
 
     def to_sim_request(self, config: InstanceConfig | None = None) -> SimRequest:
         """The request as the simulator takes it: waiting, nothing computed yet; on an
         instance scheduling by priority (`config`), with the priority its engine will give
-        it (from the routing moment, a little before the engine takes it)."""
+        it (its class, then the routing moment, a little before the engine takes it)."""
         priority = 0
         if config is not None and config.is_priority:
-            priority = request_priority(self.at, self.predicted_output_tokens,
-                                        config.priority_ms_per_token)
+            priority = engine_priority(self.priority_class, self.at,
+                                       self.predicted_output_tokens,
+                                       config.priority_ms_per_token)
         return SimRequest(request_id=self.request_id, num_prompt_tokens=self.num_prompt_tokens,
                           num_computed_tokens=0, num_output_tokens=0,
                           predicted_output_tokens=self.predicted_output_tokens,

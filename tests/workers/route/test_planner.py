@@ -131,3 +131,27 @@ def test_a_request_routed_again_by_a_redelivered_task_does_not_count_its_own_ass
                            _status("gpu.1", engine_state())])
     alone = _plan("block", [_status("gpu.0", engine_state()), _status("gpu.1", engine_state())])
     assert plan.what_ifs == alone.what_ifs
+
+
+def test_a_batch_request_is_simulated_behind_the_interactive_work_its_engine_puts_first() -> None:
+    """An engine with batch work in flight schedules every interactive request before any batch
+    one: the what-if of a batch request (and of a batch line routed but not admitted) must
+    queue it behind them, not price it as interactive."""
+    now = 1_700_000_000.0
+    waiting = [dataclasses.replace(waiting_request(f"r{i}", 1500, 400),
+                                   priority=request_priority(now - 0.1, 400)) for i in range(20)]
+    state = dataclasses.replace(engine_state(*waiting, num_waiting=20, max_num_seqs=4),
+                                scheduling_policy="priority")
+    ctx = RoutingContext(ticket=0, rng=random.Random(0))
+    e2e = {}
+    for name, rank in (("interactive", 0), ("batch", 1)):
+        request = dataclasses.replace(_request(0), priority_class=rank)
+        plan = plan_route("block", request, [_status("gpu.0", state)], ctx, MODEL, now=now)
+        e2e[name] = plan.what_ifs["gpu.0"][1]
+    assert e2e["batch"] > 2 * e2e["interactive"]
+
+    line = Assignment("line", 1500, 400, at=now, priority_class=1)
+    assert line.to_sim_request(state.instance_config()).priority > max(r.priority for r in waiting)
+    assert Assignment.from_json(line.to_json()) == line
+    legacy = {k: v for k, v in line.to_json().items() if k != "priority_class"}
+    assert Assignment.from_json(legacy).priority_class == 0
