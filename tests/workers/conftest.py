@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from sqlalchemy import update
@@ -15,6 +15,7 @@ from sqlalchemy import update
 from app.models import InferenceRequest, RequestStatus
 from app.settings import Settings
 from tests.workers.request_rows import new_request
+from workers import runtime
 from workers.predict.features import TokenCounter
 from workers.runtime import Runtime
 from workers.sim import ExecModel, InstanceConfig
@@ -107,3 +108,20 @@ def request_status(rt: Runtime) -> Callable[[str], str]:
             return request.status
 
     return status_of
+
+
+@pytest.fixture
+def configure_worker(fresh_services: Settings) -> Iterator[Callable[..., Runtime]]:
+    """Makes a task's process runtime (what the tasks' `runtime.get()` returns) from the test
+    settings with overrides; after the test, disposes them and restores the test settings."""
+    made: list[Runtime] = []
+
+    def make(**overrides: Any) -> Runtime:
+        rt = runtime.configure(fresh_services.model_copy(update=overrides))
+        made.append(rt)
+        return rt
+
+    yield make
+    for rt in made:
+        rt.db.engine.dispose()
+    runtime.configure(fresh_services)

@@ -5,16 +5,14 @@ prefix_affinity send it there; without prefix caching the same fleet sends it el
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from app.models import InferenceRequest
-from app.settings import Settings
 from tests.engine_states import engine_state
 from tests.workers.request_rows import new_request
-from workers import runtime
 from workers.predict import tasks as predict_tasks
 from workers.route import tasks as route_tasks
 from workers.runtime import Runtime
@@ -28,21 +26,13 @@ SYSTEM = "You are a careful assistant for the blockq project. " * 40
 
 
 @pytest.fixture
-def worker(fresh_services: Settings) -> Iterator[Callable[..., Runtime]]:
-    made: list[Runtime] = []
-
+def worker(configure_worker: Callable[..., Runtime]) -> Callable[..., Runtime]:
     def make(**overrides: Any) -> Runtime:
-        settings = fresh_services.model_copy(update={
-            "length_predictor": "baseline", "engine_kind": "emulated",
-            "heartbeat_ttl_s": 600.0, **overrides})  # published states stay alive
-        rt = runtime.configure(settings)
-        made.append(rt)
-        return rt
+        return configure_worker(**{"length_predictor": "baseline", "engine_kind": "emulated",
+                                   "heartbeat_ttl_s": 600.0,  # published states stay alive
+                                   **overrides})
 
-    yield make
-    for rt in made:
-        rt.db.engine.dispose()
-    runtime.configure(fresh_services)
+    return make
 
 
 def _running(request_id: str, prompt: int = 200, output: int = 20) -> RequestState:

@@ -17,7 +17,6 @@ from app.queues import request_ids_in_broker
 from app.settings import Settings
 from tests.engine_states import engine_state
 from tests.workers.request_rows import new_request
-from workers import runtime
 from workers.predict import stage as predict_stage
 from workers.predict import tasks as predict_tasks
 from workers.runtime import Runtime
@@ -26,21 +25,14 @@ QUEUES = ["gpu.0", "gpu.1", "route"]
 
 
 @pytest.fixture
-def worker(fresh_services: Settings) -> Iterator[Callable[..., Runtime]]:
+def worker(configure_worker: Callable[..., Runtime]) -> Callable[..., Runtime]:
     """The predict worker's runtime (baseline lengths, round robin), settings overridable."""
-    made: list[Runtime] = []
 
     def make(**overrides: Any) -> Runtime:
-        settings = fresh_services.model_copy(update={
-            "length_predictor": "baseline", "routing_policy": "round_robin", **overrides})
-        rt = runtime.configure(settings)  # what the tasks' runtime.get() returns
-        made.append(rt)
-        return rt
+        return configure_worker(**{"length_predictor": "baseline",
+                                   "routing_policy": "round_robin", **overrides})
 
-    yield make
-    for rt in made:
-        rt.db.engine.dispose()
-    runtime.configure(fresh_services)
+    return make
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ the outcome."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,10 +15,8 @@ from sqlalchemy import update
 
 from app.models import InferenceRequest
 from app.sessions import session_key
-from app.settings import Settings
 from tests.engine_states import engine_state, waiting_request
 from tests.workers.request_rows import new_request
-from workers import runtime
 from workers.predict import tasks as predict_tasks
 from workers.route import stage
 from workers.route import tasks as route_tasks
@@ -29,24 +27,18 @@ BUSY = engine_state(*(waiting_request(f"r{i}", 1500, 400) for i in range(40)), n
 
 
 @pytest.fixture
-def worker(fresh_services: Settings) -> Iterator[Callable[..., Runtime]]:
+def worker(configure_worker: Callable[..., Runtime]) -> Callable[..., Runtime]:
     """The route worker's runtime (block), with two idle instances published."""
-    made: list[Runtime] = []
 
     def make(**overrides: Any) -> Runtime:
         # NOTE: a long heartbeat: the instances published once stay alive on a loaded machine.
-        settings = fresh_services.model_copy(update={
-            "routing_policy": "block", "heartbeat_ttl_s": 120.0, **overrides})
-        rt = runtime.configure(settings)
+        rt = configure_worker(**{"routing_policy": "block", "heartbeat_ttl_s": 120.0,
+                                 **overrides})
         rt.fleet.publish("gpu.0", engine_state())
         rt.fleet.publish("gpu.1", engine_state())
-        made.append(rt)
         return rt
 
-    yield make
-    for rt in made:
-        rt.db.engine.dispose()
-    runtime.configure(fresh_services)
+    return make
 
 
 def _predicted(rt: Runtime, session: str | None = SESSION) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,11 +17,9 @@ from sqlalchemy import select, update
 
 from app.models import InferenceRequest, OutboxEntry, RequestEvent, RequestStatus
 from app.queues import queue_keys, request_ids_in_broker
-from app.settings import Settings
 from app.streams import read_stream
 from tests.engine_states import engine_state, waiting_request
 from tests.workers.request_rows import new_request
-from workers import runtime
 from workers.predict import tasks as predict_tasks
 from workers.route import tasks as route_tasks
 from workers.runtime import Runtime
@@ -32,23 +30,17 @@ BUSY = engine_state(*(waiting_request(f"r{i}", 1500, 400) for i in range(40)), n
 
 
 @pytest.fixture
-def worker(fresh_services: Settings) -> Iterator[Callable[..., Runtime]]:
+def worker(configure_worker: Callable[..., Runtime]) -> Callable[..., Runtime]:
     """The predict worker's runtime (baseline lengths, block), with gpu.0 busy, gpu.1 idle."""
-    made: list[Runtime] = []
 
     def make(**overrides: Any) -> Runtime:
-        settings = fresh_services.model_copy(update={
-            "length_predictor": "baseline", "routing_policy": "block", **overrides})
-        rt = runtime.configure(settings)
+        rt = configure_worker(**{"length_predictor": "baseline", "routing_policy": "block",
+                                 **overrides})
         rt.fleet.publish("gpu.0", BUSY)
         rt.fleet.publish("gpu.1", engine_state())
-        made.append(rt)
         return rt
 
-    yield make
-    for rt in made:
-        rt.db.engine.dispose()
-    runtime.configure(fresh_services)
+    return make
 
 
 def _queued(rt: Runtime, *, action: str = "route", **targets: float) -> str:
