@@ -12,8 +12,8 @@ from app.prompts import PromptCodec
 from app.sampling import check_token_ids, sampling_column
 from app.schemas import CreateRequest, parse_body
 from app.services import Services
-from app.settings import Settings
 from app.sessions import session_key
+from app.settings import Settings
 from app.slo import SloMissAction
 from app.streams import close_stream
 from app.webhook_targets import check_submitted_url

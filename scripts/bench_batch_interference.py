@@ -50,8 +50,13 @@ from app.models import InferenceRequest  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from workers.batch.headroom import slot_bound  # noqa: E402
 from workers.serve.output_lengths import sharegpt_output_tokens  # noqa: E402
-from workers.sim import InstanceConfig, Scheduler, SeqState, bundled_model  # noqa: E402
-from workers.sim import engine_priority  # noqa: E402
+from workers.sim import (  # noqa: E402
+    InstanceConfig,
+    Scheduler,
+    SeqState,
+    bundled_model,
+    engine_priority,  # noqa: E402
+)
 
 console = Console(width=160)
 

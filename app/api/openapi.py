@@ -143,7 +143,8 @@ OPERATIONS: dict[str, Operation] = {
                                    errors=(404,)),
     "openai.completions": Operation(
         "Create a completion", "OpenAI-compatible", c.CompletionObject, body=CompletionBody,
-        stream=c.CompletionChunk, errors=(400, 404, 413, 422, 504), params=(*SLO_PARAMS, SESSION_PARAM),
+        stream=c.CompletionChunk, errors=(400, 404, 413, 422, 504),
+        params=(*SLO_PARAMS, SESSION_PARAM),
         description="Waits for the answer; with `stream: true`, server-sent events as the text "
                     "is generated, ended by `data: [DONE]`."),
     "openai.chat_completions": Operation(

@@ -100,7 +100,7 @@ class PairedVerdict:
     rows: int
     candidate_mae: float
     active_mae: float
-    confidence: float   # share of bootstrap resamples of the rows where the candidate's MAE is lower
+    confidence: float  # share of bootstrap resamples of the rows where its MAE is lower
     promote: bool
 
 

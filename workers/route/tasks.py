@@ -168,7 +168,8 @@ def _decide(rt: runtime.Runtime, request: stage.RouteInput
 
 
 def _refuse(rt: runtime.Runtime, request_id: str, plan: Plan, routing: dict[str, Any],
-            miss: targets.Miss, allowed_from: Collection[RequestStatus], columns: dict[str, Any]) -> None:
+            miss: targets.Miss, allowed_from: Collection[RequestStatus],
+            columns: dict[str, Any]) -> None:
     """End the request rejected (its latency targets are out of reach and its team refuses
     such requests), then wake whoever waits for its end (a held OpenAI call answers 429)."""
     with rt.outbox.transaction() as tx:

@@ -26,10 +26,10 @@ either. The snapshot says "priority" whenever that order is not plain FCFS (a ba
 flight, or the "priority" setting), so that what-ifs model the same order.
 
 NOTE: sampling parameters and stop strings are accepted and ignored: the text is synthetic anyway.
-What shapes the length is honoured: max_tokens, `ignore_eos` (it runs to max_tokens) and `min_tokens`
-(no emulated EOS before it). Logprobs, when asked for, are synthetic too: each token's is a
-deterministic value in [-5, 0] with made-up alternatives, so that clients reading logprobs work
-against an emulated fleet; they mean nothing.
+What shapes the length is honoured: max_tokens, `ignore_eos` (it runs to max_tokens) and
+`min_tokens` (no emulated EOS before it). Logprobs, when asked for, are synthetic too: each
+token's is a deterministic value in [-5, 0] with made-up alternatives, so that clients reading
+logprobs work against an emulated fleet; they mean nothing.
 """
 
 from __future__ import annotations

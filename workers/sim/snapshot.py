@@ -6,8 +6,8 @@ Engines publish `workers.sim.engine_state.EngineState`; its `to_instance_snapsho
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from .block_pool import chain_prefix_hashes

@@ -30,8 +30,8 @@ def test_a_model_that_cannot_load_is_answered_by_the_baseline(broken_model_rt: R
     assert learned._failed_at is not None  # noqa: SLF001 - the retry clock started
 
 
-def test_the_model_is_tried_again_after_the_retry_interval(broken_model_rt: Runtime,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_model_is_tried_again_after_the_retry_interval(
+        broken_model_rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     learned = LearnedLengths(broken_model_rt)
     learned.predict(LengthQuery("first", max_tokens=16))
     calls: list[int] = []
