@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.workers.serve.recording import RecordingListener
+from workers.serve.emulated_engine import EmulatedEngine, EmulatedEngineConfig
+from workers.serve.output_lengths import MaxTokensLengths
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -72,3 +75,26 @@ def vllm_engine(tiny_model_dir: Path, engine_listener: RecordingListener):
     engine.start()
     yield engine
     engine.stop()
+
+
+#: Emulated engines in the tests run 100 times faster than real time.
+EMULATED_FAST = 0.01
+
+
+@pytest.fixture
+def make_emulated_engine(recorder: RecordingListener) -> Iterator[Callable[..., EmulatedEngine]]:
+    """Starts emulated engines (fast, no step noise, max_tokens lengths; config overridable),
+    stopped after the test."""
+    engines: list[EmulatedEngine] = []
+
+    def make(**overrides: object) -> EmulatedEngine:
+        config = EmulatedEngineConfig(**{"time_scale": EMULATED_FAST, "noise": 0.0,
+                                         "output_lengths": MaxTokensLengths(), **overrides})
+        engine = EmulatedEngine(config, recorder)
+        engine.start()
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.stop()

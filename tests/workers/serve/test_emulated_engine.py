@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from concurrent.futures import wait
 
 import pytest
 
-from tests.workers.serve.recording import RecordingListener
 from workers.serve.emulated_engine import EmulatedEngine, EmulatedEngineConfig
 from workers.serve.engine import GenerationRequest, RequestRejected
 from workers.serve.output_lengths import AnswerLengths, MaxTokensLengths, ShareGptLengths
@@ -18,24 +17,12 @@ from workers.sim import InstanceConfig, InstanceSnapshot, SimRequest, predict_wh
 
 RESULT_TIMEOUT_S = 30
 #: 100x faster than real time: a 20 ms decode step takes 0.2 ms.
-FAST = 0.01
 
 
 @pytest.fixture
-def make_engine(recorder: RecordingListener) -> Iterator:
-    engines: list[EmulatedEngine] = []
-
-    def make(**overrides: object) -> EmulatedEngine:
-        config = EmulatedEngineConfig(**{"time_scale": FAST, "noise": 0.0,
-                                         "output_lengths": MaxTokensLengths(), **overrides})
-        engine = EmulatedEngine(config, recorder)
-        engine.start()
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        engine.stop()
+def make_engine(
+        make_emulated_engine: Callable[..., EmulatedEngine]) -> Callable[..., EmulatedEngine]:
+    return make_emulated_engine
 
 
 def _request(request_id: str, max_tokens: int = 16, prompt_tokens: int = 50,

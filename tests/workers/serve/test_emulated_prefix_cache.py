@@ -5,40 +5,29 @@ hash a new request's prompt."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 
 from tests.workers.serve.recording import RecordingListener
-from workers.serve.emulated_engine import EmulatedEngine, EmulatedEngineConfig
+from workers.serve.emulated_engine import EmulatedEngine
 from workers.serve.engine import GenerationRequest
-from workers.serve.output_lengths import MaxTokensLengths
 from workers.serve.prefixes import PrefixMemory
 from workers.sim.block_pool import chain_prefix_hashes
 from workers.sim.engine_state import EngineState
 from workers.sim.snapshot import live_prefix_unit_tokens, prefix_unit_hashes
 
 RESULT_TIMEOUT_S = 30
-FAST = 0.01
 UNIT = live_prefix_unit_tokens(16)  # 64 tokens
 
 
 @pytest.fixture
-def make_engine(recorder: RecordingListener) -> Iterator:
-    engines: list[EmulatedEngine] = []
-
+def make_engine(
+        make_emulated_engine: Callable[..., EmulatedEngine]) -> Callable[..., EmulatedEngine]:
     def make(**overrides: object) -> EmulatedEngine:
-        config = EmulatedEngineConfig(**{"time_scale": FAST, "noise": 0.0,
-                                         "output_lengths": MaxTokensLengths(),
-                                         "enable_prefix_caching": True, **overrides})
-        engine = EmulatedEngine(config, recorder)
-        engine.start()
-        engines.append(engine)
-        return engine
+        return make_emulated_engine(**{"enable_prefix_caching": True, **overrides})
 
-    yield make
-    for engine in engines:
-        engine.stop()
+    return make
 
 
 def _ids(start: int, count: int) -> tuple[int, ...]:
