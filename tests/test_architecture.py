@@ -86,3 +86,17 @@ def test_worker_processes_load_no_flask() -> None:
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_worker_processes_load_no_torch_until_they_embed() -> None:
+    """Every Celery worker imports every task module; none of them may import torch or
+    transformers (about 8 s of CPU and 400 MB each): only a process that builds an encoder or an
+    engine loads them, when it does."""
+    code = ("import sys, importlib, workers.celery as c\n"
+            "for name in c.TASK_MODULES: importlib.import_module(name)\n"
+            "import workers.predict.encoder, workers.predict.length_model\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'vllm') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

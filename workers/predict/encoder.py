@@ -8,6 +8,11 @@ NOTE: speed on one CPU core comes from three choices, measured in docs/benchmark
 bfloat16 weights where the CPU has native bf16 (AVX512-BF16/AMX: about 5x the fp32 matmul
 rate), prompts truncated to `max_seq_len` tokens (head and tail kept: instructions often
 close a long pasted text), and passes of a few length-sorted prompts so padding stays small.
+
+NOTE: torch and transformers are imported where an encoder is built or run, not with this module:
+every Celery worker imports every task module (the learning loop's among them, which reaches this
+one), and torch with transformers is about 8 s of CPU and 400 MB per process; only the processes
+that embed prompts (the predictors, a retrain) should pay it.
 """
 
 from __future__ import annotations
@@ -16,9 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from transformers import AutoModel, AutoTokenizer
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DEFAULT_ENCODER", "Encoder", "EncoderConfig", "default_encoder_path"]
 
@@ -35,6 +43,8 @@ def default_encoder_path() -> Path:
 
 def bf16_is_fast() -> bool:
     """True when this CPU multiplies bfloat16 natively (oneDNN says so)."""
+    import torch
+
     return bool(torch.backends.mkldnn.is_available()
                 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
@@ -75,6 +85,9 @@ class Encoder:
     """
 
     def __init__(self, config: EncoderConfig = EncoderConfig()) -> None:
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
         if config.max_seq_len < 8:
             raise ValueError(f"max_seq_len must be >= 8, got {config.max_seq_len}")
         if config.dtype not in ("auto", "bfloat16", "float32"):
@@ -130,6 +143,8 @@ class Encoder:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Unit-length embeddings, shape (len(texts), dim), float32, in input order."""
+        import torch
+
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         tokenized = self.tokenizer(list(texts), add_special_tokens=False, truncation=False,
