@@ -8,7 +8,7 @@ from .future_load import FutureLoad, estimate_future_load
 from .profiling import AttentionScale, fit_from_vidur_profile
 from .scheduler import Scheduler, SchedulerOutput, SeqState, SeqStatus, StepResult
 from .snapshot import (InstanceConfig, InstanceSnapshot, OverrunPolicy, PreparedInstance,
-                       SeqSpec, SimRequest, engine_priority, prepare, request_priority,
+                       SeqSpec, SimRequest, engine_priority, is_batch_priority, prepare, request_priority,
                        target_output_tokens)
 from .result import WhatIf
 from .whatif import predict_what_if, predict_what_if_prepared, predict_what_if_stepwise
@@ -37,6 +37,7 @@ __all__ = [
     "fit_from_step_samples",
     "estimate_future_load",
     "evaluate_on_step_samples",
+    "is_batch_priority",
     "fit_from_vidur_profile",
     "predict_what_if",
     "predict_what_if_prepared",

@@ -117,6 +117,9 @@ class EngineState:
     # will hold for the requests it has (stored packed: see `pack_prefix_keys`) ---
     prefix_unit_tokens: int = 0
     cached_prefixes: tuple[int, ...] = ()
+    # --- seats of max_num_seqs the engine keeps for interactive requests: it holds a batch
+    # request back while max_num_seqs - this many requests run or wait (0: no reserve) ---
+    num_interactive_seats: int = 0
 
     def published(self, instance_id: str, model: str, *, accepting: bool) -> EngineState:
         """This state as the engine host publishes it for its instance."""
@@ -154,6 +157,7 @@ class EngineState:
                                                  DEFAULT_PRIORITY_MS_PER_TOKEN)),
             prefix_unit_tokens=int(data.get("prefix_unit_tokens", 0)),
             cached_prefixes=unpack_prefix_keys(data.get("cached_prefixes") or ""),
+            num_interactive_seats=int(data.get("num_interactive_seats", 0)),
         )
 
     def instance_config(self, *, watermark: float = 0.0,
@@ -173,6 +177,7 @@ class EngineState:
             scheduling_policy=self.scheduling_policy,
             priority_ms_per_token=self.priority_ms_per_token,
             prefix_block_size=self.prefix_unit_tokens if enable_prefix_caching else 0,
+            num_interactive_seats=self.num_interactive_seats,
         )
 
     def to_instance_snapshot(self, *, watermark: float = 0.0,

@@ -34,7 +34,9 @@ priority, wherever it stands, as `Scheduler` does: a decode victim that already 
 this step's block frees it too, a victim already scheduled gives its tokens back, and a
 decode that preempts itself stops the step there (the decodes behind it skip the step).
 Expected future arrivals get the priority the engine would give them: their arrival
-(after the target's) plus their predicted length (`request_priority`).
+(after the target's) plus their predicted length (`request_priority`). The seat reserve
+(`InstanceConfig.num_interactive_seats`) holds a waiting batch-class request back while
+``max_num_seqs - num_interactive_seats`` or more requests run, as `Scheduler` does.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from .block_pool import BlockPool
 from .exec_model import ExecModel
 from .future_load import FUTURE_ID_PREFIX, NO_FUTURE_LOAD, FutureLoad
 from .result import WhatIf
-from .snapshot import PreparedInstance, SeqSpec, request_priority
+from .snapshot import PRIORITY_CLASS_SPAN_MS, PreparedInstance, SeqSpec, request_priority
 
 __all__ = ["FastSim"]
 
@@ -112,6 +114,9 @@ class FastSim:
         self.running: list[_Seq] = []
         self.target = _Seq(target)
         self.is_priority = config.is_priority
+        #: Running requests at or above which a batch-class request is not admitted.
+        self.max_batch_running = config.max_num_seqs - (
+            config.num_interactive_seats if config.is_priority else 0)
         self.priority_ms_per_token = config.priority_ms_per_token
         self.arrival_ms = arrival_ms
         self.waiting: deque[_Seq] = deque(_Seq(s) for s in instance.waiting)
@@ -201,10 +206,10 @@ class FastSim:
     def _arrival_may_join(self, num_free: int) -> bool:
         """Whether an arrival could be admitted in a decode-only phase: with `num_free`
         blocks, nothing waiting ahead of it and a seat free (both hold through the phase)."""
-        if len(self.running) >= self.max_num_seqs:
+        priority = self._future_priority(self.num_arrived)
+        if not self._has_seat(priority):
             return False
-        if self.waiting and (not self.is_priority or self.waiting[0].priority
-                             <= self._future_priority(self.num_arrived)):
+        if self.waiting and (not self.is_priority or self.waiting[0].priority <= priority):
             return False
         budget = self.token_budget - self.num_decoding
         return budget > 0 and self._admission_plan(self.future_seq, budget, num_free) is not None
@@ -299,7 +304,7 @@ class FastSim:
         return True
 
     def _admission_possible(self, num_free: int) -> bool:
-        if not self.waiting or len(self.running) >= self.max_num_seqs:
+        if not self.waiting or not self._has_seat(self.waiting[0].priority):
             return False
         budget = self.token_budget - self.num_decoding
         return budget > 0 and self._admission_plan(self.waiting[0], budget, num_free) is not None
@@ -521,9 +526,16 @@ class FastSim:
                 return chunk[1]
         raise AssertionError(f"{seq.request_id} was not scheduled")
 
+    def _has_seat(self, priority: int) -> bool:
+        """Whether a seat is free for a request of `priority` (a batch-class one: outside the
+        interactive reserve)."""
+        num_running = len(self.running)
+        return num_running < self.max_num_seqs and (
+            num_running < self.max_batch_running or priority < PRIORITY_CLASS_SPAN_MS)
+
     def _schedule_waiting(self, budget: int, chunks: list[tuple[_Seq, int, int]]) -> None:
         waiting = self.waiting
-        while budget > 0 and waiting and len(self.running) < self.max_num_seqs:
+        while budget > 0 and waiting and self._has_seat(waiting[0].priority):
             plan = self._admission_plan(waiting[0], budget, self.pool.num_free)
             if plan is None:
                 return

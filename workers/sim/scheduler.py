@@ -11,6 +11,10 @@ arrival) order and the running request with the largest (priority, arrival) is t
 one preempted, wherever it stands in the running list (a victim already scheduled
 this step gives its tokens back), as vLLM's ``PriorityRequestQueue`` and
 ``Scheduler.schedule`` do; ties on both go in insertion order (vLLM: request id).
+Under "priority" a waiting batch-class request is admitted only while fewer than
+``max_num_seqs - num_interactive_seats`` requests run (`InstanceConfig.num_interactive_seats`):
+the seat reserve the engines keep for interactive arrivals (they hold the batch request
+back; vLLM itself preempts for KV blocks only, never for a seat).
 ``update_from_output()`` then appends one sampled token to every request whose
 tokens are all computed and retires the finished ones. Time is not modelled here;
 an execution-time model prices each step's `BatchStats`.
@@ -24,7 +28,7 @@ from enum import IntEnum
 
 from .block_pool import BlockPool
 from .exec_model import BatchStats
-from .snapshot import InstanceConfig, SeqSpec, shared_prefix_blocks
+from .snapshot import PRIORITY_CLASS_SPAN_MS, InstanceConfig, SeqSpec, shared_prefix_blocks
 
 __all__ = ["Scheduler", "SchedulerOutput", "SeqState", "SeqStatus", "StepResult"]
 
@@ -124,6 +128,9 @@ class Scheduler:
         self.running: list[SeqState] = []
         self.num_preemptions = 0
         self.is_priority = config.is_priority
+        #: Seats kept for interactive requests (`InstanceConfig.num_interactive_seats`); an
+        #: engine that sizes its reserve as it goes sets this between steps.
+        self.num_interactive_seats = config.num_interactive_seats
 
     # -- requests in ------------------------------------------------------------------
     def add_request(self, seq: SeqState) -> None:
@@ -261,8 +268,12 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, budget: int, scheduled: dict[str, int]) -> None:
+        max_batch_running = self.config.max_num_seqs - (
+            self.num_interactive_seats if self.is_priority else 0)
         while budget > 0 and self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if len(self.running) >= max_batch_running and seq.priority >= PRIORITY_CLASS_SPAN_MS:
+                break  # held for the interactive seats (every batch request waits behind)
             num_new = self._try_admit(seq, budget)
             if not num_new:
                 break

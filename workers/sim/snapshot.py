@@ -34,6 +34,7 @@ __all__ = [
     "normalise",
     "SCHEDULING_POLICIES",
     "engine_priority",
+    "is_batch_priority",
     "live_prefix_unit_tokens",
     "matched_prefix_tokens",
     "prefix_keys",
@@ -76,6 +77,11 @@ class InstanceConfig:
     #: Tokens one of a request's prefix hashes (`SimRequest.prefix_hashes`) covers: the prefix
     #: cache's unit, a multiple of `block_size`; 0: one block (vLLM's own granularity).
     prefix_block_size: int = 0
+    #: Under "priority": seats of `max_num_seqs` kept free for interactive requests. A waiting
+    #: batch request (`is_batch_priority`) is admitted only while fewer than max_num_seqs -
+    #: this many requests run (the engine holds it back otherwise), so that an interactive
+    #: arrival finds a seat instead of waiting for a batch answer to end; 0: no reserve.
+    num_interactive_seats: int = 0
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -95,6 +101,9 @@ class InstanceConfig:
             raise ValueError("the KV cache must hold at least one max_model_len sequence")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if not 0 <= self.num_interactive_seats < self.max_num_seqs:
+            raise ValueError("num_interactive_seats must be in [0, max_num_seqs), got "
+                             f"{self.num_interactive_seats}")
         if self.prefix_block_size < 0 or self.prefix_block_size % self.block_size:
             raise ValueError("prefix_block_size must be 0 or a multiple of block_size, got "
                              f"{self.prefix_block_size}")
@@ -133,6 +142,11 @@ def request_priority(arrival_s: float, predicted_output_tokens: int | None,
     it, so it ages: nothing waits forever. vLLM priorities are integers (ms here).
     """
     return round(arrival_s * 1000.0) + round(ms_per_token * max(predicted_output_tokens or 0, 0))
+
+
+def is_batch_priority(priority: int) -> bool:
+    """Whether an engine priority (`engine_priority`) is of the batch class."""
+    return priority >= PRIORITY_CLASS_SPAN_MS
 
 
 def engine_priority(class_priority: int, arrival_s: float, predicted_output_tokens: int | None,

@@ -5,12 +5,17 @@ priorities, vLLM's priority policy: tests/workers/serve/test_emulated_engine.py)
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
 from workers.sim import (
+    ExecModel,
+    FutureLoad,
     InstanceConfig,
     InstanceSnapshot,
+    Scheduler,
+    SeqState,
     SimRequest,
     bundled_model,
     engine_priority,
@@ -19,7 +24,8 @@ from workers.sim import (
     request_priority,
 )
 
-from .test_whatif import assert_same
+from .cases import random_case
+from .test_whatif import assert_same, random_future
 
 NOW_S = 1_000.0
 #: 32 usable blocks of 16 tokens: two batch requests of 220 tokens hold 28 of them.
@@ -74,3 +80,88 @@ def test_class_dominates_predicted_shortest_first(ms_per_token: float) -> None:
     interactive = engine_priority(0, NOW_S, 4096, ms_per_token)
     assert interactive < batch
     assert request_priority(NOW_S, 4096, ms_per_token) < batch  # the router's target priority
+
+
+# ---------------------------------------------------------------- the interactive seat reserve
+
+def with_classes(rng: random.Random, snapshot: InstanceSnapshot, new: SimRequest,
+                 ) -> tuple[InstanceSnapshot, SimRequest]:
+    """`snapshot` on a class-first engine (about half its requests batch, the new one either)
+    keeping a random number of seats for interactive requests."""
+    config = snapshot.config
+    config = dataclasses.replace(config, scheduling_policy="priority",
+                                 priority_ms_per_token=rng.choice([0.0, 2.0]),
+                                 num_interactive_seats=rng.randrange(config.max_num_seqs))
+
+    def priority(r: SimRequest) -> int:
+        return engine_priority(int(rng.random() < 0.5), rng.uniform(0.0, 5.0),
+                               r.predicted_output_tokens, config.priority_ms_per_token)
+
+    requests = tuple(dataclasses.replace(r, priority=priority(r)) for r in snapshot.requests)
+    return (InstanceSnapshot(config, snapshot.num_free_blocks, requests),
+            dataclasses.replace(new, priority=priority(new)))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_event_driven_equals_step_by_step_with_a_seat_reserve(seed: int,
+                                                              toy_model: ExecModel) -> None:
+    rng = random.Random(900 + seed)
+    differs = 0
+    for case in range(40):
+        base, base_new = random_case(rng, max_running=12, max_waiting=10)
+        snapshot, new = with_classes(rng, base, base_new)
+        future = random_future(rng) if case % 2 else FutureLoad()
+        fast = predict_what_if(snapshot, new, toy_model, future=future)
+        assert_same(fast, predict_what_if_stepwise(snapshot, new, toy_model, future=future))
+        open_config = dataclasses.replace(snapshot.config, num_interactive_seats=0)
+        differs += fast != predict_what_if(dataclasses.replace(snapshot, config=open_config),
+                                           new, toy_model, future=future)
+    assert differs > 3  # the reserve changes the timelines it is tested on
+
+
+def _fill_with_batch(config: InstanceConfig, num_batch: int) -> Scheduler:
+    """A scheduler whose first steps admit `num_batch` batch lines of 100 + 400 tokens."""
+    scheduler = Scheduler(config)
+    for i in range(num_batch):
+        scheduler.add_request(SeqState(f"b{i}", 100, 400, priority=engine_priority(
+            1, float(i), 400, 0.0), arrival_s=float(i)))
+    for _ in range(30):
+        scheduler.step()
+    return scheduler
+
+
+def test_a_seat_reserve_seats_an_interactive_arrival_beside_a_full_batch() -> None:
+    config = dataclasses.replace(TIGHT, num_total_blocks=7289, max_num_seqs=8,
+                                 max_model_len=4096, num_interactive_seats=2)
+    held = _fill_with_batch(config, 20)
+    assert len(held.running) == 6 and len(held.waiting) == 14  # 2 seats kept free
+    held.add_request(SeqState("i", 50, 20, priority=engine_priority(0, 100.0, 20, 0.0),
+                              arrival_s=100.0))
+    assert "i" in held.step().output.num_scheduled_tokens  # seated in its first step
+    assert len(held.running) == 7
+    # Without the reserve the batch takes all 8 seats and the interactive request waits for
+    # a batch line to finish its answer (hundreds of steps).
+    full = _fill_with_batch(dataclasses.replace(config, num_interactive_seats=0), 20)
+    assert len(full.running) == 8
+    full.add_request(SeqState("i", 50, 20, priority=engine_priority(0, 100.0, 20, 0.0),
+                              arrival_s=100.0))
+    num_steps = 1
+    while "i" not in full.step().output.num_scheduled_tokens:
+        num_steps += 1
+    assert num_steps > 300
+
+
+def test_the_reserve_holds_batch_work_only() -> None:
+    # Interactive requests take every seat, the reserved ones too; a lone batch request on an
+    # otherwise empty engine is always admitted (the reserve is below max_num_seqs).
+    config = dataclasses.replace(TIGHT, num_total_blocks=7289, max_num_seqs=4,
+                                 max_model_len=4096, num_interactive_seats=3)
+    scheduler = Scheduler(config)
+    for i in range(4):
+        scheduler.add_request(SeqState(f"i{i}", 20, 50, priority=i, arrival_s=float(i)))
+    scheduler.step()
+    assert len(scheduler.running) == 4
+    lone = _fill_with_batch(config, 3)
+    assert len(lone.running) == 1
+    with pytest.raises(ValueError, match="num_interactive_seats"):
+        dataclasses.replace(config, num_interactive_seats=4)
