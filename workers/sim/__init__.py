@@ -8,8 +8,8 @@ from .future_load import FutureLoad, estimate_future_load
 from .profiling import AttentionScale, fit_from_vidur_profile
 from .scheduler import Scheduler, SchedulerOutput, SeqState, SeqStatus, StepResult
 from .snapshot import (InstanceConfig, InstanceSnapshot, OverrunPolicy, PreparedInstance,
-                       SeqSpec, SimRequest, engine_priority, is_batch_priority, prepare, request_priority,
-                       target_output_tokens)
+                       SeqSpec, SimRequest, engine_priority, is_batch_priority, prepare,
+                       request_priority, target_output_tokens)
 from .result import WhatIf
 from .whatif import predict_what_if, predict_what_if_prepared, predict_what_if_stepwise
 
