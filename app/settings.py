@@ -124,6 +124,15 @@ class Settings(BaseSettings):
         "and the what-ifs). Unset: on for emulated engines, off for vLLM (its per-request "
         "progress estimate does not yet account for cache hits).",
     )
+    engine_interactive_seats: int = Field(
+        0,
+        ge=0,
+        description="Seats of max_num_seqs (below it) each engine keeps for interactive "
+        "requests: a batch request waits in the engine while max_num_seqs - this many requests "
+        "run or wait in it, so an interactive arrival finds a seat instead of waiting for a "
+        "batch answer to end (vLLM preempts for KV blocks only, never for a seat). Published "
+        "with the engine's state: what-ifs model it. 0: off.",
+    )
     block_size: int | None = Field(
         None,
         gt=0,

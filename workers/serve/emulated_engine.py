@@ -22,8 +22,11 @@ first, every interactive request before any batch one, then by arrival ("fcfs") 
 predicted-shortest-first with aging ("priority"), each request's priority `engine_priority`. A
 request short of KV blocks preempts the lowest-priority running request (a batch one while there
 is one), as vLLM's scheduler does; a full running batch (max_num_seqs) preempts nothing, in vLLM
-either. The snapshot says "priority" whenever that order is not plain FCFS (a batch request in
-flight, or the "priority" setting), so that what-ifs model the same order.
+either: with `num_interactive_seats` the engine keeps that many seats free of batch work (a
+batch request waits while max_num_seqs - num_interactive_seats requests run), so that an
+interactive arrival is seated at once. The snapshot says "priority" whenever that order is not
+plain FCFS (a batch request in flight, or the "priority" setting), so that what-ifs model the
+same order.
 
 NOTE: sampling parameters and stop strings are accepted and ignored: the text is synthetic anyway.
 What shapes the length is honoured: max_tokens, `ignore_eos` (it runs to max_tokens) and
@@ -119,6 +122,10 @@ class EmulatedEngineConfig:
     # prompts are hashed on these (and counted by them); None: only prompts given as token
     # ids find or fill the cache.
     tokenize: Callable[[str], Sequence[int]] | None = None
+    # Seats of max_num_seqs kept for interactive requests: a batch request is not admitted
+    # while max_num_seqs - this many requests run (`InstanceConfig.num_interactive_seats`),
+    # so an interactive arrival finds a seat instead of waiting for a batch answer; 0: none.
+    num_interactive_seats: int = 0
 
     @property
     def prefix_unit_tokens(self) -> int:
@@ -144,6 +151,7 @@ class EmulatedEngineConfig:
             priority_ms_per_token=self.priority_ms_per_token,
             enable_prefix_caching=self.enable_prefix_caching,
             prefix_block_size=self.prefix_unit_tokens,
+            num_interactive_seats=self.num_interactive_seats,
         )
 
 
@@ -242,6 +250,7 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
             priority_ms_per_token=self._ms_per_token,
             prefix_unit_tokens=config.prefix_unit_tokens,
             cached_prefixes=cached,
+            num_interactive_seats=config.num_interactive_seats,
         )
 
     def _published_prefixes(self) -> tuple[int, ...]:

@@ -60,6 +60,7 @@ class VllmEngineBuilder:
             scheduling_policy=settings.engine_scheduling_policy,
             priority_ms_per_token=settings.engine_priority_ms_per_token,
             enable_prefix_caching=settings.prefix_caching,
+            num_interactive_seats=settings.engine_interactive_seats,
         )
 
     def __call__(self, listener: EngineListener) -> Engine:
@@ -95,6 +96,7 @@ class EmulatedEngineBuilder:
             # Prompts hashed on the tokens the router hashes them on (the route stage).
             enable_prefix_caching=settings.prefix_caching,
             tokenize=prompts.token_ids,
+            num_interactive_seats=settings.engine_interactive_seats,
         )
 
     def __call__(self, listener: EngineListener) -> Engine:

@@ -11,6 +11,13 @@ One engine per process is the intended shape (a second one works, but shares all
 `start()` sets vLLM's process-wide environment (`VLLM_ENABLE_V1_MULTIPROCESSING=0` so the
 engine runs in this process, `VLLM_CPU_NUM_OF_RESERVED_CPU=0`), vLLM seeds the global random
 generators, and vLLM's CPU worker replaces `torch.set_num_threads` once it has bound its threads.
+
+vLLM preempts for KV blocks only, never for a seat: once max_num_seqs running requests are
+batch work, an interactive arrival waits for a batch answer to end. With
+`num_interactive_seats` the engine keeps that many seats for interactive work by holding batch
+requests in its own list: one is handed to vLLM only while fewer than max_num_seqs -
+num_interactive_seats requests are in vLLM (running or waiting). The held ones are published as
+waiting, and the simulator models the same rule (`InstanceConfig.num_interactive_seats`).
 """
 
 from __future__ import annotations
@@ -94,6 +101,9 @@ class VllmEngineConfig:
     # one, and a request short of KV blocks preempts the lowest-priority running one.
     scheduling_policy: str = "fcfs"
     priority_ms_per_token: float = DEFAULT_PRIORITY_MS_PER_TOKEN
+    # Seats kept for interactive requests: batch requests wait in the engine's own list while
+    # max_num_seqs - this many requests are in vLLM (see the module docstring); 0: none.
+    num_interactive_seats: int = 0
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -102,6 +112,9 @@ class VllmEngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_threads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.num_interactive_seats < self.max_num_seqs:
+            raise ValueError("num_interactive_seats must be in [0, max_num_seqs), got "
+                             f"{self.num_interactive_seats}")
         if self.block_size is not None and self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
@@ -120,6 +133,8 @@ class _Tracked(TrackedRequest):
     priority: int = 0  # the priority vLLM got (lower runs first)
     prefix_keys: tuple[int, ...] = ()  # its prompt units' chained keys (prefix caching)
     num_cached_tokens: int = 0  # prompt tokens vLLM's prefix cache served (its first output)
+    # Tokenized prompt and sampling parameters until vLLM has it (a held batch request).
+    vllm_input: tuple[Any, Any] | None = None
 
 
 def _scheduling_order(tracked: _Tracked) -> tuple[int, int, int]:
@@ -224,6 +239,8 @@ class VllmEngine(ThreadedEngine[_Tracked]):
         # --- guarded by _cond ---
         self._next_seq = 0
         self._scheduler_stats: SchedulerStats | None = None
+        #: Batch requests held back for the interactive seats, in vLLM's order when released.
+        self._held: list[_Tracked] = []
         # --- written once by the engine thread before _ready is set ---
         self._engine: LLMEngine | None = None
         self._num_total_blocks = 0
@@ -286,6 +303,7 @@ class VllmEngine(ThreadedEngine[_Tracked]):
             priority_ms_per_token=self._ms_per_token,
             prefix_unit_tokens=prefixes.unit_tokens if prefixes is not None else 0,
             cached_prefixes=cached,
+            num_interactive_seats=self.config.num_interactive_seats,
         )
 
     # ---------------------------------------------------------------- engine thread
@@ -324,7 +342,7 @@ class VllmEngine(ThreadedEngine[_Tracked]):
         return self._engine
 
     def _has_work(self) -> bool:
-        return self._llm.has_unfinished_requests()
+        return bool(self._held) or self._llm.has_unfinished_requests()
 
     def _build(self) -> LLMEngine:
         """Create the in-process vLLM engine. Runs on the engine thread."""
@@ -425,12 +443,17 @@ class VllmEngine(ThreadedEngine[_Tracked]):
             self._step_details = stats.iteration_details
 
     def _admit(self, admitted: list[_Tracked]) -> None:
+        """Hand new requests to vLLM; with seats kept for interactive work, batch ones wait in
+        the held list (released on every loop pass a seat is free: `_release_held`)."""
         for tracked in admitted:
-            self._admit_one(tracked)
+            self._admit_one(tracked, hold=bool(self.config.num_interactive_seats
+                                               and tracked.request.priority))
+        if self._held:
+            self._release_held()
 
-    def _admit_one(self, tracked: _Tracked) -> None:
+    def _admit_one(self, tracked: _Tracked, *, hold: bool = False) -> None:
+        """Tokenize a new request and add it to vLLM, or (`hold`) to the held list."""
         from vllm import SamplingParams
-        from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind
 
         request = tracked.request
@@ -468,30 +491,64 @@ class VllmEngine(ThreadedEngine[_Tracked]):
                 prompt_logprobs=sampling.prompt_logprobs,
                 output_kind=RequestOutputKind.DELTA,
             )
-            engine.add_request(
-                request.request_id,
+        except Exception as err:  # noqa: BLE001 - a bad request fails alone, on its future
+            self._fail_admission(tracked, err)
+            return
+        token_ids = engine_input.get("prompt_token_ids") or ()
+        # Hashed as the route stage hashes the prompt (the same token ids).
+        keys = self._prefixes.keys_of(token_ids) if self._prefixes is not None else ()
+        with self._cond:
+            tracked.num_prompt_tokens = len(token_ids)
+            tracked.prefix_keys = keys
+            tracked.vllm_input = (engine_input, params)
+            if hold:
+                self._held.append(tracked)
+                return
+        self._add_to_vllm(tracked)
+
+    def _add_to_vllm(self, tracked: _Tracked) -> None:
+        """Add a tokenized request (`_admit_one`) to vLLM."""
+        assert tracked.vllm_input is not None
+        engine_input, params = tracked.vllm_input
+        try:
+            self._llm.add_request(
+                tracked.request_id,
                 engine_input,
                 params,
                 arrival_time=tracked.admitted_at,
                 priority=tracked.priority,
             )
         except Exception as err:  # noqa: BLE001 - a bad request fails alone, on its future
-            with self._cond:
-                self._inflight.pop(request.request_id, None)
-            if isinstance(err, (VLLMClientError, ValueError, TypeError)):
-                failure: Exception = RequestRejected(f"{request.request_id}: {err}")
-            else:
-                failure = GenerationFailed(f"vLLM could not admit {request.request_id}: {err!r}")
-            failure.__cause__ = err
-            tracked.future.set_exception(failure)
+            self._fail_admission(tracked, err)
             return
-        token_ids = engine_input.get("prompt_token_ids") or ()
-        # Hashed as the route stage hashes the prompt (the same token ids).
-        keys = self._prefixes.keys_of(token_ids) if self._prefixes is not None else ()
         with self._cond:
             tracked.added = True
-            tracked.num_prompt_tokens = len(token_ids)
-            tracked.prefix_keys = keys
+            tracked.vllm_input = None
+
+    def _fail_admission(self, tracked: _Tracked, err: Exception) -> None:
+        """vLLM refused a request (or failed to take it): it fails alone, on its future."""
+        from vllm.exceptions import VLLMClientError
+
+        with self._cond:
+            self._inflight.pop(tracked.request_id, None)
+        if isinstance(err, (VLLMClientError, ValueError, TypeError)):
+            failure: Exception = RequestRejected(f"{tracked.request_id}: {err}")
+        else:
+            failure = GenerationFailed(f"vLLM could not admit {tracked.request_id}: {err!r}")
+        failure.__cause__ = err
+        tracked.future.set_exception(failure)
+
+    def _release_held(self) -> None:
+        """Hand held batch requests to vLLM, first in vLLM's order, while fewer than
+        max_num_seqs - num_interactive_seats requests are in it."""
+        limit = self.config.max_num_seqs - self.config.num_interactive_seats
+        with self._cond:
+            held = sorted((t for t in self._held if t.request_id in self._inflight),  # aborted?
+                          key=lambda t: (t.priority, t.seq))
+            num_free = max(0, limit - sum(1 for t in self._inflight.values() if t.added))
+            released, self._held = held[:num_free], held[num_free:]
+        for tracked in released:
+            self._add_to_vllm(tracked)
 
     def _request_seed(self, request: GenerationRequest) -> int | None:
         if request.seed is None or request.temperature == 0 or self._honours_seeds:

@@ -281,6 +281,39 @@ def test_an_interactive_request_overtakes_batch_work_that_fills_the_kv_cache(
     assert ttft_s < 0.25 * (min(r.finished_at for r in results) - done.admitted_at)
 
 
+@pytest.mark.parametrize("num_seats", [0, 2])
+def test_a_seat_reserve_seats_an_interactive_arrival_beside_a_full_batch(
+        make_engine, recorder, num_seats: int) -> None:
+    # 8 seats and 16 batch lines of 300 tokens: with no reserve they take every seat and an
+    # interactive arrival waits for one of them to finish its answer (vLLM preempts for KV
+    # blocks only, never for a seat); with 2 seats kept, 6 run, 10 wait in the engine, and the
+    # interactive request runs in the next step.
+    engine = make_engine(max_num_seqs=8, num_interactive_seats=num_seats)
+    batch = [engine.submit(_request(f"b{i}", max_tokens=300, prompt_tokens=100, predicted=300,
+                                    priority=1)) for i in range(16)]
+    deadline = time.monotonic() + RESULT_TIMEOUT_S
+    while True:  # until the batch holds the seats it may and decodes
+        snap = engine.snapshot()
+        if snap.num_running == 8 - num_seats and all(
+                r.num_output_tokens for r in snap.requests if r.is_running):
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert snap.num_interactive_seats == num_seats and snap.num_waiting == 8 + num_seats
+    num_steps_before = len(recorder.steps)
+    done = engine.submit(_request("i", max_tokens=5, prompt_tokens=50)).result(RESULT_TIMEOUT_S)
+    first_token_at = recorder.first_tokens["i"]
+    with recorder.lock:
+        num_steps = sum(1 for s in recorder.steps[num_steps_before:] if s.at <= first_token_at)
+    if num_seats:
+        assert num_steps <= 2
+    else:
+        assert num_steps > 100
+    assert done.num_output_tokens == 5
+    for future in batch:
+        assert future.result(RESULT_TIMEOUT_S).num_output_tokens == 300
+
+
 def test_config_is_validated() -> None:
     with pytest.raises(ValueError):
         EmulatedEngineConfig(time_scale=0)
@@ -288,6 +321,8 @@ def test_config_is_validated() -> None:
         EmulatedEngineConfig(noise=-0.1)
     with pytest.raises(ValueError):
         EmulatedEngineConfig(num_blocks=8, max_model_len=4096)  # cannot hold one sequence
+    with pytest.raises(ValueError, match="num_interactive_seats"):
+        EmulatedEngineConfig(max_num_seqs=4, num_interactive_seats=4)  # no seat for batch work
     with pytest.raises(ValueError, match="known"):
         EmulatedEngine(EmulatedEngineConfig(exec_model="no-such-gpu"))
     with pytest.raises(ValueError, match="scheduling_policy"):

@@ -26,3 +26,11 @@ def test_the_vllm_kind_builds_an_engine_from_settings_without_starting_it() -> N
     assert isinstance(engine, VllmEngine) and not engine.alive
     assert (engine.config.max_num_seqs, engine.config.max_num_batched_tokens,
             engine.config.max_model_len) == (7, 64, 256)
+
+
+def test_the_interactive_seat_reserve_reaches_the_engine_and_must_leave_a_seat() -> None:
+    settings = Settings(max_num_seqs=7, max_num_batched_tokens=64, max_model_len=256,
+                        engine_interactive_seats=2)
+    assert VllmEngineBuilder("gpu.0", settings).config.num_interactive_seats == 2
+    with pytest.raises(ValueError, match="num_interactive_seats"):
+        VllmEngineBuilder("gpu.0", settings.model_copy(update={"engine_interactive_seats": 7}))

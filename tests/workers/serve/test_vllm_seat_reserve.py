@@ -1,0 +1,73 @@
+"""vLLM with seats kept for interactive requests: batch requests wait in the engine's own list
+while max_num_seqs - num_interactive_seats requests are in vLLM, so an interactive arrival
+beside a batch that would fill every seat runs at once. Runs the tiny model on CPU (marked
+vllm)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.workers.serve.recording import RecordingListener
+from workers.serve.engine import GenerationRequest, SamplingOptions
+
+RESULT_TIMEOUT_S = 120
+MAX_NUM_SEQS = 4
+NUM_SEATS = 1
+
+
+@pytest.fixture(scope="module")
+def listener() -> RecordingListener:
+    return RecordingListener()
+
+
+@pytest.fixture(scope="module")
+def reserving_engine(tiny_model_dir: Path, listener: RecordingListener) -> Iterator:
+    pytest.importorskip("vllm")
+    from workers.serve.vllm_engine import VllmEngine, VllmEngineConfig
+
+    engine = VllmEngine(VllmEngineConfig(
+        model=str(tiny_model_dir), block_size=32, kv_cache_gib=0.25, max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=512, max_model_len=2048, num_interactive_seats=NUM_SEATS),
+        listener)
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def _request(request_id: str, max_tokens: int, priority: int) -> GenerationRequest:
+    return GenerationRequest(request_id, "the quick brown fox " * 8, max_tokens=max_tokens,
+                             priority=priority, sampling=SamplingOptions(ignore_eos=True))
+
+
+@pytest.mark.vllm
+def test_an_interactive_request_is_seated_beside_batch_work(reserving_engine,
+                                                            listener: RecordingListener) -> None:
+    engine = reserving_engine
+    batch = [engine.submit(_request(f"b{i}", 400, priority=1)) for i in range(8)]
+    deadline = time.monotonic() + RESULT_TIMEOUT_S
+    while True:  # until the batch runs in the seats it may take and decodes
+        snap = engine.snapshot()
+        running = [r for r in snap.requests if r.is_running]
+        if len(running) == MAX_NUM_SEQS - NUM_SEATS and all(r.num_output_tokens
+                                                            for r in running):
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert snap.num_interactive_seats == NUM_SEATS
+    # The held batch requests are published as waiting, with their prompts' lengths.
+    waiting = [r for r in snap.requests if not r.is_running]
+    assert len(waiting) == 8 - (MAX_NUM_SEQS - NUM_SEATS)
+    assert all(r.num_prompt_tokens > 0 for r in waiting)
+    num_steps_before = len(listener.steps)
+    done = engine.submit(_request("i", 4, priority=0)).result(RESULT_TIMEOUT_S)
+    first_token_at = done.first_token_at
+    with listener.lock:
+        num_steps = sum(1 for s in listener.steps[num_steps_before:] if s.at <= first_token_at)
+    assert num_steps <= 3  # a seat was free: no wait for a 400-token batch answer
+    assert done.num_output_tokens == 4
+    for future in batch:
+        assert future.result(RESULT_TIMEOUT_S).num_output_tokens == 400
