@@ -10,5 +10,7 @@ workers = _settings.api_workers
 # api_reserved_threads of them for /healthz, /readyz and short calls (app/api/held.py).
 threads = _settings.api_threads
 graceful_timeout = 10
+# NOTE: no control socket (gunicorn 27 opens one at a fixed per-user path); blockq uses none.
+control_socket_disable = True
 # NOTE: the worker heartbeat file on tmpfs: a container's overlay filesystem can stall it.
 worker_tmp_dir = "/dev/shm"

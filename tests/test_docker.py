@@ -635,6 +635,7 @@ def test_gunicorn_config_matches_the_local_stack() -> None:
     for flag, key in (("--workers", "workers"), ("--threads", "threads"),
                       ("--graceful-timeout", "graceful_timeout")):
         assert api[api.index(flag) + 1] == str(config[key]), flag
+    assert "--no-control-socket" in api and config["control_socket_disable"] is True
 
 
 # === tests: Dockerfiles ========================================================================

@@ -131,6 +131,10 @@ def process_commands(settings: Settings) -> dict[str, list[str]]:
             str(settings.api_threads),
             "--graceful-timeout",
             "10",
+            # NOTE: gunicorn 27 opens a control socket at one fixed path per user by default
+            # (~/.gunicorn/gunicorn.ctl): two stacks on a host (tests, a benchmark beside them)
+            # replaced each other's. blockq uses none.
+            "--no-control-socket",
             "app:create_app()",
         ],
         # NOTE: many task threads let a burst meet in the length model's micro-batcher.
