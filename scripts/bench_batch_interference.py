@@ -217,14 +217,21 @@ def _simulate(args: argparse.Namespace, *, engine: str, window: str, interactive
     ("fixed": `--max-batch-in-flight`; "bound": the engine slots less the interactive
     reserve, workers.batch.headroom.slot_bound). `engine`: "fcfs" (plain FCFS, the emulated
     engine before class-first priorities) or "class" (interactive first, vLLM's priority
-    policy, what both engines do now). Each request goes to the instance with the fewest
-    requests ahead of it."""
+    policy) or "hold" (class first, and `--sim-seats` of each engine's seats kept for
+    interactive requests: a batch request is admitted only while fewer than max_num_seqs -
+    sim_seats requests run, InstanceConfig.num_interactive_seats). Each request goes to the
+    instance with the fewest requests ahead of it."""
     config = InstanceConfig(num_total_blocks=args.sim_blocks, block_size=16,
                             max_num_seqs=args.sim_max_num_seqs, max_num_batched_tokens=512,
                             max_model_len=4096, priority_ms_per_token=0.0,
-                            scheduling_policy="priority" if engine == "class" else "fcfs")
+                            scheduling_policy="fcfs" if engine == "fcfs" else "priority",
+                            num_interactive_seats=args.sim_seats if engine == "hold" else 0)
     model = bundled_model("qwen2-7b-a30")
+    # NOTE: the interactive stream (arrivals and lengths) draws from its own generator, so that
+    # every phase and configuration sees the same requests (the p99 of two different samples
+    # of this heavy-tailed stream differs by 10 % or more on its own); the batch from another.
     rng = random.Random(args.seed)
+    batch_rng = random.Random(args.seed + 1)
     schedulers = [Scheduler(config) for _ in range(args.instances)]
     step_end: list[float | None] = [None] * args.instances
     outputs: list[Any] = [None] * args.instances
@@ -241,20 +248,23 @@ def _simulate(args: argparse.Namespace, *, engine: str, window: str, interactive
     next_release = 0.0 if batch else math.inf
     num_batch = 0
 
-    def lengths() -> tuple[int, int]:
-        prompt = min(2048, max(4, round(rng.lognormvariate(math.log(150), 1.0))))
-        return prompt, min(4096 - prompt, sharegpt_output_tokens(rng.random() * 100.0))
+    def lengths(source: random.Random) -> tuple[int, int]:
+        prompt = min(2048, max(4, round(source.lognormvariate(math.log(150), 1.0))))
+        return prompt, min(4096 - prompt, sharegpt_output_tokens(source.random() * 100.0))
 
-    def add(now: float, is_batch: bool) -> None:
-        prompt, output = lengths()
+    interactive_lengths = [lengths(rng) for _ in arrivals]
+
+    def add(now: float, is_batch: bool, shape: tuple[int, int] | None = None) -> None:
+        prompt, output = shape if shape is not None else lengths(batch_rng)
         rid = f"{'b' if is_batch else 'i'}{len(requests)}"
         # What block's what-if sees: whether the new request finds a slot at once, then how
         # many requests run or wait ahead of it (FCFS: all; class order: the interactive ones).
         ahead = [sum(1 for s in sch.waiting
                      if engine == "fcfs" or is_batch or not requests[s.request_id].is_batch)
                  for sch in schedulers]
+        seats = config.max_num_seqs - (config.num_interactive_seats if is_batch else 0)
         k = min(range(args.instances), key=lambda i: (
-            len(schedulers[i].running) + ahead[i] >= config.max_num_seqs, ahead[i],
+            len(schedulers[i].running) + ahead[i] >= seats, ahead[i],
             len(schedulers[i].running), i))
         seq = SeqState(rid, prompt, output, priority=engine_priority(int(is_batch), now, output,
                                                                      0.0), arrival_s=now)
@@ -288,8 +298,8 @@ def _simulate(args: argparse.Namespace, *, engine: str, window: str, interactive
         if now > horizon:
             break
         if now == next_arrival:
+            add(now, False, interactive_lengths[arrival_index])
             arrival_index += 1
-            add(now, False)
         elif now == next_release:
             in_flight = sum(1 for r in requests.values() if r.is_batch and r.finished_s is None)
             allowed = args.max_batch_in_flight
@@ -331,8 +341,9 @@ def run_simulated(args: argparse.Namespace) -> list[dict[str, Any]]:
     results = []
     for engine, window in (c.split("/") for c in args.sim_configs):
         alone = _simulate(args, engine=engine, window=window, interactive=True, batch=False)
-        capacity = _simulate(args, engine=engine, window=window, interactive=False,
-                             batch=True)["batch_tokens_s"]
+        # The fleet's capacity for the batch: every seat (the reserve is for interactive work).
+        capacity = _simulate(args, engine="class" if engine == "hold" else engine,
+                             window=window, interactive=False, batch=True)["batch_tokens_s"]
         beside = _simulate(args, engine=engine, window=window, interactive=True, batch=True)
         free = capacity - alone["interactive_tokens_s"]
         results.append({"engine": engine, "window": window, "alone": alone, "with_batch": beside,
@@ -341,7 +352,8 @@ def run_simulated(args: argparse.Namespace) -> list[dict[str, Any]]:
     table = Table(title=f"Simulated engines only (no control plane): {args.instances} instances "
                         f"x max_num_seqs {args.sim_max_num_seqs}, Qwen2-7B/A30, interactive "
                         f"{args.sim_rate:g} req/s for {args.sim_duration:g} s, slot bound "
-                        f"margin {args.sim_margin:g} sigma")
+                        f"margin {args.sim_margin:g} sigma, hold {args.sim_seats} seats, "
+                        f"seed {args.seed}")
     for column in ("engine order", "batch window", "TTFT p99 alone (s)",
                    "TTFT p99 beside (s)", "ratio", "batch share of free capacity",
                    "preemptions"):
@@ -388,7 +400,11 @@ def main() -> int:
     parser.add_argument("--sim-blocks", type=int, default=7289)
     parser.add_argument("--sim-configs", nargs="+",
                         default=["fcfs/fixed", "class/fixed", "class/bound"],
-                        help="engine order (fcfs|class) / batch window (fixed|bound) pairs")
+                        help="engine order (fcfs|class|hold: class and the seat reserve) / "
+                             "batch window (fixed|bound) pairs")
+    parser.add_argument("--sim-seats", type=int, default=4,
+                        help="hold: seats of each engine kept for interactive requests "
+                             "(engine_interactive_seats)")
     parser.add_argument("--sim-margin", type=float, default=2.0,
                         help="the slot bound's margin in Poisson sigmas "
                              "(batch_headroom_slot_margin)")
