@@ -74,8 +74,7 @@ def submit_together(services: Services, bodies: list[dict[str, Any]], *, team_id
         _with_miss_action(fields, slo_miss_action)
         columns.append(fields)
     with services.outbox.transaction() as tx:
-        requests = [store.create_request(tx.session, fields, idempotency_key=None)[0]
-                    for fields in columns]
+        requests = store.create_requests(tx.session, columns)
         for request in requests:
             tx.post(dispatch.predict(request.id, priority=Priority(request.priority).rank))
     logs.bind_request_id(requests[0].id)

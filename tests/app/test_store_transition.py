@@ -1,13 +1,13 @@
 """Guarded status transitions on PostgreSQL (app/store.py): the UPDATE and its event in one
 statement, no event when the guard refuses, and the asynchronous commit set by the same
-statement when asked."""
+statement when asked; new requests and their first events, one statement each."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import event, select, text
 
 from app import store
 from app.db import Database
@@ -74,3 +74,28 @@ def test_the_commit_waits_for_the_wal_unless_told_not_to(db: Database, wait_for_
         assert session.execute(text("SHOW synchronous_commit")).scalar_one() == expected
     with db.session() as session:  # for this transaction only
         assert session.execute(text("SHOW synchronous_commit")).scalar_one() == "on"
+
+
+def test_new_requests_are_inserted_with_their_event_one_statement_each(db: Database) -> None:
+    """Each new request is one INSERT statement with its queued event; the fields given as None
+    stay JSON nulls and the columns left out SQL NULL, as the ORM's unit of work wrote them."""
+    statements: list[str] = []
+
+    def seen(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        statements.append(statement)
+
+    event.listen(db.engine, "before_cursor_execute", seen)
+    with db.session() as session:
+        made = store.create_requests(session, [dict(FIELDS), dict(FIELDS, prompt="other")])
+    event.remove(db.engine, "before_cursor_execute", seen)
+    assert len(statements) == 2 and all("INSERT INTO request_events" in s for s in statements)
+    assert [r.prompt for r in made] == ["hello", "other"]
+    assert made[0].status == RequestStatus.QUEUED and made[0].attempt == 0
+    with db.session() as session:
+        for request in made:
+            assert _events(db, request.id) == [("queued", None)]
+            nulls = session.execute(text(
+                "SELECT messages IS NULL, messages::text, routing IS NULL, error IS NULL, "
+                "created_at = :at FROM requests WHERE id = :id"),
+                {"id": request.id, "at": request.created_at}).one()
+            assert tuple(nulls) == (False, "null", True, True, True)
