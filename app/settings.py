@@ -66,6 +66,12 @@ class Settings(BaseSettings):
         32, gt=0, description="Threads per API worker: each open stream or waiting "
         "(non-streamed) OpenAI completion holds one.",
     )
+    api_keepalive_s: int = Field(
+        75, gt=0, description="Seconds the API keeps an idle HTTP/1.1 connection open for the "
+        "client's next request (gunicorn's keep-alive). Keep it above the idle timeout of every "
+        "client and proxy in front (httpx 5 s, load balancers often 60 s): a server that closes "
+        "first races the client's next request on that connection, which then fails unsent.",
+    )
     sync_timeout_s: float = Field(
         600.0, gt=0, description="Longest an OpenAI-compatible completion waits for its "
         "request to finish (504 after; the request goes on).",

@@ -9,6 +9,7 @@ workers = _settings.api_workers
 # NOTE: each sync or streamed OpenAI completion holds a thread while it waits; the API keeps
 # api_reserved_threads of them for /healthz, /readyz and short calls (app/api/held.py).
 threads = _settings.api_threads
+keepalive = _settings.api_keepalive_s
 graceful_timeout = 10
 # NOTE: no control socket (gunicorn 27 opens one at a fixed per-user path); blockq uses none.
 control_socket_disable = True

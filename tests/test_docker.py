@@ -633,7 +633,7 @@ def test_gunicorn_config_matches_the_local_stack() -> None:
     settings = Settings.load()
     api = process_commands(settings)["api"]
     for flag, key in (("--workers", "workers"), ("--threads", "threads"),
-                      ("--graceful-timeout", "graceful_timeout")):
+                      ("--graceful-timeout", "graceful_timeout"), ("--keep-alive", "keepalive")):
         assert api[api.index(flag) + 1] == str(config[key]), flag
     assert "--no-control-socket" in api and config["control_socket_disable"] is True
 

@@ -131,6 +131,8 @@ def process_commands(settings: Settings) -> dict[str, list[str]]:
             str(settings.api_threads),
             "--graceful-timeout",
             "10",
+            "--keep-alive",
+            str(settings.api_keepalive_s),
             # NOTE: gunicorn 27 opens a control socket at one fixed path per user by default
             # (~/.gunicorn/gunicorn.ctl): two stacks on a host (tests, a benchmark beside them)
             # replaced each other's. blockq uses none.
