@@ -120,6 +120,9 @@ class EngineState:
     # --- seats of max_num_seqs the engine keeps for interactive requests: it holds a batch
     # request back while max_num_seqs - this many requests run or wait (0: no reserve) ---
     num_interactive_seats: int = 0
+    # --- whether prefilling batch requests are scheduled after every other running request
+    # (`InstanceConfig.batch_prefill_last`) ---
+    batch_prefill_last: bool = False
 
     def published(self, instance_id: str, model: str, *, accepting: bool) -> EngineState:
         """This state as the engine host publishes it for its instance."""
@@ -158,6 +161,7 @@ class EngineState:
             prefix_unit_tokens=int(data.get("prefix_unit_tokens", 0)),
             cached_prefixes=unpack_prefix_keys(data.get("cached_prefixes") or ""),
             num_interactive_seats=int(data.get("num_interactive_seats", 0)),
+            batch_prefill_last=bool(data.get("batch_prefill_last", False)),
         )
 
     def instance_config(self, *, watermark: float = 0.0,
@@ -178,6 +182,7 @@ class EngineState:
             priority_ms_per_token=self.priority_ms_per_token,
             prefix_block_size=self.prefix_unit_tokens if enable_prefix_caching else 0,
             num_interactive_seats=self.num_interactive_seats,
+            batch_prefill_last=self.batch_prefill_last,
         )
 
     def to_instance_snapshot(self, *, watermark: float = 0.0,

@@ -36,7 +36,10 @@ decode that preempts itself stops the step there (the decodes behind it skip the
 Expected future arrivals get the priority the engine would give them: their arrival
 (after the target's) plus their predicted length (`request_priority`). The seat reserve
 (`InstanceConfig.num_interactive_seats`) holds a waiting batch-class request back while
-``max_num_seqs - num_interactive_seats`` or more requests run, as `Scheduler` does.
+``max_num_seqs - num_interactive_seats`` or more requests run, as `Scheduler` does; with
+``batch_prefill_last`` each explicit step first moves prefilling batch requests to the end of
+the prefills (decodes are never moved, as in `Scheduler`), and out of the step while an
+interactive request waits.
 """
 
 from __future__ import annotations
@@ -50,7 +53,13 @@ from .block_pool import BlockPool
 from .exec_model import ExecModel
 from .future_load import FUTURE_ID_PREFIX, NO_FUTURE_LOAD, FutureLoad
 from .result import WhatIf
-from .snapshot import PRIORITY_CLASS_SPAN_MS, PreparedInstance, SeqSpec, request_priority
+from .snapshot import (
+    PRIORITY_CLASS_SPAN_MS,
+    PreparedInstance,
+    SeqSpec,
+    is_late_batch_prefill,
+    request_priority,
+)
 
 __all__ = ["FastSim"]
 
@@ -117,6 +126,11 @@ class FastSim:
         #: Running requests at or above which a batch-class request is not admitted.
         self.max_batch_running = config.max_num_seqs - (
             config.num_interactive_seats if config.is_priority else 0)
+        self.batch_prefill_last = config.is_priority and config.batch_prefill_last
+        #: Running requests sitting the current step out (`_put_batch_prefills_last`), and
+        #: whether some sat the last step out (then they run in this one).
+        self.num_aside = 0
+        self.sat_out_last_step = False
         self.priority_ms_per_token = config.priority_ms_per_token
         self.arrival_ms = arrival_ms
         self.waiting: deque[_Seq] = deque(_Seq(s) for s in instance.waiting)
@@ -340,6 +354,8 @@ class FastSim:
 
     def _advance_decodes(self, num_steps: int, num_blocks: int) -> None:
         """Run `num_steps` identical decode-only steps, then retire who finished."""
+        if num_steps:
+            self.sat_out_last_step = False  # no prefill in them to sit out
         model = self.exec_model
         step = self.step
         num_decoding = self.num_decoding
@@ -398,6 +414,10 @@ class FastSim:
         preemptions_before = self.num_preemptions
         if not self.running:
             self._reclaim_idle_blocks()
+        aside: list[_Seq] = []
+        if self.running and self.batch_prefill_last:
+            aside = self._put_batch_prefills_last()
+            self.num_aside = len(aside)
         chunks: list[tuple[_Seq, int, int]] = []  # (seq, new tokens, computed before)
         skipped = self._schedule_decodes(step)
         if self.pending_units:  # decodes: ahead of the prefills in the running order
@@ -408,12 +428,34 @@ class FastSim:
             budget, preempted = self._schedule_prefills(budget, chunks, preempted)
             if not preempted:
                 self._schedule_waiting(budget, chunks)
+        if aside:
+            self.running.extend(aside)
+            self.num_aside = 0
         self._execute(step, chunks)
         for seq in skipped or ():
             self._start_decoding(seq, step + 1)
         self.step = step + 1
         self._retire_decodes(step)
         self._update_prefills(chunks, step)
+
+    def _put_batch_prefills_last(self) -> list[_Seq]:
+        """Move prefilling batch requests behind the other prefills (order kept); while an
+        interactive request waits, take them out for this step and return them."""
+        prefills = self.running[self.num_decoding:]
+        late = [s for s in prefills if is_late_batch_prefill(
+            s.priority, s.num_prompt_tokens + s.num_output_tokens, s.num_computed_tokens)]
+        if not late:
+            self.sat_out_last_step = False
+            return []
+        self.running[self.num_decoding:] = [s for s in prefills if not is_late_batch_prefill(
+            s.priority, s.num_prompt_tokens + s.num_output_tokens, s.num_computed_tokens)]
+        if (self.waiting and self.waiting[0].priority < PRIORITY_CLASS_SPAN_MS
+                and not self.sat_out_last_step):
+            self.sat_out_last_step = True
+            return late
+        self.sat_out_last_step = False
+        self.running.extend(late)
+        return []
 
     def _cache_pending_units(self, skipped: Sequence[_Seq]) -> None:
         """Register the units restored decodes completed in this step (those that ran)."""
@@ -529,7 +571,7 @@ class FastSim:
     def _has_seat(self, priority: int) -> bool:
         """Whether a seat is free for a request of `priority` (a batch-class one: outside the
         interactive reserve)."""
-        num_running = len(self.running)
+        num_running = len(self.running) + self.num_aside
         return num_running < self.max_num_seqs and (
             num_running < self.max_batch_running or priority < PRIORITY_CLASS_SPAN_MS)
 

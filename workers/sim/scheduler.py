@@ -14,7 +14,12 @@ this step gives its tokens back), as vLLM's ``PriorityRequestQueue`` and
 Under "priority" a waiting batch-class request is admitted only while fewer than
 ``max_num_seqs - num_interactive_seats`` requests run (`InstanceConfig.num_interactive_seats`):
 the seat reserve the engines keep for interactive arrivals (they hold the batch request
-back; vLLM itself preempts for KV blocks only, never for a seat).
+back; vLLM itself preempts for KV blocks only, never for a seat). With
+``InstanceConfig.batch_prefill_last`` each step first moves running batch requests that are
+prefilling to the end of the running list (stable), so that interactive prefills are scheduled
+before them, and while an interactive request waits they sit the step out (out of the running
+list while it is scheduled, seats still counted), never two steps in a row: the engines treat
+vLLM's running list the same way.
 ``update_from_output()`` then appends one sampled token to every request whose
 tokens are all computed and retires the finished ones. Time is not modelled here;
 an execution-time model prices each step's `BatchStats`.
@@ -28,7 +33,13 @@ from enum import IntEnum
 
 from .block_pool import BlockPool
 from .exec_model import BatchStats
-from .snapshot import PRIORITY_CLASS_SPAN_MS, InstanceConfig, SeqSpec, shared_prefix_blocks
+from .snapshot import (
+    PRIORITY_CLASS_SPAN_MS,
+    InstanceConfig,
+    SeqSpec,
+    is_late_batch_prefill,
+    shared_prefix_blocks,
+)
 
 __all__ = ["Scheduler", "SchedulerOutput", "SeqState", "SeqStatus", "StepResult"]
 
@@ -131,6 +142,9 @@ class Scheduler:
         #: Seats kept for interactive requests (`InstanceConfig.num_interactive_seats`); an
         #: engine that sizes its reserve as it goes sets this between steps.
         self.num_interactive_seats = config.num_interactive_seats
+        self.batch_prefill_last = config.is_priority and config.batch_prefill_last
+        #: Whether batch prefills sat the last step out (they run in the next one).
+        self.sat_out_last_step = False
 
     # -- requests in ------------------------------------------------------------------
     def add_request(self, seq: SeqState) -> None:
@@ -185,14 +199,18 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Choose this step's tokens; advances ``num_computed_tokens`` like vLLM does."""
+        aside: list[SeqState] = []
         if not self.running:
             self._reclaim_idle_blocks()
+        elif self.batch_prefill_last:
+            aside = self._put_batch_prefills_last()
         budget = self.config.max_num_batched_tokens
         scheduled: dict[str, int] = {}
         preempted: list[SeqState] = []
         budget = self._schedule_running(budget, scheduled, preempted)
         if not preempted:
-            self._schedule_waiting(budget, scheduled)
+            self._schedule_waiting(budget, scheduled, len(aside))
+        self.running.extend(aside)
         chunks = []
         requests = self.requests
         for request_id, num_new in scheduled.items():
@@ -221,6 +239,25 @@ class Scheduler:
         return StepResult(output, tuple(sampled), tuple(finished))
 
     # -- scheduling helpers -------------------------------------------------------------
+    def _put_batch_prefills_last(self) -> list[SeqState]:
+        """Move prefilling batch requests behind the other running ones (order kept); while
+        an interactive request waits, take them out for this step and return them."""
+        running = self.running
+        late = [s for s in running
+                if is_late_batch_prefill(s.priority, s.num_tokens, s.num_computed_tokens)]
+        if not late:
+            self.sat_out_last_step = False
+            return []
+        running[:] = [s for s in running if not is_late_batch_prefill(
+            s.priority, s.num_tokens, s.num_computed_tokens)]
+        if (self.waiting and self.waiting[0].priority < PRIORITY_CLASS_SPAN_MS
+                and not self.sat_out_last_step):
+            self.sat_out_last_step = True
+            return late
+        self.sat_out_last_step = False
+        running.extend(late)
+        return []
+
     def _schedule_running(self, budget: int, scheduled: dict[str, int],
                           preempted: list[SeqState]) -> int:
         # NOTE: the hot path of the cluster benchmark's ground truth (a step per request
@@ -267,10 +304,12 @@ class Scheduler:
             index += 1
         return budget
 
-    def _schedule_waiting(self, budget: int, scheduled: dict[str, int]) -> None:
-        max_batch_running = self.config.max_num_seqs - (
-            self.num_interactive_seats if self.is_priority else 0)
-        while budget > 0 and self.waiting and len(self.running) < self.config.max_num_seqs:
+    def _schedule_waiting(self, budget: int, scheduled: dict[str, int],
+                          num_aside: int = 0) -> None:
+        """Admit waiting requests; `num_aside` running requests sit this step out."""
+        max_num_seqs = self.config.max_num_seqs - num_aside
+        max_batch_running = max_num_seqs - (self.num_interactive_seats if self.is_priority else 0)
+        while budget > 0 and self.waiting and len(self.running) < max_num_seqs:
             seq = self.waiting[0]
             if len(self.running) >= max_batch_running and seq.priority >= PRIORITY_CLASS_SPAN_MS:
                 break  # held for the interactive seats (every batch request waits behind)

@@ -35,6 +35,7 @@ __all__ = [
     "SCHEDULING_POLICIES",
     "engine_priority",
     "is_batch_priority",
+    "is_late_batch_prefill",
     "live_prefix_unit_tokens",
     "matched_prefix_tokens",
     "prefix_keys",
@@ -82,6 +83,14 @@ class InstanceConfig:
     #: this many requests run (the engine holds it back otherwise), so that an interactive
     #: arrival finds a seat instead of waiting for a batch answer to end; 0: no reserve.
     num_interactive_seats: int = 0
+    #: Under "priority": each step, running batch-class requests with more than one token to
+    #: compute (a prefill, or a recompute after preemption; `is_late_batch_prefill`) go after
+    #: every other running request, and sit the step out (keeping their seats and blocks, not
+    #: preemptible) while an interactive request waits, never two steps in a row (so that an
+    #: interactive request that cannot be admitted stops no one): an interactive prefill takes
+    #: the token budget before batch prefill chunks do (the engines treat vLLM's running list
+    #: so).
+    batch_prefill_last: bool = False
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -147,6 +156,12 @@ def request_priority(arrival_s: float, predicted_output_tokens: int | None,
 def is_batch_priority(priority: int) -> bool:
     """Whether an engine priority (`engine_priority`) is of the batch class."""
     return priority >= PRIORITY_CLASS_SPAN_MS
+
+
+def is_late_batch_prefill(priority: int, num_tokens: int, num_computed_tokens: int) -> bool:
+    """Whether a running request goes last under `InstanceConfig.batch_prefill_last`: a batch
+    one with more than one token still to compute."""
+    return priority >= PRIORITY_CLASS_SPAN_MS and num_tokens - num_computed_tokens > 1
 
 
 def engine_priority(class_priority: int, arrival_s: float, predicted_output_tokens: int | None,

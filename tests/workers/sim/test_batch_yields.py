@@ -84,14 +84,15 @@ def test_class_dominates_predicted_shortest_first(ms_per_token: float) -> None:
 
 # ---------------------------------------------------------------- the interactive seat reserve
 
-def with_classes(rng: random.Random, snapshot: InstanceSnapshot, new: SimRequest,
-                 ) -> tuple[InstanceSnapshot, SimRequest]:
+def with_classes(rng: random.Random, snapshot: InstanceSnapshot, new: SimRequest, *,
+                 batch_prefill_last: bool = False) -> tuple[InstanceSnapshot, SimRequest]:
     """`snapshot` on a class-first engine (about half its requests batch, the new one either)
     keeping a random number of seats for interactive requests."""
     config = snapshot.config
     config = dataclasses.replace(config, scheduling_policy="priority",
                                  priority_ms_per_token=rng.choice([0.0, 2.0]),
-                                 num_interactive_seats=rng.randrange(config.max_num_seqs))
+                                 num_interactive_seats=rng.randrange(config.max_num_seqs),
+                                 batch_prefill_last=batch_prefill_last)
 
     def priority(r: SimRequest) -> int:
         return engine_priority(int(rng.random() < 0.5), rng.uniform(0.0, 5.0),
@@ -117,6 +118,41 @@ def test_event_driven_equals_step_by_step_with_a_seat_reserve(seed: int,
         differs += fast != predict_what_if(dataclasses.replace(snapshot, config=open_config),
                                            new, toy_model, future=future)
     assert differs > 3  # the reserve changes the timelines it is tested on
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_event_driven_equals_step_by_step_with_batch_prefills_last(seed: int,
+                                                                   toy_model: ExecModel) -> None:
+    rng = random.Random(1900 + seed)
+    differs = 0
+    for case in range(60):
+        base, base_new = random_case(rng, max_running=16, max_waiting=12)
+        snapshot, new = with_classes(rng, base, base_new, batch_prefill_last=True)
+        future = random_future(rng) if case % 2 else FutureLoad()
+        fast = predict_what_if(snapshot, new, toy_model, future=future)
+        assert_same(fast, predict_what_if_stepwise(snapshot, new, toy_model, future=future))
+        in_order = dataclasses.replace(snapshot.config, batch_prefill_last=False)
+        differs += fast != predict_what_if(dataclasses.replace(snapshot, config=in_order),
+                                           new, toy_model, future=future)
+    assert differs > 0, differs  # the order changes the timelines it is tested on
+
+
+def test_an_interactive_prefill_goes_before_a_running_batch_prefill() -> None:
+    # A batch line with a 2,000-token prompt started prefilling; an interactive request of 100
+    # tokens arrives. vLLM's order (running first) gives the batch chunk the 512-token budget
+    # for three more steps; with batch prefills last the interactive prompt runs in the next.
+    config = dataclasses.replace(TIGHT, num_total_blocks=7289, max_model_len=4096,
+                                 batch_prefill_last=True)
+    for last, first_token_step in ((True, 1), (False, 4)):
+        scheduler = Scheduler(dataclasses.replace(config, batch_prefill_last=last))
+        scheduler.add_request(SeqState("b", 2000, 50, priority=engine_priority(1, 0.0, 50, 0.0)))
+        scheduler.step()
+        scheduler.add_request(SeqState("i", 100, 5, priority=engine_priority(0, 1.0, 5, 0.0),
+                                       arrival_s=1.0))
+        steps = 1
+        while "i" not in scheduler.step().sampled_ids:
+            steps += 1
+        assert steps == first_token_step, last
 
 
 def _fill_with_batch(config: InstanceConfig, num_batch: int) -> Scheduler:

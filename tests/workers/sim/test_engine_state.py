@@ -35,6 +35,7 @@ PUBLISHED = {
     "taken_at": 1700000000.5, "instance_id": "gpu.0", "accepting": False,
     "published_at": 1700000000.75, "scheduling_policy": "fcfs", "priority_ms_per_token": 2.0,
     "prefix_unit_tokens": 0, "cached_prefixes": "", "num_interactive_seats": 0,
+    "batch_prefill_last": False,
 }
 
 
