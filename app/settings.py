@@ -139,6 +139,16 @@ class Settings(BaseSettings):
         "batch answer to end (vLLM preempts for KV blocks only, never for a seat). Published "
         "with the engine's state: what-ifs model it. 0: off.",
     )
+    engine_batch_prefill_last: bool = Field(
+        False,
+        description="Each engine step schedules running batch requests that are prefilling "
+        "after every other running request, and leaves them out of the step (seats and KV "
+        "kept) while an interactive request waits, never two steps in a row: vLLM schedules "
+        "running requests before waiting ones, so a batch line's long prompt otherwise takes "
+        "the token budget ahead of an interactive arrival. vLLM runs our scheduler subclass "
+        "(workers.serve.vllm_scheduler) with async scheduling off. Published with the "
+        "engine's state: what-ifs model it.",
+    )
     block_size: int | None = Field(
         None,
         gt=0,

@@ -200,6 +200,10 @@ def run_config(args: argparse.Namespace, headroom_ttft_s: float) -> dict[str, An
 
 # ---------------------------------------------------------------- --simulated: engines only
 
+#: Engine modes that keep seats for interactive requests.
+HOLDS = ("hold", "yield")
+
+
 @dataclass
 class _SimRequest:
     seq: SeqState
@@ -219,13 +223,16 @@ def _simulate(args: argparse.Namespace, *, engine: str, window: str, interactive
     engine before class-first priorities) or "class" (interactive first, vLLM's priority
     policy) or "hold" (class first, and `--sim-seats` of each engine's seats kept for
     interactive requests: a batch request is admitted only while fewer than max_num_seqs -
-    sim_seats requests run, InstanceConfig.num_interactive_seats). Each request goes to the
-    instance with the fewest requests ahead of it."""
+    sim_seats requests run, InstanceConfig.num_interactive_seats) or "yield" (hold, and batch
+    prefills after every other running request, sitting a step out while an interactive request
+    waits: InstanceConfig.batch_prefill_last). Each request goes to the instance with the fewest
+    requests ahead of it."""
     config = InstanceConfig(num_total_blocks=args.sim_blocks, block_size=16,
                             max_num_seqs=args.sim_max_num_seqs, max_num_batched_tokens=512,
                             max_model_len=4096, priority_ms_per_token=0.0,
                             scheduling_policy="fcfs" if engine == "fcfs" else "priority",
-                            num_interactive_seats=args.sim_seats if engine == "hold" else 0)
+                            num_interactive_seats=args.sim_seats if engine in HOLDS else 0,
+                            batch_prefill_last=engine == "yield")
     model = bundled_model("qwen2-7b-a30")
     # NOTE: the interactive stream (arrivals and lengths) draws from its own generator, so that
     # every phase and configuration sees the same requests (the p99 of two different samples
@@ -342,7 +349,7 @@ def run_simulated(args: argparse.Namespace) -> list[dict[str, Any]]:
     for engine, window in (c.split("/") for c in args.sim_configs):
         alone = _simulate(args, engine=engine, window=window, interactive=True, batch=False)
         # The fleet's capacity for the batch: every seat (the reserve is for interactive work).
-        capacity = _simulate(args, engine="class" if engine == "hold" else engine,
+        capacity = _simulate(args, engine="class" if engine in HOLDS else engine,
                              window=window, interactive=False, batch=True)["batch_tokens_s"]
         beside = _simulate(args, engine=engine, window=window, interactive=True, batch=True)
         free = capacity - alone["interactive_tokens_s"]
@@ -400,8 +407,8 @@ def main() -> int:
     parser.add_argument("--sim-blocks", type=int, default=7289)
     parser.add_argument("--sim-configs", nargs="+",
                         default=["fcfs/fixed", "class/fixed", "class/bound"],
-                        help="engine order (fcfs|class|hold: class and the seat reserve) / "
-                             "batch window (fixed|bound) pairs")
+                        help="engine order (fcfs|class|hold: class and the seat reserve|yield: "
+                             "hold and batch prefills last) / batch window (fixed|bound) pairs")
     parser.add_argument("--sim-seats", type=int, default=4,
                         help="hold: seats of each engine kept for interactive requests "
                              "(engine_interactive_seats)")

@@ -24,7 +24,9 @@ request short of KV blocks preempts the lowest-priority running request (a batch
 is one), as vLLM's scheduler does; a full running batch (max_num_seqs) preempts nothing, in vLLM
 either: with `num_interactive_seats` the engine keeps that many seats free of batch work (a
 batch request waits while max_num_seqs - num_interactive_seats requests run), so that an
-interactive arrival is seated at once. The snapshot says "priority" whenever that order is not
+interactive arrival is seated at once; with `batch_prefill_last` running batch prefills go after
+every other running request and sit a step out while an interactive request waits (vLLM runs
+`workers.serve.vllm_scheduler` for it). The snapshot says "priority" whenever that order is not
 plain FCFS (a batch request in flight, or the "priority" setting), so that what-ifs model the
 same order.
 
@@ -126,6 +128,9 @@ class EmulatedEngineConfig:
     # while max_num_seqs - this many requests run (`InstanceConfig.num_interactive_seats`),
     # so an interactive arrival finds a seat instead of waiting for a batch answer; 0: none.
     num_interactive_seats: int = 0
+    # Running batch prefills after every other running request, out of a step while an
+    # interactive request waits (`InstanceConfig.batch_prefill_last`).
+    batch_prefill_last: bool = False
 
     @property
     def prefix_unit_tokens(self) -> int:
@@ -152,6 +157,7 @@ class EmulatedEngineConfig:
             enable_prefix_caching=self.enable_prefix_caching,
             prefix_block_size=self.prefix_unit_tokens,
             num_interactive_seats=self.num_interactive_seats,
+            batch_prefill_last=self.batch_prefill_last,
         )
 
 
@@ -251,6 +257,7 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
             prefix_unit_tokens=config.prefix_unit_tokens,
             cached_prefixes=cached,
             num_interactive_seats=config.num_interactive_seats,
+            batch_prefill_last=config.batch_prefill_last,
         )
 
     def _published_prefixes(self) -> tuple[int, ...]:

@@ -61,6 +61,7 @@ class VllmEngineBuilder:
             priority_ms_per_token=settings.engine_priority_ms_per_token,
             enable_prefix_caching=settings.prefix_caching,
             num_interactive_seats=settings.engine_interactive_seats,
+            batch_prefill_last=settings.engine_batch_prefill_last,
         )
 
     def __call__(self, listener: EngineListener) -> Engine:
@@ -97,6 +98,7 @@ class EmulatedEngineBuilder:
             enable_prefix_caching=settings.prefix_caching,
             tokenize=prompts.token_ids,
             num_interactive_seats=settings.engine_interactive_seats,
+            batch_prefill_last=settings.engine_batch_prefill_last,
         )
 
     def __call__(self, listener: EngineListener) -> Engine:

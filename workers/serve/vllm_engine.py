@@ -18,6 +18,9 @@ batch work, an interactive arrival waits for a batch answer to end. With
 requests in its own list: one is handed to vLLM only while fewer than max_num_seqs -
 num_interactive_seats requests are in vLLM (running or waiting). The held ones are published as
 waiting, and the simulator models the same rule (`InstanceConfig.num_interactive_seats`).
+With `batch_prefill_last` vLLM runs `workers.serve.vllm_scheduler.BatchPrefillLastScheduler`:
+running batch prefills go after every other running request and sit a step out while an
+interactive request waits (`InstanceConfig.batch_prefill_last`).
 """
 
 from __future__ import annotations
@@ -104,6 +107,9 @@ class VllmEngineConfig:
     # Seats kept for interactive requests: batch requests wait in the engine's own list while
     # max_num_seqs - this many requests are in vLLM (see the module docstring); 0: none.
     num_interactive_seats: int = 0
+    # Batch prefills after every other running request, out of a step while an interactive
+    # request waits (`workers.serve.vllm_scheduler`; vLLM's async scheduling off then).
+    batch_prefill_last: bool = False
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -137,11 +143,15 @@ class _Tracked(TrackedRequest):
     vllm_input: tuple[Any, Any] | None = None
 
 
-def _scheduling_order(tracked: _Tracked) -> tuple[int, int, int]:
-    """vLLM's order: running requests as they started, then waiting ones by priority, arrival."""
+def _scheduling_order(tracked: _Tracked, batch_prefill_last: bool = False,
+                      ) -> tuple[int, int, int]:
+    """vLLM's order: running requests as they started (with `batch_prefill_last`, prefilling
+    batch ones after the others), then waiting ones by priority, arrival."""
     if tracked.run_seq is not None:
-        return (0, tracked.run_seq, 0)
-    return (1, tracked.priority, tracked.seq)
+        late = batch_prefill_last and bool(tracked.request.priority) and not (
+            tracked.num_output_tokens)
+        return (int(late), tracked.run_seq, 0)
+    return (2, tracked.priority, tracked.seq)
 
 
 def scheduled_batch_stats(num_scheduled_tokens: Mapping[str, int],
@@ -304,6 +314,7 @@ class VllmEngine(ThreadedEngine[_Tracked]):
             prefix_unit_tokens=prefixes.unit_tokens if prefixes is not None else 0,
             cached_prefixes=cached,
             num_interactive_seats=self.config.num_interactive_seats,
+            batch_prefill_last=self.config.batch_prefill_last,
         )
 
     # ---------------------------------------------------------------- engine thread
@@ -415,6 +426,7 @@ class VllmEngine(ThreadedEngine[_Tracked]):
             enforce_eager=config.enforce_eager,
             disable_log_stats=False,
             enable_logging_iteration_details=True,  # exact prefill/decode tokens per step
+            **_scheduler_args(config),
         )
         with _modules_hidden_from_vllm_kernel_scan():
             engine = LLMEngine.from_engine_args(args, stat_loggers=[_StatsTap])
@@ -669,7 +681,8 @@ class VllmEngine(ThreadedEngine[_Tracked]):
         right after one. Called under the lock.
         """
         added = [t for t in self._inflight.values() if t.added]
-        order = sorted(added, key=_scheduling_order)
+        last = self.config.batch_prefill_last
+        order = sorted(added, key=lambda t: _scheduling_order(t, last))
         num_prefill_left = num_prefill_tokens
         for tracked in order:
             if tracked.num_output_tokens:
@@ -716,6 +729,16 @@ class VllmEngine(ThreadedEngine[_Tracked]):
             reason if reason in ("stop", "length", "abort") else "stop"  # "repetition" stops
         )
         self._resolve(tracked, finish_reason, now)
+
+
+def _scheduler_args(config: VllmEngineConfig) -> dict[str, Any]:
+    """EngineArgs naming our scheduler class when batch prefills go last."""
+    if not config.batch_prefill_last:
+        return {}
+    from workers.serve.vllm_scheduler import SCHEDULER_CLS
+
+    # NOTE: the class subclasses vLLM's synchronous Scheduler, not its AsyncScheduler.
+    return {"scheduler_cls": SCHEDULER_CLS, "async_scheduling": False}
 
 
 def _tap_scheduler(engine: LLMEngine) -> ScheduleTap | None:

@@ -314,6 +314,33 @@ def test_a_seat_reserve_seats_an_interactive_arrival_beside_a_full_batch(
         assert future.result(RESULT_TIMEOUT_S).num_output_tokens == 300
 
 
+@pytest.mark.parametrize("last", [False, True])
+def test_an_interactive_arrival_goes_before_a_running_batch_prefill(
+        make_engine, recorder, last: bool) -> None:
+    # A batch line with a 2,000-token prompt prefills in 512-token chunks (4 steps). An
+    # interactive request arriving after its first chunk waits for the whole prefill in vLLM's
+    # order (running requests first); with batch prefills last it runs in the next step (the
+    # one in progress when it arrives aside).
+    engine = make_engine(time_scale=0.2, batch_prefill_last=last)
+    batch = engine.submit(_request("b", max_tokens=5, prompt_tokens=2000, priority=1))
+    deadline = time.monotonic() + RESULT_TIMEOUT_S
+    while not recorder.steps:  # its first chunk ran
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert engine.snapshot().batch_prefill_last is last
+    num_steps_before = len(recorder.steps)
+    done = engine.submit(_request("i", max_tokens=5, prompt_tokens=50)).result(RESULT_TIMEOUT_S)
+    batch.result(RESULT_TIMEOUT_S)
+    with recorder.lock:
+        num_steps = sum(1 for s in recorder.steps[num_steps_before:]
+                        if s.at <= recorder.first_tokens["i"])
+    if last:
+        assert num_steps <= 2 and recorder.first_tokens["i"] < recorder.first_tokens["b"]
+    else:
+        assert num_steps >= 3 and recorder.first_tokens["i"] >= recorder.first_tokens["b"]
+    assert done.num_output_tokens == 5
+
+
 def test_config_is_validated() -> None:
     with pytest.raises(ValueError):
         EmulatedEngineConfig(time_scale=0)

@@ -32,5 +32,8 @@ def test_the_interactive_seat_reserve_reaches_the_engine_and_must_leave_a_seat()
     settings = Settings(max_num_seqs=7, max_num_batched_tokens=64, max_model_len=256,
                         engine_interactive_seats=2)
     assert VllmEngineBuilder("gpu.0", settings).config.num_interactive_seats == 2
+    assert not VllmEngineBuilder("gpu.0", settings).config.batch_prefill_last
+    assert VllmEngineBuilder("gpu.0", settings.model_copy(
+        update={"engine_batch_prefill_last": True})).config.batch_prefill_last
     with pytest.raises(ValueError, match="num_interactive_seats"):
         VllmEngineBuilder("gpu.0", settings.model_copy(update={"engine_interactive_seats": 7}))

@@ -1,7 +1,8 @@
-"""vLLM with seats kept for interactive requests: batch requests wait in the engine's own list
-while max_num_seqs - num_interactive_seats requests are in vLLM, so an interactive arrival
-beside a batch that would fill every seat runs at once. Runs the tiny model on CPU (marked
-vllm)."""
+"""vLLM beside batch work: seats kept for interactive requests (batch requests wait in the
+engine's own list while max_num_seqs - num_interactive_seats requests are in vLLM, so an
+interactive arrival beside a batch that would fill every seat runs at once), and batch prefills
+last (our scheduler subclass: an interactive arrival goes before a running batch line's long
+prefill). Runs the tiny model on CPU (marked vllm)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def reserving_engine(tiny_model_dir: Path, listener: RecordingListener) -> Itera
 
     engine = VllmEngine(VllmEngineConfig(
         model=str(tiny_model_dir), block_size=32, kv_cache_gib=0.25, max_num_seqs=MAX_NUM_SEQS,
-        max_num_batched_tokens=512, max_model_len=2048, num_interactive_seats=NUM_SEATS),
+        max_num_batched_tokens=512, max_model_len=2048, num_interactive_seats=NUM_SEATS,
+        batch_prefill_last=True),
         listener)
     engine.start()
     yield engine
@@ -71,3 +73,25 @@ def test_an_interactive_request_is_seated_beside_batch_work(reserving_engine,
     assert done.num_output_tokens == 4
     for future in batch:
         assert future.result(RESULT_TIMEOUT_S).num_output_tokens == 400
+
+
+@pytest.mark.vllm
+def test_an_interactive_request_goes_before_a_running_batch_prefill(
+        reserving_engine, listener: RecordingListener) -> None:
+    # A batch line of 2,000 prompt tokens prefills in 512-token chunks (4 steps); an interactive
+    # request arriving after its first chunk samples before it (vLLM's own order would give
+    # the batch chunks the budget first: running requests before waiting ones).
+    engine = reserving_engine
+    num_steps_before = len(listener.steps)
+    prompt = tuple(5 + (7 * i) % 200 for i in range(2000))
+    batch = engine.submit(GenerationRequest("long-b", "", max_tokens=4, priority=1,
+                                            prompt_token_ids=prompt,
+                                            sampling=SamplingOptions(ignore_eos=True)))
+    deadline = time.monotonic() + RESULT_TIMEOUT_S
+    while len(listener.steps) == num_steps_before:  # its first chunk ran
+        assert time.monotonic() < deadline
+        time.sleep(0.0005)
+    done = engine.submit(_request("short-i", 4, priority=0)).result(RESULT_TIMEOUT_S)
+    long_batch = batch.result(RESULT_TIMEOUT_S)
+    assert done.first_token_at < long_batch.first_token_at
+    assert engine.snapshot().batch_prefill_last
