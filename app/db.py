@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError, TimeoutError
 from sqlalchemy.orm import Session, sessionmaker
@@ -37,6 +37,14 @@ class Database:
         """A session in one transaction: committed on success, rolled back on error."""
         with self.sessions.begin() as session:
             yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A connection for a read that needs no transaction (one statement): in autocommit,
+        so the read is its one round trip, without BEGIN and COMMIT (two more round trips and
+        two more statements for the server, on the API's path for every call)."""
+        with self.engine.connect() as connection:
+            yield connection.execution_options(isolation_level="AUTOCOMMIT")
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -11,7 +11,7 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import Connection, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -103,8 +103,9 @@ def revoke_key(session: Session, key_id: str) -> ApiKey:
     return row
 
 
-def principal_of(session: Session, key: str) -> Principal | None:
-    """The principal of a presented key, or None if the key is unknown or revoked."""
+def principal_of(session: Session | Connection, key: str) -> Principal | None:
+    """The principal of a presented key, or None if the key is unknown or revoked (one
+    SELECT: an ORM session or a Core connection)."""
     # NOTE: the columns a principal needs, not the two entities: every call passes here.
     found = session.execute(
         select(Team.id, Team.name, ApiKey.id, ApiKey.is_admin, Team.rate_limit_rpm, Team.share,

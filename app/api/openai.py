@@ -16,6 +16,7 @@ from typing import Any
 import redis
 from flask import Blueprint, Response, jsonify, request, stream_with_context
 from flask.typing import ResponseReturnValue
+from sqlalchemy.orm import Session
 
 from app import openai_format as fmt
 from app import store
@@ -222,7 +223,9 @@ def _terminal_row(svc: Services, request_id: str) -> InferenceRequest | None:
     """The request's row once it is terminal; None before, and while the database cannot be
     reached (the request was accepted: its client waits out the outage, to the deadline)."""
     try:
-        with svc.db.session() as session:
+        # NOTE: one SELECT, outside a transaction (Database.read): every held completion
+        # passes here at its end.
+        with svc.db.read() as connection, Session(connection) as session:
             row = store.get_request(session, request_id)
             return row if RequestStatus(row.status).is_terminal else None
     except TRANSIENT_ERRORS as exc:
