@@ -259,7 +259,7 @@ def _idle(meter: CpuMeter, seconds: float) -> dict[str, float]:
 
 
 # --- accept -> admit, from the database -----------------------------------------------------------
-_STAGES_SQL = sa.text("""
+STAGES_SQL = sa.text("""
     SELECT extract(epoch FROM started_at - created_at) * 1000,
            extract(epoch FROM predicted_at - created_at) * 1000,
            extract(epoch FROM routed_at - predicted_at) * 1000,
@@ -273,7 +273,7 @@ LATENCY_COLUMNS = ("accept->admit", "accept->predicted", "predicted->routed", "r
 
 def _latencies(engine: sa.Engine, phase: Phase) -> dict[str, tuple[float, float, int]]:
     with engine.connect() as conn:
-        rows = conn.execute(_STAGES_SQL, {"start": phase.started, "end": phase.ended}).all()
+        rows = conn.execute(STAGES_SQL, {"start": phase.started, "end": phase.ended}).all()
     out = {}
     for i, name in enumerate(LATENCY_COLUMNS):
         values = [float(r[i]) for r in rows if r[i] is not None]

@@ -7,7 +7,9 @@ real ShareGPT prompts at a fixed Poisson rate through the API and measures, per 
 seconds (user + system, psutil) its processes spent over the load window, divided by the
 requests that completed in it: the same accounting as scripts/bench_control_plane.py
 (`CpuMeter`), with the idle rate of each role (a quiet window first) subtracted for the net
-figure. The engines' own workers are reported apart (they are not the control plane).
+figure. The engines' own workers are reported apart (they are not the control plane). Also
+the time from the API accepting a request (its row's `created_at`) to an engine admitting it
+(`started_at`), p50/p99, with its stages, from the requests' timestamps.
 
     .venv/bin/python scripts/bench_control_plane_cpu.py --rate 5 --duration-s 60
 
@@ -28,10 +30,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import redis
 import sqlalchemy as sa
 
@@ -40,10 +44,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_control_plane import (  # noqa: E402
+    LATENCY_COLUMNS,
     PG_BACKENDS,
     PG_SHARED,
     REDIS,
     ROLES,
+    STAGES_SQL,
     CpuMeter,
 )
 
@@ -142,6 +148,25 @@ def db_stats(database_url: str) -> tuple[int, int]:
             return int(row[0]), int(row[1])
     finally:
         engine.dispose()
+
+
+def latencies(database_url: str, start: datetime, end: datetime
+              ) -> dict[str, tuple[float, float, int]]:
+    """Accept -> admit and its stages (ms) of the requests accepted in [start, end]:
+    stage -> (p50, p99, count)."""
+    engine = sa.create_engine(database_url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(STAGES_SQL, {"start": start, "end": end}).all()
+    finally:
+        engine.dispose()
+    out = {}
+    for i, name in enumerate(LATENCY_COLUMNS):
+        values = [float(r[i]) for r in rows if r[i] is not None]
+        if values:
+            out[name] = (float(np.percentile(values, 50)), float(np.percentile(values, 99)),
+                         len(values))
+    return out
 
 
 def profile(pids: list[int], seconds: float, out_dir: Path) -> list[subprocess.Popen[bytes]]:
@@ -248,6 +273,7 @@ def main() -> int:
                 spies = profile(pids, args.duration_s + 5, args.profile_dir)
             print(f"sending {len(prompts)} requests at {args.rate} req/s", flush=True)
             stats_before = db_stats(args.database_url)
+            load_started = datetime.now(UTC)
             before = meter.snapshot()
             codes = asyncio.run(send(stack.api_url, stack.api_key, prompts, args.rate,
                                      args.endpoint, args.max_tokens, args.seed))
@@ -256,6 +282,7 @@ def main() -> int:
             after = meter.snapshot()
             time.sleep(1.0)
             stats_after = db_stats(args.database_url)
+            stages = latencies(args.database_url, load_started, datetime.now(UTC))
             if args.threads_of:
                 pid = stack.processes[args.threads_of].pid
                 spent = thread_cpu(pid)
@@ -285,6 +312,8 @@ def main() -> int:
           f"{per_request[1]:.2f} rows written")
     print(f"status codes {codes}; {done} completed in a {window:.1f} s window; load average "
           f"before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}")
+    for name, (p50, p99, n) in stages.items():
+        print(f"{name:20s} p50 {p50:8.1f} ms  p99 {p99:8.1f} ms  (n {n})")
     print(f"{'role':58s} {'idle ms/s':>9s} {'gross ms/req':>12s} {'net ms/req':>10s}")
     for role in [*ROLES.values(), PG_BACKENDS, PG_SHARED, REDIS, CONTROL_PLANE, ENGINES]:
         if role not in cpu:
@@ -299,6 +328,8 @@ def main() -> int:
             "args": {k: str(v) for k, v in vars(args).items()}, "codes": codes, "done": done,
             "window_s": window, "load_before": load_before, "load_after": os.getloadavg(),
             "db_per_request": {"transactions": per_request[0], "rows_written": per_request[1]},
+            "latency_ms": {name: {"p50": p50, "p99": p99, "n": n}
+                           for name, (p50, p99, n) in stages.items()},
             "roles": rows}, indent=1))
     return 0
 
