@@ -20,12 +20,14 @@ MAX_NUM_SEQS = 4
 NUM_SEATS = 1
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def listener() -> RecordingListener:
     return RecordingListener()
 
 
-@pytest.fixture(scope="module")
+# NOTE: session-scoped, so it stops after every test: stopping a vLLM engine tears down vLLM's
+# process-wide state, and no vLLM engine can step in this process afterwards (see conftest).
+@pytest.fixture(scope="session")
 def reserving_engine(tiny_model_dir: Path, listener: RecordingListener) -> Iterator:
     pytest.importorskip("vllm")
     from workers.serve.vllm_engine import VllmEngine, VllmEngineConfig
