@@ -12,6 +12,12 @@ seconds steers the batch window by interactive TTFT, workers/batch/headroom.py) 
 stack and three phases: interactive alone, the batch alone (its output tokens/s: the fleet's
 capacity for it), both. The batch's share of free capacity is its output tokens/s beside the
 interactive stream over (capacity - the interactive stream's output tokens/s alone).
+`--interactive-seats` and `--batch-prefill-last` turn on the engines' own rules
+(engine_interactive_seats, engine_batch_prefill_last) in every configuration.
+
+With `--simulated` there is no stack: the engines alone (workers.sim.Scheduler) in emulated
+time, with engine modes fcfs, class (class first), hold (class first and the seat reserve) and
+yield (hold and batch prefills last), and batch windows fixed or the slot bound.
 """
 
 from __future__ import annotations
@@ -158,6 +164,8 @@ def run_config(args: argparse.Namespace, headroom_ttft_s: float) -> dict[str, An
             flower_port=args.flower_port, num_instances=args.instances, engine_kind="emulated",
             emulated_time_scale=args.time_scale, routing_policy="block", engine_concurrency=96,
             max_batch_in_flight=args.max_batch_in_flight, batch_headroom_ttft_s=headroom_ttft_s,
+            engine_interactive_seats=args.interactive_seats,
+            engine_batch_prefill_last=args.batch_prefill_last,
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKQ_")}
         stack = Stack(settings, env={**env, **settings.as_env()})
@@ -390,6 +398,10 @@ def main() -> int:
                         help="batch_headroom_ttft_s of each configuration, in order (0: the "
                              "fixed max_batch_in_flight)")
     parser.add_argument("--time-scale", type=float, default=0.5)
+    parser.add_argument("--interactive-seats", type=int, default=0,
+                        help="engine_interactive_seats of the stack's engines")
+    parser.add_argument("--batch-prefill-last", action="store_true",
+                        help="engine_batch_prefill_last on the stack's engines")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--database-url",
                         default="postgresql+psycopg://postgres@127.0.0.1:5432/blockq_bench")
@@ -399,7 +411,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the results to this file")
     parser.add_argument("--simulated", action="store_true",
                         help="no stack: the engines alone (workers.sim.Scheduler) in emulated "
-                             "time, FCFS vs class-first order, fixed window vs the slot bound")
+                             "time: engine modes (--sim-configs) and batch windows")
     parser.add_argument("--sim-rate", type=float, default=8.0, help="interactive req/s")
     parser.add_argument("--sim-duration", type=float, default=600.0)
     parser.add_argument("--sim-warmup", type=float, default=60.0)
