@@ -5,8 +5,9 @@ The batch's lines are other real prompts of the showcase set. The releaser lets 
 the pipeline through a window that grows while the stream's TTFT p99 meets its target and halves
 when it does not, never past the engine slots the stream is expected to leave free
 (workers/batch/headroom.py), and each engine runs interactive requests before batch ones (class-
-first priorities, vLLM's priority policy): the batch should take the room the stream leaves, and
-finish once the stream is gone.
+first priorities, vLLM's priority policy), keeps seats for them (engine_interactive_seats) and
+runs batch prefills after theirs (engine_batch_prefill_last): the batch should take the room the
+stream leaves, and finish once the stream is gone.
 """
 
 from __future__ import annotations

@@ -121,6 +121,8 @@ def test_fleet_settings_let_the_batch_yield_to_the_stream(tmp_path: Path) -> Non
     assert settings.batch_headroom_ttft_s == FLEET.batch_ttft_target_s > 0
     assert settings.max_batch_in_flight == FLEET.instances * FLEET.max_num_seqs
     assert settings.batch_headroom_slot_margin >= 0  # within the slots the stream leaves
+    assert 0 < settings.engine_interactive_seats == FLEET.interactive_seats < FLEET.max_num_seqs
+    assert settings.engine_batch_prefill_last
 
 
 def test_batch_watcher_follows_the_batch_and_notes_the_stream_end() -> None:
