@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from sqlalchemy import func, select
+from sqlalchemy import create_engine, event, func, select, text
 
 from app import dispatch, faults
 from app import outbox as outbox_module
@@ -94,6 +94,31 @@ def test_senders_do_not_wait_for_deletes_which_go_together(
     assert outbox.flush()
     assert staged(db) == 0
     assert len(batches) == 2 and sum(batches) == 20
+
+
+def test_sent_entries_go_in_one_statement_whose_wal_setting_does_not_linger(
+    fresh_services: Settings, db: Database
+) -> None:
+    """The delete of sent entries is one statement outside a transaction; its asynchronous
+    commit is its own: the pooled connection it ran on commits the next transactions (an
+    accepted request's, say) synchronously again."""
+    db.engine.dispose()
+    db.engine = create_engine(db.url, pool_size=1, max_overflow=0)  # one pooled connection
+    statements: list[str] = []
+
+    def seen(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        statements.append(statement)
+
+    outbox = outbox_of(fresh_services, db)
+    with outbox.transaction() as tx:
+        tx.post(dispatch.predict(new_id(), priority=0))
+    event.listen(db.engine, "before_cursor_execute", seen)
+    assert outbox.flush()
+    event.remove(db.engine, "before_cursor_execute", seen)
+    assert len(statements) == 1 and "DELETE FROM outbox" in statements[0]
+    assert staged(db) == 0
+    with db.engine.connect() as connection:
+        assert connection.execute(text("SHOW synchronous_commit")).scalar_one() == "on"
 
 
 def test_a_rolled_back_transaction_sends_nothing(fresh_services: Settings, db: Database) -> None:
