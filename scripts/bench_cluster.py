@@ -275,6 +275,11 @@ def run_model(model: str, args: argparse.Namespace, workload: Workload,
     for cfg in configs:
         p99 = report.p99_by_rate(cfg.label)
         report.bounds[cfg.label] = {slo: capacity_bounds(p99, slo) for slo in args.slo}
+    if getattr(args, "no_cdf", False):
+        report.ceiling_rps = args.num_instances * saturation_rate(workload, setup.config,
+                                                                  setup.exec_model)
+        report.wall_s = time.perf_counter() - started
+        return report
     run_cdf(report, args, workload, setup, pool)
     block = parse_config("block")
     if block in configs and report.capacity("block", args.slo[0]) is not None:
@@ -627,6 +632,9 @@ def main() -> None:
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--json", type=Path, help="write every measured point to this file")
     parser.add_argument("--all-points", action="store_true", help="print every measured point")
+    parser.add_argument("--no-cdf", action="store_true",
+                        help="capacities only: skip the runs at round robin's and block's "
+                             "capacity (CDFs, end-to-end comparison)")
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
     parser.add_argument("--mooncake-settings", action="store_true",
                         help=f"issue 15's prefix-caching comparison: the mooncake workload on "

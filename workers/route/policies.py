@@ -7,7 +7,7 @@ with `FleetLedger` or `predict_what_ifs` below, and passes in the views.
 
 Names (the Block paper's in brackets): ``round_robin``, ``random``, ``least_requests``,
 ``infaas`` [INFaaS++], ``llumnix`` [Llumnix-], ``least_tokens`` [Block-NoSim], ``block``
-[Block], ``block_ttft``, ``prefix_affinity`` (the prefix-cache-aware routers of vLLM's
+[Block], ``block_ttft``, ``block_harm`` (block plus the delay it adds to the others), ``prefix_affinity`` (the prefix-cache-aware routers of vLLM's
 production stack, llm-d and SGLang), and ``po2_<name>`` / ``po4_<name>`` [Po2/Po4] for every
 scoring policy: k candidates drawn at random, the best of them by ``<name>``. The oracle mode
 [Block*] is not a policy: it is the caller predicting lengths with the true ones.
@@ -216,6 +216,22 @@ class Block:
 
     def scores(self, request, fleet, ctx):  # type: ignore[no-untyped-def]
         return [_required(i, "what_if_e2e_s", i.what_if_e2e_s) for i in fleet]
+
+
+@POLICIES.register("block_harm")
+class BlockHarm:
+    """Minimum latency added over everybody: the new request's simulated end-to-end latency
+    plus the delay its steps add to the instance's other requests (`WhatIf.delay_to_others_s`,
+    the rule `decide` applies among instances meeting a target). A measured alternative to
+    block (docs/benchmarks_cluster.md, 2026-12-02): it preempts less but queues the new request
+    where it delays nobody, and its TTFT p99 near capacity is worse."""
+
+    needs_what_if = True
+
+    def scores(self, request, fleet, ctx):  # type: ignore[no-untyped-def]
+        return [_required(i, "what_if_e2e_s", i.what_if_e2e_s)
+                + _required(i, "what_if_delay_to_others_s", i.what_if_delay_to_others_s)
+                for i in fleet]
 
 
 @POLICIES.register("block_ttft")

@@ -96,6 +96,19 @@ def test_block_minimises_end_to_end_and_block_ttft_minimises_first_token() -> No
     assert decide("block_ttft", REQUEST, fleet, _ctx()).instance_id == "gpu.1"
 
 
+def test_block_harm_adds_the_delay_to_the_others_to_the_end_to_end_latency() -> None:
+    fleet = [_inst("gpu.0", what_if_ttft_s=0.1, what_if_e2e_s=4.0,
+                   what_if_delay_to_others_s=3.0),   # block's pick, but delays 3 s of others
+             _inst("gpu.1", what_if_ttft_s=0.6, what_if_e2e_s=5.0,
+                   what_if_delay_to_others_s=1.0)]
+    assert decide("block", REQUEST, fleet, _ctx()).instance_id == "gpu.0"
+    harm = decide("block_harm", REQUEST, fleet, _ctx())
+    assert harm.instance_id == "gpu.1" and harm.scores == {"gpu.0": 7.0, "gpu.1": 6.0}
+    with pytest.raises(ValueError, match="what_if_delay_to_others_s"):
+        decide("block_harm", REQUEST, [_inst("gpu.0", what_if_ttft_s=0.1, what_if_e2e_s=1.0)],
+               _ctx())
+
+
 def test_block_policies_refuse_views_without_what_ifs() -> None:
     for name in ("block", "block_ttft", "po2_block"):
         with pytest.raises(ValueError, match="what_if"):
@@ -104,7 +117,7 @@ def test_block_policies_refuse_views_without_what_ifs() -> None:
 
 def test_which_policies_need_what_ifs() -> None:
     simulating = {n for n in POLICIES.names() if needs_what_if(n)}
-    assert simulating == {"block", "block_ttft", *(f"po{k}_{p}" for k in PROBE_COUNTS
+    assert simulating == {"block", "block_ttft", "block_harm", *(f"po{k}_{p}" for k in PROBE_COUNTS
                                                    for p in ("block", "block_ttft"))}
 
 
@@ -136,7 +149,8 @@ def test_every_scoring_policy_has_power_of_k_variants() -> None:
 @pytest.mark.parametrize("name", POLICIES.names())
 def test_every_policy_scores_every_candidate_it_considers(name: str) -> None:
     fleet = [_inst(f"gpu.{i}", running=i, free=100 - i, num_outstanding_tokens=10 * i,
-                   what_if_ttft_s=0.1 * i, what_if_e2e_s=1.0 + i) for i in range(5)]
+                   what_if_ttft_s=0.1 * i, what_if_e2e_s=1.0 + i,
+                   what_if_delay_to_others_s=0.5 * i) for i in range(5)]
     decision = decide(name, REQUEST, fleet, _ctx(ticket=3, seed=1))
     assert decision.policy == name
     assert decision.instance_id in decision.scores
@@ -154,7 +168,7 @@ def test_ties_are_broken_at_random() -> None:
 
 
 def test_unknown_policy_names_the_known_ones_and_empty_fleet_raises() -> None:
-    with pytest.raises(ValueError, match="block, block_ttft, infaas, least_requests"):
+    with pytest.raises(ValueError, match="block, block_harm, block_ttft, infaas, least_requests"):
         decide("fastest", REQUEST, [_inst("gpu.0")], _ctx())
     with pytest.raises(ValueError, match="no candidate"):
         decide("round_robin", REQUEST, [], _ctx())
