@@ -39,10 +39,10 @@ class Database:
             yield session
 
     @contextmanager
-    def read(self) -> Iterator[Connection]:
-        """A connection for a read that needs no transaction (one statement): in autocommit,
-        so the read is its one round trip, without BEGIN and COMMIT (two more round trips and
-        two more statements for the server, on the API's path for every call)."""
+    def autocommit(self) -> Iterator[Connection]:
+        """A connection on which each statement is its own transaction, for work of one
+        statement (a read, a delete): the statement is its one round trip, without BEGIN and
+        COMMIT (two more round trips, and two more statements for the server)."""
         with self.engine.connect() as connection:
             yield connection.execution_options(isolation_level="AUTOCOMMIT")
 

@@ -206,10 +206,10 @@ class _Forgetter:
 
     def _delete(self, entry_ids: list[int]) -> None:
         try:
-            # NOTE: one statement outside a transaction (Database.read's autocommit), not
+            # NOTE: one statement outside a transaction (Database.autocommit), not
             # BEGIN, SET LOCAL, DELETE, COMMIT: at a few requests a second most deletes take
             # one or two entries, so each was four round trips per request in every sender.
-            with self.db.read() as connection:
+            with self.db.autocommit() as connection:
                 connection.execute(_forget_statement(connection.dialect.name), {"ids": entry_ids})
         except Exception as exc:  # noqa: BLE001 - the relay sends them again: consumers dedupe
             logger.warning("could not delete %d sent outbox entries (%s)", len(entry_ids),

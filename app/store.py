@@ -11,7 +11,7 @@ import functools
 import hashlib
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -33,7 +33,7 @@ from sqlalchemy import (
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.expression import Executable
+from sqlalchemy.sql.expression import ClauseElement, Executable
 
 from app.errors import Conflict, NotFound
 from app.models import (
@@ -251,6 +251,14 @@ def _transition(session: Session, request_id: str, to: RequestStatus,
     # path (session.execute of an entity's update) cost twice the CPU for nothing used here
     # (synchronize_session is off), and every request passes here four times.
     connection = session.connection()
+    if connection.dialect.name == "postgresql":
+        # NOTE: one statement, one round trip: the event is inserted by a data-modifying CTE
+        # from the UPDATE's own RETURNING (no row changed, no event), instead of a second
+        # INSERT after the first statement's answer. Every request passes here four times.
+        statement, params = _transition_statement(to, allowed_from, returning, extra_where,
+                                                  wait_for_wal, fields)
+        return connection.execute(statement, {"_request_id": request_id, "_now": now,
+                                              "_detail": detail, **params}).first()
     changing = (
         update(_REQUESTS)
         .where(
@@ -261,12 +269,6 @@ def _transition(session: Session, request_id: str, to: RequestStatus,
         .values(status=str(to), updated_at=now,
                 **{_COLUMN_KEYS.get(name, name): value for name, value in fields.items()})
     )
-    if connection.dialect.name == "postgresql":
-        # NOTE: one statement, one round trip: the event is inserted by a data-modifying CTE
-        # from the UPDATE's own RETURNING (no row changed, no event), instead of a second
-        # INSERT after the first statement's answer. Every request passes here four times.
-        return connection.execute(
-            _with_event(changing, to, now, detail, returning, wait_for_wal)).first()
     row = connection.execute(changing.returning(*returning)).first()
     if row is None:
         return None
@@ -294,20 +296,86 @@ def _forget_slo_outcomes(session: Session, transaction: Any, connection: Any) ->
     session.info.pop(_SLO_OUTCOMES_KEY, None)
 
 
-def _with_event(changing: Update, to: RequestStatus, now: datetime, detail: str | None,
+#: Transition statements by shape (`_shape_of`): building one (its CTEs' column proxies) cost
+#: more client CPU than running it. Bounded: shapes come from the code's call sites.
+_TRANSITIONS: dict[Hashable, Select[Any]] = {}
+_MAX_TRANSITIONS = 512
+
+
+def _transition_statement(to: RequestStatus, allowed_from: Iterable[RequestStatus],
+                          returning: Sequence[Any], extra_where: Iterable[Any],
+                          wait_for_wal: bool, fields: dict[str, Any]
+                          ) -> tuple[Select[Any], dict[str, Any]]:
+    """The UPDATE of a transition with the INSERT of its event (`_with_event`), built once per
+    shape, and its parameters: the request id (`_request_id`), the time (`_now`) and the
+    event's detail (`_detail`) are bound when it runs, as is every plain field value; SQL
+    expressions (in fields, `extra_where`, `returning`) are part of the shape, values and all."""
+    allowed = tuple(sorted(str(s) for s in allowed_from))
+    extra = tuple(extra_where)
+    plain = {name: value for name, value in fields.items() if not isinstance(value, ClauseElement)}
+    shape = _shape_of(to, allowed, returning, extra, wait_for_wal, fields, plain)
+    statement = _TRANSITIONS.get(shape) if shape is not None else None
+    if statement is None:
+        now = bindparam("_now", type_=_EVENTS.c.at.type)
+        detail = bindparam("_detail", type_=_EVENTS.c.detail.type)
+        values = {_COLUMN_KEYS.get(name, name): (
+            bindparam(f"_v_{name}", type_=_REQUESTS.c[_COLUMN_KEYS.get(name, name)].type)
+            if name in plain else value) for name, value in fields.items()}
+        changing = (update(_REQUESTS)
+                    .where(_REQUESTS.c.id == bindparam("_request_id"),
+                           _REQUESTS.c.status.in_(allowed), *extra)
+                    .values(status=str(to), updated_at=now, **values))
+        statement = _with_event(changing, to, now, detail, returning, wait_for_wal)
+        if shape is not None and len(_TRANSITIONS) < _MAX_TRANSITIONS:
+            _TRANSITIONS[shape] = statement
+    return statement, {f"_v_{name}": value for name, value in plain.items()}
+
+
+def _shape_of(to: RequestStatus, allowed: tuple[str, ...], returning: Sequence[Any],
+              extra: tuple[Any, ...], wait_for_wal: bool, fields: dict[str, Any],
+              plain: dict[str, Any]) -> Hashable | None:
+    """What makes two transitions one statement; None when an expression has no cache key
+    or an unhashable value (such a statement is built each time)."""
+    try:
+        expressions = tuple(_expression_key(e) for e in (*returning, *extra))
+        field_keys = tuple((name, None if name in plain else _expression_key(value))
+                           for name, value in fields.items())
+        shape = (str(to), allowed, wait_for_wal, expressions, field_keys)
+        hash(shape)
+    except (TypeError, _Uncacheable):
+        return None
+    return shape
+
+
+class _Uncacheable(Exception):
+    pass
+
+
+def _expression_key(expression: Any) -> Hashable:
+    """SQLAlchemy's cache key of an expression with its bound values: equal keys, the same SQL
+    and the same values."""
+    element = expression.__clause_element__() if hasattr(expression, "__clause_element__") \
+        else expression
+    key = element._generate_cache_key()
+    if key is None:
+        raise _Uncacheable
+    return key.key, tuple(b.effective_value for b in key.bindparams)
+
+
+def _with_event(changing: Update, to: RequestStatus, now: Any, detail: Any,
                 returning: Sequence[Any], wait_for_wal: bool) -> Select[Any]:
     """`changing` with the event of its change, as one statement: the UPDATE and an INSERT of
     the event in CTEs, selecting the UPDATE's `returning` columns under their own names (and,
     unless `wait_for_wal`, turning the synchronous commit off for the transaction when a row
-    changed: SET LOCAL's effect, without its round trip)."""
+    changed: SET LOCAL's effect, without its round trip). `now`, `detail`: the event's time and
+    detail, bound parameters."""
     changed = changing.returning(
         _REQUESTS.c.id.label("_id"),
         *(column.label(f"_r{i}") for i, column in enumerate(returning)),
     ).cte("changed")
     event = insert(_EVENTS).from_select(
         ["request_id", "status", "at", "detail"],
-        select(changed.c._id, literal(str(to), _EVENTS.c.status.type),
-               literal(now, _EVENTS.c.at.type), literal(detail, _EVENTS.c.detail.type)),
+        select(changed.c._id, literal(str(to), _EVENTS.c.status.type), now, detail),
     ).cte("event")
     columns = [changed.c[f"_r{i}"].label(column.key) for i, column in enumerate(returning)]
     if not wait_for_wal:

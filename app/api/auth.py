@@ -32,7 +32,7 @@ def _authenticate() -> None:
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthorized("You didn't provide an API key. Send it in the Authorization header: "
                            "'Authorization: Bearer YOUR_KEY'.", code="missing_api_key")
-    with services().db.read() as connection:
+    with services().db.autocommit() as connection:
         principal = principal_of(connection, key.strip())
     if principal is None:
         raise Unauthorized(f"Incorrect API key provided: {key.strip()[:6]}***.",

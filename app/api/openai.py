@@ -223,9 +223,9 @@ def _terminal_row(svc: Services, request_id: str) -> InferenceRequest | None:
     """The request's row once it is terminal; None before, and while the database cannot be
     reached (the request was accepted: its client waits out the outage, to the deadline)."""
     try:
-        # NOTE: one SELECT, outside a transaction (Database.read): every held completion
+        # NOTE: one SELECT, outside a transaction (Database.autocommit): every held completion
         # passes here at its end.
-        with svc.db.read() as connection, Session(connection) as session:
+        with svc.db.autocommit() as connection, Session(connection) as session:
             row = store.get_request(session, request_id)
             return row if RequestStatus(row.status).is_terminal else None
     except TRANSIENT_ERRORS as exc:

@@ -99,3 +99,20 @@ def test_new_requests_are_inserted_with_their_event_one_statement_each(db: Datab
                 "created_at = :at FROM requests WHERE id = :id"),
                 {"id": request.id, "at": request.created_at}).one()
             assert tuple(nulls) == (False, "null", True, True, True)
+
+
+def test_transitions_of_one_shape_keep_their_own_values(db: Database) -> None:
+    """A transition's statement is built once per shape: the values of its SQL expressions are
+    part of the shape, the plain ones bound per call (a guard on attempt 5 refuses, the same
+    guard on attempt 0 applies, with its own detail and field value)."""
+    request_id = _new_request(db)
+    for attempt, detail, expected in ((5, "first", False), (0, "second", True)):
+        with db.session() as session:
+            changed = store.transition(
+                session, request_id, RequestStatus.PREDICTING,
+                allowed_from={RequestStatus.QUEUED}, detail=detail, predictor=detail,
+                extra_where=[InferenceRequest.attempt == attempt])
+        assert changed is expected
+    assert _events(db, request_id) == [("queued", None), ("predicting", "second")]
+    with db.session() as session:
+        assert session.get(InferenceRequest, request_id).predictor == "second"
