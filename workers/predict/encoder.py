@@ -21,12 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from typing import TYPE_CHECKING
-
 import numpy as np
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = ["DEFAULT_ENCODER", "Encoder", "EncoderConfig", "default_encoder_path"]
 
