@@ -76,27 +76,30 @@ def test_pure_core_has_no_dynamic_imports(module: str) -> None:
         assert "__import__" not in names and "importlib" not in modules, file
 
 
-def test_worker_processes_load_no_flask() -> None:
-    """The Celery entrypoint with every stage's task module imported: no Flask, no HTTP layer."""
+def _modules_a_worker_loads(*extra_imports: str) -> list[str]:
+    """Top-level names of the modules a fresh process holds after importing the Celery
+    entrypoint, every stage's task module (as every worker does) and `extra_imports`."""
     code = ("import sys, importlib, workers.celery as c\n"
             "for name in c.TASK_MODULES: importlib.import_module(name)\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('flask', 'werkzeug')"
-            " or m.startswith(('app.api', 'app.cli'))))")
+            f"for name in {list(extra_imports)!r}: importlib.import_module(name)\n"
+            "print('\\n'.join(sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    return result.stdout.split()
+
+
+def test_worker_processes_load_no_flask() -> None:
+    """The Celery entrypoint with every stage's task module imported: no Flask, no HTTP layer."""
+    loaded = _modules_a_worker_loads()
+    assert sorted(m for m in loaded if m.split(".")[0] in ("flask", "werkzeug")
+                  or m.startswith(("app.api", "app.cli"))) == []
 
 
 def test_worker_processes_load_no_torch_until_they_embed() -> None:
     """Every Celery worker imports every task module; none of them may import torch or
     transformers (about 8 s of CPU and 400 MB each): only a process that builds an encoder or an
     engine loads them, when it does."""
-    code = ("import sys, importlib, workers.celery as c\n"
-            "for name in c.TASK_MODULES: importlib.import_module(name)\n"
-            "import workers.predict.encoder, workers.predict.length_model\n"
-            "print(sorted(m for m in ('torch', 'transformers', 'vllm') if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    loaded = set(_modules_a_worker_loads("workers.predict.encoder",
+                                         "workers.predict.length_model"))
+    assert sorted(loaded & {"torch", "transformers", "vllm"}) == []
