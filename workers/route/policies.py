@@ -7,8 +7,9 @@ with `FleetLedger` or `predict_what_ifs` below, and passes in the views.
 
 Names (the Block paper's in brackets): ``round_robin``, ``random``, ``least_requests``,
 ``infaas`` [INFaaS++], ``llumnix`` [Llumnix-], ``least_tokens`` [Block-NoSim], ``block``
-[Block], ``block_ttft``, ``block_harm`` (block plus the delay it adds to the others), ``prefix_affinity`` (the prefix-cache-aware routers of vLLM's
-production stack, llm-d and SGLang), and ``po2_<name>`` / ``po4_<name>`` [Po2/Po4] for every
+[Block], ``block_ttft``, ``block_harm`` (block plus the delay it adds to the others),
+``prefix_affinity`` (the prefix-cache-aware routers of vLLM's production stack, llm-d and
+SGLang), and ``po2_<name>`` / ``po4_<name>`` [Po2/Po4] for every
 scoring policy: k candidates drawn at random, the best of them by ``<name>``. The oracle mode
 [Block*] is not a policy: it is the caller predicting lengths with the true ones.
 
