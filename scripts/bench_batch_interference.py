@@ -176,6 +176,10 @@ def run_config(args: argparse.Namespace, headroom_ttft_s: float) -> dict[str, An
             client = openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key=stack.api_key,
                                    max_retries=0, timeout=600)
             model = settings.model_name
+            if args.interactive_warmup > 0:  # first requests pay cold starts (model loads)
+                console.print(f"[bold]headroom target {headroom_ttft_s:g} s[/bold]: warm-up")
+                _interactive(client, model, prompts, args.rate, args.interactive_warmup,
+                             args.seed + 1)
             console.print(f"[bold]headroom target {headroom_ttft_s:g} s[/bold]: interactive alone")
             alone = _interactive_phase(client, db, model, prompts, args)
             time.sleep(5)
@@ -392,6 +396,10 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds per phase")
     parser.add_argument("--warmup", type=float, default=15.0,
                         help="seconds of batch before its capacity is measured")
+    parser.add_argument("--interactive-warmup", type=float, default=15.0,
+                        help="seconds of the interactive stream sent, and not measured, before "
+                             "the first phase (the stack's cold starts: the first requests load "
+                             "models and fill caches)")
     parser.add_argument("--batch-lines", type=int, default=10_000)
     parser.add_argument("--max-batch-in-flight", type=int, default=256)
     parser.add_argument("--headroom-ttft", type=float, nargs="+", default=[0.0, 1.0],
