@@ -272,8 +272,14 @@ LATENCY_COLUMNS = ("accept->admit", "accept->predicted", "predicted->routed", "r
 
 
 def _latencies(engine: sa.Engine, phase: Phase) -> dict[str, tuple[float, float, int]]:
+    return stage_latencies(engine, phase.started, phase.ended)
+
+
+def stage_latencies(engine: sa.Engine, start: Any, end: Any) -> dict[str, tuple[float, float, int]]:
+    """Accept -> admit and its stages (ms) of the requests accepted in [start, end]:
+    stage -> (p50, p99, count)."""
     with engine.connect() as conn:
-        rows = conn.execute(STAGES_SQL, {"start": phase.started, "end": phase.ended}).all()
+        rows = conn.execute(STAGES_SQL, {"start": start, "end": end}).all()
     out = {}
     for i, name in enumerate(LATENCY_COLUMNS):
         values = [float(r[i]) for r in rows if r[i] is not None]

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import redis
 import sqlalchemy as sa
 
@@ -44,13 +43,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_control_plane import (  # noqa: E402
-    LATENCY_COLUMNS,
     PG_BACKENDS,
     PG_SHARED,
     REDIS,
     ROLES,
-    STAGES_SQL,
     CpuMeter,
+    stage_latencies,
 )
 
 from app.cli.stack import Stack, free_port  # noqa: E402
@@ -156,17 +154,9 @@ def latencies(database_url: str, start: datetime, end: datetime
     stage -> (p50, p99, count)."""
     engine = sa.create_engine(database_url, poolclass=sa.pool.NullPool)
     try:
-        with engine.connect() as conn:
-            rows = conn.execute(STAGES_SQL, {"start": start, "end": end}).all()
+        return stage_latencies(engine, start, end)
     finally:
         engine.dispose()
-    out = {}
-    for i, name in enumerate(LATENCY_COLUMNS):
-        values = [float(r[i]) for r in rows if r[i] is not None]
-        if values:
-            out[name] = (float(np.percentile(values, 50)), float(np.percentile(values, 99)),
-                         len(values))
-    return out
 
 
 def profile(pids: list[int], seconds: float, out_dir: Path) -> list[subprocess.Popen[bytes]]:
