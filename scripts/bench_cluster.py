@@ -90,6 +90,7 @@ from workers.cluster_sim import (
     shared_prompt_workload,
     simulate,
 )
+from workers.route.late_binding import LateBinding
 from workers.route.policies import needs_what_if
 from workers.sim import InstanceConfig, bundled_model
 
@@ -123,6 +124,9 @@ MOONCAKE_CONFIGS = ("round_robin", "llumnix", "prefix_affinity", "block", "block
 MOONCAKE_RATES = "1.5:4.5:0.5"
 #: A configuration label suffix: the router does not see prefixes (`simulate`).
 NOPREFIX_SUFFIX = "_noprefix"
+#: A configuration label suffix: the router holds requests no instance would start soon
+#: (`workers.route.late_binding`); ``+hold=Q`` sets its ``max_queueing_s`` to Q.
+HOLD_SUFFIX = "+hold"
 DEFAULT_REPLAY = REPO_ROOT / ".blockq" / "live_workload" / "requests.jsonl"
 #: The live benchmark's fleet and configurations (issue 14; scripts/bench_live.py).
 LIVE_MODEL = "qwen2-7b-a30"
@@ -146,10 +150,16 @@ class Config:
     predictor: str
     #: Whether the router sees the requests' prefix hashes and the published caches.
     sees_prefixes: bool = True
+    #: Whether, and how, the router holds requests (None: it binds every request at once).
+    late_binding: LateBinding | None = None
 
     @property
     def label(self) -> str:
         policy = self.policy if self.sees_prefixes else f"{self.policy}{NOPREFIX_SUFFIX}"
+        if self.late_binding == LateBinding():
+            policy += HOLD_SUFFIX
+        elif self.late_binding is not None:
+            policy += f"{HOLD_SUFFIX}={self.late_binding.max_queueing_s:g}"
         return policy if self.predictor == "default" else f"{policy}@{self.predictor}"
 
 
@@ -168,7 +178,8 @@ def run_job(job: Job) -> RunResult:
     return simulate(job.workload, job.rate, job.setup, job.config.policy,
                     predictor_from_spec(job.predictor), seed=job.seed,
                     keep_samples=job.keep_samples,
-                    router_sees_prefixes=job.config.sees_prefixes)
+                    router_sees_prefixes=job.config.sees_prefixes,
+                    late_binding=job.config.late_binding)
 
 
 @dataclass(slots=True)
@@ -204,11 +215,17 @@ def parse_rates(spec: str, scale: float) -> list[float]:
 
 
 def parse_config(spec: str) -> Config:
+    """``policy[_noprefix][+hold[=Q]][@predictor]``: the inverse of `Config.label`."""
     policy, _, predictor = spec.partition("@")
+    policy, held, queueing = policy.partition(HOLD_SUFFIX)
+    late_binding = None
+    if held:
+        late_binding = (LateBinding(max_queueing_s=float(queueing.removeprefix("=")))
+                        if queueing else LateBinding())
     blind = policy.endswith(NOPREFIX_SUFFIX)
     if blind:
         policy = policy.removesuffix(NOPREFIX_SUFFIX)
-    return Config(policy, predictor or "default", not blind)
+    return Config(policy, predictor or "default", not blind, late_binding)
 
 
 def model_setup(model: str, args: argparse.Namespace) -> ClusterSetup:

@@ -24,13 +24,17 @@ import dataclasses
 import math
 import random
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from workers.route.late_binding import LateBinding
 from workers.route.policies import (
+    Decision,
     FleetLedger,
+    InstanceView,
     RequestView,
     RoutingContext,
     decide,
@@ -153,7 +157,8 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
              keep_samples: bool = False,
              targets: Sequence[LatencyTarget | None] | None = None,
              route_by_targets: bool = True, reject_unmeetable: bool = False,
-             refuse_margin: float = 0.0, router_sees_prefixes: bool = True) -> RunResult:
+             refuse_margin: float = 0.0, router_sees_prefixes: bool = True,
+             late_binding: LateBinding | None = None) -> RunResult:
     """Replay `workload` at `rate` requests per second through `policy`; deterministic for `seed`.
 
     The seed fixes the predicted lengths (the same for every policy and rate), the step-time
@@ -169,76 +174,197 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
     share cached prefixes; the router sees each request's hashes and the instances' published
     caches unless `router_sees_prefixes` is off (an ablation: the same fleet, a router blind
     to the cache).
+
+    With `late_binding` the router holds a request while no instance would start it soon
+    (`LateBinding.would_start`), and releases held requests in arrival order, each to the
+    policy's pick among the instances that would start it, as instances publish.
     """
     started = time.perf_counter()
     config = setup.config
     arrival_times = workload.arrival_times(rate)
     predicted = predictor.predict(workload, seed)
-    instance_class = ground_truth_class(setup.ground_truth)
-    engines = [instance_class(f"gpu.{k}", config, setup.exec_model, setup.exec_noise_sigma,
-                              seed=[seed, 1, k]) for k in range(setup.num_instances)]
-    by_id = {e.instance_id: e for e in engines}
-    router_rng = random.Random(seed)
-    interval = setup.publish_interval_s
-    phases = [router_rng.uniform(0.0, interval) for _ in engines]
-    published_at = [0.0] * len(engines)
-    ledger = FleetLedger()
-    for engine in engines:
-        ledger.publish(engine.instance_id, engine.snapshot(), 0.0)
-    what_if_model = None
-    if needs_what_if(policy):
-        what_if_model = setup.router_exec_model or setup.exec_model
+    router = _Router(setup, policy, seed, late_binding)
     requests: list[SimulatedRequest] = []
     rejected: set[str] = set()
-    decision_s: list[float] = []
     aborted = False
     for index, arrival_s in enumerate(arrival_times):
-        for k, engine in enumerate(engines):
-            due = _last_publication(arrival_s, phases[k], interval)
-            if due > published_at[k]:
-                engine.run_until(due)
-                ledger.publish(engine.instance_id, engine.snapshot(), due)
-                published_at[k] = due
+        router.advance_to(arrival_s)
         hashes = workload.prefix_hashes_of(index) if config.enable_prefix_caching else ()
         request = SimulatedRequest(f"r{index}", arrival_s, workload.num_prompt_tokens[index],
                                    workload.num_output_tokens[index], predicted[index], hashes)
         requests.append(request)
-        planned = SimRequest(request.request_id, request.num_prompt_tokens,
-                             predicted_output_tokens=predicted[index],
-                             priority=engines[0].priority_of(request),
-                             prefix_hashes=hashes if router_sees_prefixes else ())
         target = targets[index] if targets is not None and route_by_targets else None
-        view = RequestView(request.request_id, request.num_prompt_tokens, predicted[index],
-                           max_tokens=config.max_model_len - request.num_prompt_tokens,
-                           ttft_target_s=target.ttft_s if target else None,
-                           e2e_target_s=target.e2e_s if target else None)
-        decision_started = time.perf_counter()
-        views = ledger.views(planned, what_if_model,
-                             probed(policy, ledger.instance_ids, router_rng))
-        decision = decide(policy, view, views, RoutingContext(ticket=index, rng=router_rng))
-        decision_s.append(time.perf_counter() - decision_started)
-        if reject_unmeetable and decision.meets_target is False and (
-                target_shortfall(view, views) or 0.0) > 1.0 + refuse_margin:
+        routed = _Routed(request, router.planned(request, router_sees_prefixes),
+                         RequestView(request.request_id, request.num_prompt_tokens,
+                                     predicted[index],
+                                     max_tokens=config.max_model_len - request.num_prompt_tokens,
+                                     ttft_target_s=target.ttft_s if target else None,
+                                     e2e_target_s=target.e2e_s if target else None))
+        if not router.route(routed, arrival_s, reject_unmeetable, refuse_margin):
             rejected.add(request.request_id)
-            continue
-        if what_if_model is not None:
-            request.what_if_e2e_s = next(v.what_if_e2e_s for v in views
-                                         if v.instance_id == decision.instance_id)
-        by_id[decision.instance_id].add(request, arrival_s)
-        ledger.assign(decision.instance_id, planned, arrival_s)
         if setup.abort_ttft_s is not None and index % 100 == 99 and _too_late(
                 requests, arrival_s, setup.abort_ttft_s, len(workload)):
             aborted = True
             break
     if not aborted:
-        for engine in engines:
+        router.release_all()
+        for engine in router.engines:
             engine.run_to_end()
     result = _result(policy, predictor.name, rate, workload,
-                     [r for r in requests if r.request_id not in rejected], engines, decision_s,
-                     aborted, time.perf_counter() - started, keep_samples)
+                     [r for r in requests if r.request_id not in rejected], router.engines,
+                     router.decision_s, aborted, time.perf_counter() - started, keep_samples)
     if targets is None or aborted:
         return result
     return _with_goodput(result, requests, targets, rejected)
+
+
+@dataclass(slots=True)
+class _Routed:
+    """A request as the router holds it: its outcome, what it plans with, what policies read."""
+
+    request: SimulatedRequest
+    planned: SimRequest
+    view: RequestView
+
+
+class _Router:
+    """The fleet and its router: publications on schedule, decisions, held requests."""
+
+    def __init__(self, setup: ClusterSetup, policy: str, seed: int,
+                 late_binding: LateBinding | None) -> None:
+        instance_class = ground_truth_class(setup.ground_truth)
+        self.config = setup.config
+        self.policy = policy
+        self.late_binding = late_binding
+        self.engines = [instance_class(f"gpu.{k}", setup.config, setup.exec_model,
+                                       setup.exec_noise_sigma, seed=[seed, 1, k])
+                        for k in range(setup.num_instances)]
+        self._by_id = {e.instance_id: e for e in self.engines}
+        self.rng = random.Random(seed)
+        self._interval = setup.publish_interval_s
+        self._phases = [self.rng.uniform(0.0, self._interval) for _ in self.engines]
+        self._published_at = [0.0] * len(self.engines)
+        self.ledger = FleetLedger()
+        for engine in self.engines:
+            self.ledger.publish(engine.instance_id, engine.snapshot(), 0.0)
+        self._what_if_model = (setup.router_exec_model or setup.exec_model
+                               if needs_what_if(policy) else None)
+        self._held: deque[_Routed] = deque()
+        self._decisions = 0
+        self.decision_s: list[float] = []
+
+    def planned(self, request: SimulatedRequest, sees_prefixes: bool) -> SimRequest:
+        """What the router plans `request` with (the predicted length, no true one)."""
+        return SimRequest(request.request_id, request.num_prompt_tokens,
+                          predicted_output_tokens=request.predicted_output_tokens,
+                          priority=self.engines[0].priority_of(request),
+                          prefix_hashes=request.prefix_hashes if sees_prefixes else ())
+
+    def advance_to(self, now_s: float) -> None:
+        """Publish every state due by `now_s`; while requests are held, one publication at a
+        time, each followed by an attempt to release them."""
+        if self.late_binding is not None:
+            while self._held:
+                k, due = self._next_publication()
+                if due > now_s:
+                    break
+                self._publish(k, due)
+                self._release(due, self.engines[k].instance_id)
+        for k in range(len(self.engines)):
+            due = _last_publication(now_s, self._phases[k], self._interval)
+            if due > self._published_at[k]:
+                self._publish(k, due)
+
+    def route(self, routed: _Routed, now_s: float, reject_unmeetable: bool,
+              refuse_margin: float) -> bool:
+        """Route (or hold) a new request at `now_s`; False when it is refused."""
+        if self._held:
+            # NOTE: behind the held ones, in arrival order: a new request never overtakes.
+            self._held.append(routed)
+            return True
+        started = time.perf_counter()
+        views = self._views(routed)
+        decision = self._decide(routed, views)
+        self.decision_s.append(time.perf_counter() - started)
+        if reject_unmeetable and decision.meets_target is False and (
+                target_shortfall(routed.view, views) or 0.0) > 1.0 + refuse_margin:
+            return False
+        if self.late_binding is not None and not self._startable(routed, views):
+            self._held.append(routed)
+            return True
+        self._bind(routed, decision.instance_id, views, now_s)
+        return True
+
+    def release_all(self) -> None:
+        """After the last arrival: publish and release until nothing is held."""
+        now_s = 0.0
+        while self._held:
+            k, now_s = self._next_publication()
+            self._publish(k, now_s)
+            self._release(now_s, self.engines[k].instance_id)
+
+    def _release(self, now_s: float, published: str) -> None:
+        """Bind held requests in arrival order while an instance would start the first.
+
+        Only `published` changed since the last attempt: if it would not start the first
+        held request, no instance would (their states and routings are as they were)."""
+        assert self.late_binding is not None
+        first = self._held[0]
+        if not self._startable(first, self._views(first, [published])):
+            return
+        while self._held:
+            routed = self._held[0]
+            started = time.perf_counter()
+            views = [v for v in self._views(routed)
+                     if self.late_binding.would_start(v, routed.request.num_prompt_tokens,
+                                                      self.config)]
+            if not views:
+                return
+            decision = self._decide(routed, views)
+            self.decision_s.append(time.perf_counter() - started)
+            self._held.popleft()
+            self._bind(routed, decision.instance_id, views, now_s)
+
+    def _startable(self, routed: _Routed, views: Sequence[InstanceView]) -> bool:
+        assert self.late_binding is not None
+        return any(self.late_binding.would_start(v, routed.request.num_prompt_tokens,
+                                                 self.config) for v in views)
+
+    def _views(self, routed: _Routed, instance_ids: Sequence[str] | None = None
+               ) -> list[InstanceView]:
+        if instance_ids is None:
+            instance_ids = probed(self.policy, self.ledger.instance_ids, self.rng)
+        return self.ledger.views(routed.planned, self._what_if_model, instance_ids)
+
+    def _decide(self, routed: _Routed, views: Sequence[InstanceView]) -> Decision:
+        decision = decide(self.policy, routed.view, views,
+                          RoutingContext(ticket=self._decisions, rng=self.rng))
+        self._decisions += 1
+        return decision
+
+    def _bind(self, routed: _Routed, instance_id: str, views: Sequence[InstanceView],
+              now_s: float) -> None:
+        request = routed.request
+        if self._what_if_model is not None:
+            request.what_if_e2e_s = next(v.what_if_e2e_s for v in views
+                                         if v.instance_id == instance_id)
+            # NOTE: the what-if counts from the bind; the request's latency from its arrival.
+            request.what_if_e2e_s += now_s - request.arrival_s
+        self._by_id[instance_id].add(request, now_s)
+        self.ledger.assign(instance_id, routed.planned, now_s)
+
+    def _next_publication(self) -> tuple[int, float]:
+        """The instance publishing next and when."""
+        if self._interval <= 0:
+            raise ValueError("late binding needs a publish interval above 0")
+        return min(((k, at + self._interval if at > 0 else self._phases[k])
+                    for k, at in enumerate(self._published_at)), key=lambda p: p[1])
+
+    def _publish(self, k: int, due_s: float) -> None:
+        engine = self.engines[k]
+        engine.run_until(due_s)
+        self.ledger.publish(engine.instance_id, engine.snapshot(), due_s)
+        self._published_at[k] = due_s
 
 
 def _with_goodput(result: RunResult, requests: Sequence[SimulatedRequest],

@@ -111,6 +111,8 @@ class InstanceView:
     # Prompt tokens of the request being routed this instance's prefix cache holds (by its
     # published cached prefixes and the requests routed to it since); 0 when unknown.
     prefix_match_tokens: int = 0
+    # Simulated wait of the request being routed until this instance first schedules it (s).
+    what_if_queueing_s: float | None = None
 
     @property
     def kv_usage(self) -> float:
@@ -498,6 +500,7 @@ def instance_view(instance_id: str, snapshot: InstanceSnapshot,
         what_if_e2e_s=None if what_if is None else what_if.e2e_s,
         what_if_delay_to_others_s=None if what_if is None else what_if.delay_to_others_s,
         prefix_match_tokens=prefix_match_tokens,
+        what_if_queueing_s=None if what_if is None else what_if.queueing_s,
     )
 
 
@@ -622,7 +625,7 @@ def _with_what_if(view: InstanceView, what_if: WhatIf) -> InstanceView:
                         view.num_free_blocks, view.num_total_blocks,
                         view.num_waiting_prompt_blocks, view.num_outstanding_tokens,
                         what_if.ttft_s, what_if.e2e_s, what_if.delay_to_others_s,
-                        view.prefix_match_tokens)
+                        view.prefix_match_tokens, what_if.queueing_s)
 
 
 def _with_match_view(view: InstanceView, match: int) -> InstanceView:
@@ -630,4 +633,4 @@ def _with_match_view(view: InstanceView, match: int) -> InstanceView:
                         view.num_free_blocks, view.num_total_blocks,
                         view.num_waiting_prompt_blocks, view.num_outstanding_tokens,
                         view.what_if_ttft_s, view.what_if_e2e_s,
-                        view.what_if_delay_to_others_s, match)
+                        view.what_if_delay_to_others_s, match, view.what_if_queueing_s)
