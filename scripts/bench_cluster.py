@@ -125,7 +125,8 @@ MOONCAKE_RATES = "1.5:4.5:0.5"
 #: A configuration label suffix: the router does not see prefixes (`simulate`).
 NOPREFIX_SUFFIX = "_noprefix"
 #: A configuration label suffix: the router holds requests no instance would start soon
-#: (`workers.route.late_binding`); ``+hold=Q`` sets its ``max_queueing_s`` to Q.
+#: (`workers.route.late_binding`); ``+hold=Q`` sets its ``max_queueing_s`` to Q, ``+hold=Q,O``
+#: also its ``overtake_s`` to O.
 HOLD_SUFFIX = "+hold"
 DEFAULT_REPLAY = REPO_ROOT / ".blockq" / "live_workload" / "requests.jsonl"
 #: The live benchmark's fleet and configurations (issue 14; scripts/bench_live.py).
@@ -159,7 +160,10 @@ class Config:
         if self.late_binding == LateBinding():
             policy += HOLD_SUFFIX
         elif self.late_binding is not None:
-            policy += f"{HOLD_SUFFIX}={self.late_binding.max_queueing_s:g}"
+            rule = self.late_binding
+            policy += f"{HOLD_SUFFIX}={rule.max_queueing_s:g}"
+            if rule.overtake_s:
+                policy += f",{rule.overtake_s:g}"
         return policy if self.predictor == "default" else f"{policy}@{self.predictor}"
 
 
@@ -220,8 +224,9 @@ def parse_config(spec: str) -> Config:
     policy, held, queueing = policy.partition(HOLD_SUFFIX)
     late_binding = None
     if held:
-        late_binding = (LateBinding(max_queueing_s=float(queueing.removeprefix("=")))
-                        if queueing else LateBinding())
+        values = [float(v) for v in queueing.removeprefix("=").split(",")] if queueing else []
+        late_binding = LateBinding(*values[:1], **(
+            {"overtake_s": values[1]} if len(values) > 1 else {}))
     blind = policy.endswith(NOPREFIX_SUFFIX)
     if blind:
         policy = policy.removesuffix(NOPREFIX_SUFFIX)

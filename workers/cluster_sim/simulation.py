@@ -21,6 +21,7 @@ step's time carries its own noise factor.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 import time
@@ -278,8 +279,7 @@ class _Router:
     def route(self, routed: _Routed, now_s: float, reject_unmeetable: bool,
               refuse_margin: float) -> bool:
         """Route (or hold) a new request at `now_s`; False when it is refused."""
-        if self._held:
-            # NOTE: behind the held ones, in arrival order: a new request never overtakes.
+        if self._held and not self._may_overtake(now_s):
             self._held.append(routed)
             return True
         started = time.perf_counter()
@@ -309,6 +309,9 @@ class _Router:
         Only `published` changed since the last attempt: if it would not start the first
         held request, no instance would (their states and routings are as they were)."""
         assert self.late_binding is not None
+        if self._may_overtake(now_s):
+            self._release_first_fit(now_s, published)
+            return
         first = self._held[0]
         if not self._startable(first, self._views(first, [published])):
             return
@@ -324,6 +327,26 @@ class _Router:
             self.decision_s.append(time.perf_counter() - started)
             self._held.popleft()
             self._bind(routed, decision.instance_id, views, now_s)
+
+    def _release_first_fit(self, now_s: float, published: str) -> None:
+        """Bind to `published` each of the first held requests it would start, in arrival
+        order (none of them would start anywhere else: nothing else changed)."""
+        assert self.late_binding is not None
+        for routed in list(itertools.islice(self._held, self.late_binding.overtake_scan)):
+            started = time.perf_counter()
+            views = self._views(routed, [published])
+            if not self._startable(routed, views):
+                continue
+            self._decide(routed, views)
+            self.decision_s.append(time.perf_counter() - started)
+            self._held.remove(routed)
+            self._bind(routed, published, views, now_s)
+
+    def _may_overtake(self, now_s: float) -> bool:
+        """Whether later requests may pass the held ones: the first has not waited too long."""
+        rule = self.late_binding
+        return (rule is not None and rule.overtake_s > 0
+                and now_s - self._held[0].request.arrival_s < rule.overtake_s)
 
     def _startable(self, routed: _Routed, views: Sequence[InstanceView]) -> bool:
         assert self.late_binding is not None

@@ -33,10 +33,19 @@ class LateBinding:
 
     max_queueing_s: float = 0.1
     kv_reserve: float = 0.05
+    #: Later requests may pass a held one (each to an instance that would start it) until
+    #: it has been held this long (s); 0: strict arrival order. A long prompt waiting for KV
+    #: blocks then does not hold up the short ones behind it, and still cannot starve.
+    overtake_s: float = 0.0
+    #: How many held requests, oldest first, may go to an instance that has just published.
+    overtake_scan: int = 16
 
     def __post_init__(self) -> None:
-        if self.max_queueing_s < 0 or not 0 <= self.kv_reserve < 1:
-            raise ValueError("max_queueing_s must not be negative, kv_reserve in [0, 1)")
+        if self.max_queueing_s < 0 or self.overtake_s < 0 or not 0 <= self.kv_reserve < 1:
+            raise ValueError("max_queueing_s and overtake_s must not be negative, kv_reserve "
+                             "in [0, 1)")
+        if self.overtake_scan < 1:
+            raise ValueError("overtake_scan must be positive")
 
     def would_start(self, view: InstanceView, num_prompt_tokens: int,
                     config: InstanceConfig) -> bool:

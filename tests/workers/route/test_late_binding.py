@@ -94,3 +94,36 @@ def test_near_capacity_one_queue_at_the_router_cuts_a_load_balancers_wait_tail(
     held = simulate(workload, 20.0, setup, "least_requests", OraclePredictor(),
                     late_binding=LateBinding(max_queueing_s=0.02, kv_reserve=0.0))
     assert held.ttft_p99_s < 0.9 * plain.ttft_p99_s
+
+
+def _stuck_long_prompt() -> Workload:
+    """One long request on each instance (KV for 400 prompt tokens, growing to 500); then a
+    prompt that needs more blocks than either has left beside it; then four short requests
+    that fit."""
+    arrivals = (0.0, 0.001, 0.01, 0.02, 0.021, 0.022, 0.023)
+    prompts = (400, 400, 510, 16, 16, 16, 16)
+    outputs = (100, 100, 2, 5, 5, 5, 5)
+    return Workload("stuck", arrivals, prompts, outputs)
+
+
+#: 60 blocks of 16 tokens; a 400-token prompt is prefilled in one step.
+TIGHT = InstanceConfig(num_total_blocks=60, block_size=16, max_num_seqs=4,
+                       max_num_batched_tokens=512, max_model_len=512)
+
+
+@pytest.mark.parametrize("overtake_s", [0.0, 5.0])
+def test_short_requests_pass_a_stuck_long_prompt_only_when_overtaking_is_allowed(
+        overtake_s: float, toy_model) -> None:  # type: ignore[no-untyped-def]
+    setup = ClusterSetup(2, TIGHT, toy_model, exec_noise_sigma=0.0, abort_ttft_s=None)
+    # 10 % of 60 blocks kept: 29 spare beside a long request, the 510-token prompt needs 32.
+    rule = LateBinding(max_queueing_s=0.0, kv_reserve=0.1, overtake_s=overtake_s)
+    result = simulate(_stuck_long_prompt(), 1.0, setup, "least_requests", OraclePredictor(),
+                      keep_samples=True, late_binding=rule)
+    assert result.num_requests == 7
+    long_done = min(result.e2e_s[:2])
+    shorts_ttft = result.ttft_s[3:]
+    if overtake_s:
+        assert max(shorts_ttft) < 0.2 < long_done
+    else:
+        # In strict arrival order they wait behind the held prompt, which waits for a long one.
+        assert min(shorts_ttft) > long_done - 0.1
