@@ -534,9 +534,16 @@ class BatchLine(Base):
     fields: Mapped[dict[str, Any] | None]
     # Why an invalid line was refused: status_code, and OpenAI's error object fields.
     error: Mapped[dict[str, Any] | None]
+    # The line's prefix group (workers.batch.prefix_groups): the number of the batch's first
+    # line whose prompt opens with the same tokens, or its own number when the prompt is too
+    # short or engines cache no prefixes. The releaser releases by (prefix_group, line): lines
+    # that share a prefix one after another, groups in order of first appearance. None: a
+    # line expanded before groups existed (all of its batch's are: file order).
+    prefix_group: Mapped[int | None]
 
-    # Pending lines in file order for the releaser; counts by status.
-    __table_args__ = (Index("ix_batch_lines_batch_id_status", "batch_id", "status", "line"),)
+    # Pending lines in release order for the releaser; counts by status.
+    __table_args__ = (Index("ix_batch_lines_batch_id_status_prefix_group", "batch_id", "status",
+                            "prefix_group", "line"),)
 
 
 class OutboxEntry(Base):

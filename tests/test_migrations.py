@@ -66,3 +66,31 @@ def test_upgrade_downgrade_upgrade_on_sqlite(tmp_path: Path) -> None:
     assert _tables(url) == {"alembic_version"}
     upgrade(url)
     assert {"requests", "files", "batches", "batch_lines"} <= _tables(url)
+
+
+def _batch_line_shape(url: str) -> tuple[set[str], set[str]]:
+    engine = sa.create_engine(url)
+    try:
+        inspector = sa.inspect(engine)
+        return ({c["name"] for c in inspector.get_columns("batch_lines")},
+                {i["name"] for i in inspector.get_indexes("batch_lines")})
+    finally:
+        engine.dispose()
+
+
+def test_prefix_groups_upgrade_and_downgrade_on_postgresql() -> None:
+    """0015 adds batch_lines.prefix_group and moves the releaser's index onto it; its downgrade
+    gives back the file-order index."""
+    recreate_database(MIGRATIONS_DB)
+    upgrade(MIGRATIONS_DB)
+    columns, indexes = _batch_line_shape(MIGRATIONS_DB)
+    assert "prefix_group" in columns
+    assert "ix_batch_lines_batch_id_status_prefix_group" in indexes
+    assert "ix_batch_lines_batch_id_status" not in indexes
+    downgrade(MIGRATIONS_DB, "0014")
+    columns, indexes = _batch_line_shape(MIGRATIONS_DB)
+    assert "prefix_group" not in columns
+    assert indexes >= {"ix_batch_lines_batch_id_status"}
+    assert "ix_batch_lines_batch_id_status_prefix_group" not in indexes
+    upgrade(MIGRATIONS_DB)
+    assert "prefix_group" in _batch_line_shape(MIGRATIONS_DB)[0]

@@ -23,6 +23,7 @@ from app.storage import file_store
 from app.store import new_request_id
 from workers.batch.lines import CheckedLine, LineChecker, LineError
 from workers.batch.locks import LOCK_TTL_S, batch_lock_name
+from workers.batch.prefix_groups import PrefixGroups
 from workers.locks import held
 from workers.runtime import Runtime
 
@@ -50,6 +51,7 @@ class _Tally:
     num_lines: int = 0
     num_valid: int = 0
     errors: list[dict[str, Any]] = field(default_factory=list)  # the first line errors
+    groups: PrefixGroups = field(default_factory=PrefixGroups)  # the valid lines' prefix groups
 
 
 def expand(rt: Runtime, batch_id: str) -> Expansion:
@@ -127,8 +129,10 @@ def _check(checker: LineChecker, raw: bytes | None, settings: Settings) -> Check
 
 def _line_row(batch_id: str, number: int, checked: CheckedLine, tally: _Tally
               ) -> dict[str, Any]:
+    group = None
     if checked.error is None:
         tally.num_valid += 1
+        group = tally.groups.group_of(number, checked.prefix_key)
     elif len(tally.errors) < MAX_REPORTED_ERRORS:
         tally.errors.append(_batch_error(checked.error.code, checked.error.message,
                                          param=checked.error.param, line=number))
@@ -140,6 +144,7 @@ def _line_row(batch_id: str, number: int, checked: CheckedLine, tally: _Tally
         "request_id": new_request_id(),
         "fields": checked.fields,
         "error": None if checked.error is None else checked.error.to_dict(),
+        "prefix_group": group,
     }
 
 

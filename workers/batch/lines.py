@@ -14,6 +14,9 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from app.prompts import PromptCodec
+from app.settings import Settings
+
 from app import store
 from app.commands import PromptContext, request_fields
 from app.errors import BlockqError, InvalidRequest
@@ -21,6 +24,7 @@ from app.json_input import check_value, parse_json
 from app.models import Priority
 from app.openai_schemas import body_model_for, check_model, native_body
 from app.schemas import CreateRequest, parse_body
+from workers.batch.prefix_groups import prefix_key
 
 __all__ = ["LineError", "CheckedLine", "LineChecker"]
 
@@ -51,6 +55,36 @@ class CheckedLine:
     custom_id: str | None
     fields: dict[str, Any] | None  # the request's columns, when the line is valid
     error: LineError | None
+    # The prompt's prefix key (workers.batch.prefix_groups), when the line is valid, engines
+    # cache prefixes and the prompt is long enough.
+    prefix_key: int | None = None
+
+
+class _LastTokenIds(PromptCodec):
+    """A codec that remembers the last prompt it tokenized and its ids.
+
+    NOTE: `request_fields` tokenizes each line's prompt to count it; the line's prefix key needs
+    the same ids. Tokenizing is most of what expansion costs, so it is done once.
+    """
+
+    def __init__(self, codec: PromptCodec) -> None:
+        super().__init__(codec.model_path)
+        self._last: tuple[str, list[int]] | None = None
+
+    def token_ids(self, text: str) -> list[int]:
+        if self._last is not None and self._last[0] == text:
+            return self._last[1]
+        ids = super().token_ids(text)
+        self._last = (text, ids)
+        return ids
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """The `PromptContext` lines are checked in: the worker's settings, a remembering codec."""
+
+    settings: Settings
+    prompts: PromptCodec
 
 
 class LineChecker:
@@ -60,7 +94,9 @@ class LineChecker:
 
     def __init__(self, endpoint: str, context: PromptContext) -> None:
         self.endpoint = endpoint
-        self.context = context
+        self._codec = _LastTokenIds(context.prompts)
+        self.context: PromptContext = _Context(context.settings, self._codec)
+        self._keyed = context.settings.prefix_caching
         self._body_model = body_model_for(endpoint)
         self._custom_ids: set[bytes] = set()
 
@@ -88,7 +124,7 @@ class LineChecker:
         if problem is not None:
             return CheckedLine(custom_id, None, problem)
         try:
-            return CheckedLine(custom_id, self._fields(line["body"]), None)
+            fields = self._fields(line["body"])
         except BlockqError as exc:
             return CheckedLine(custom_id, None, LineError(
                 code=exc.code or "invalid_value", message=exc.message, param=exc.param,
@@ -98,6 +134,14 @@ class LineChecker:
             return CheckedLine(custom_id, None, LineError(
                 "line_check_failed", "This line could not be checked (an internal error).",
                 status_code=500, type="server_error"))
+        return CheckedLine(custom_id, fields, None, self._prefix_key(fields))
+
+    def _prefix_key(self, fields: dict[str, Any]) -> int | None:
+        """The prompt's prefix key from the ids it was counted by (None without caching)."""
+        if not self._keyed:
+            return None
+        ids = fields["prompt_token_ids"]
+        return prefix_key(ids if ids is not None else self._codec.token_ids(fields["prompt"]))
 
     def _check_envelope(self, line: dict[str, Any]) -> LineError | None:
         if line.get("method") != "POST":
