@@ -6,7 +6,9 @@ line becomes an ordinary request (priority `batch`, status `queued`, committed f
 to predict), so it goes through predict -> route -> engine like any other, behind interactive
 requests in every queue and engine. At most `max_batch_in_flight` batch requests are unfinished
 at once, over all batches; the free slots are shared among teams by `teams.share`
-(workers.batch.fair_share).
+(workers.batch.fair_share). Within a batch, lines go by prefix group, then file order
+(`RELEASE_ORDER`): lines whose prompts share a prefix run one after another, where the
+engines' prefix cache can serve them (workers.batch.prefix_groups).
 """
 
 from __future__ import annotations
@@ -41,11 +43,15 @@ from workers.batch.locks import RELEASER_LOCK
 from workers.locks import held
 from workers.runtime import Runtime
 
-__all__ = ["ReleaseReport", "release", "finish_done", "recover_stale"]
+__all__ = ["RELEASE_ORDER", "ReleaseReport", "release", "finish_done", "recover_stale"]
 
 logger = logging.getLogger(__name__)
 
 _ACTIVE = [str(s) for s in ACTIVE_STATUSES]
+#: The order a batch's pending lines are released in (ix_batch_lines_batch_id_status_prefix_group
+#: serves it): by prefix group, groups in order of first appearance, file order within one. A
+#: batch expanded before groups existed has none (NULL) on every line: file order.
+RELEASE_ORDER = (BatchLine.prefix_group, BatchLine.line)
 
 
 @dataclass
@@ -87,7 +93,7 @@ def _release_batch(rt: Runtime, batch_id: str, team_id: str, count: int) -> list
         numbers = list(session.scalars(
             select(BatchLine.line)
             .where(BatchLine.batch_id == batch_id, BatchLine.status == LineStatus.PENDING)
-            .order_by(BatchLine.line).limit(count)))
+            .order_by(*RELEASE_ORDER).limit(count)))
     released: list[str] = []
     for number in numbers:
         try:
@@ -168,8 +174,8 @@ def _flows(session: Session) -> tuple[list[Flow], int]:
 
 def _claim(session: Session, batch_id: str, team_id: str, count: int, *,
            line: int | None = None) -> list[str]:
-    """Release the batch's next `count` pending lines (or only `line`), in file order: mark
-    them released and insert their requests, in one transaction. Returns the new request ids.
+    """Release the batch's next `count` pending lines (or only `line`), in `RELEASE_ORDER`:
+    mark them released and insert their requests, in one transaction. Returns the new request ids.
 
     NOTE: the lines are locked (FOR UPDATE on PostgreSQL) and the UPDATE re-checks `pending`,
     so a cancel or expiry that withdraws the batch's pending lines concurrently either waits
@@ -179,7 +185,7 @@ def _claim(session: Session, batch_id: str, team_id: str, count: int, *,
     rows = session.execute(
         select(BatchLine.line, BatchLine.custom_id, BatchLine.request_id, BatchLine.fields)
         .where(BatchLine.batch_id == batch_id, BatchLine.status == LineStatus.PENDING, *only)
-        .order_by(BatchLine.line)
+        .order_by(*RELEASE_ORDER)
         .limit(count)
         .with_for_update(skip_locked=True)
     ).all()
