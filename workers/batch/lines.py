@@ -14,16 +14,15 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from app.prompts import PromptCodec
-from app.settings import Settings
-
 from app import store
 from app.commands import PromptContext, request_fields
 from app.errors import BlockqError, InvalidRequest
 from app.json_input import check_value, parse_json
 from app.models import Priority
 from app.openai_schemas import body_model_for, check_model, native_body
+from app.prompts import PromptCodec
 from app.schemas import CreateRequest, parse_body
+from app.settings import Settings
 from workers.batch.prefix_groups import prefix_key
 
 __all__ = ["LineError", "CheckedLine", "LineChecker"]
