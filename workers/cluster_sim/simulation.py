@@ -177,8 +177,9 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
     to the cache).
 
     With `late_binding` the router holds a request while no instance would start it soon
-    (`LateBinding.would_start`), and releases held requests in arrival order, each to the
-    policy's pick among the instances that would start it, as instances publish.
+    (`LateBinding.would_start`), and releases held requests as instances publish, each to the
+    policy's pick among the instances that would start it: oldest first, later ones passing
+    a held one only until it has waited `LateBinding.overtake_s`.
     """
     started = time.perf_counter()
     config = setup.config
