@@ -53,6 +53,7 @@ from app.cli.stack import Stack  # noqa: E402
 from app.db import Database  # noqa: E402
 from app.migrate import recreate_database, upgrade  # noqa: E402
 from app.models import InferenceRequest  # noqa: E402
+from app.prompts import PromptCodec  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from workers.batch.headroom import slot_bound  # noqa: E402
 from workers.serve.output_lengths import sharegpt_output_tokens  # noqa: E402
@@ -150,13 +151,48 @@ def _interactive_phase(client: openai.OpenAI, db: Database, model: str, prompts:
             "batch_tokens_s": _tokens_per_s(db, batch=True, since=started, until=ended)}
 
 
+#: Context length with --sharegpt-lengths (the Block paper's setting, as in --simulated).
+SHAREGPT_MAX_MODEL_LEN = 4096
+
+
+def sharegpt_shaped(prompts: list[dict], prompt_lengths: list[int]) -> list[dict]:
+    """The sample prompts stretched (row i to about `prompt_lengths[i]` tokens of the served
+    tokenizer, by repeating its text), each with a max_tokens that leaves the emulated
+    engine's ShareGPT output draw uncut."""
+    codec = PromptCodec(ROOT / ".blockq" / "models" / "tiny-llama")
+    shaped = []
+    for i, row in enumerate(prompts):
+        target = prompt_lengths[i % len(prompt_lengths)]
+        unit = row["prompt"].strip() + " "
+        chars_per_token = len(unit) / max(len(codec.token_ids(unit)), 1)
+        text = (unit * (int(target * chars_per_token / len(unit)) + 1))[
+            : int(target * chars_per_token)]
+        shaped.append({**row, "prompt": text,
+                       "max_tokens": SHAREGPT_MAX_MODEL_LEN - len(codec.token_ids(text)) - 8})
+    return shaped
+
+
+def draw_prompt_tokens(source: random.Random) -> int:
+    """A prompt length of the --simulated and --sharegpt-lengths streams: lognormal, median
+    150 tokens (ShareGPT-like), capped at 2,048."""
+    return min(2048, max(4, round(source.lognormvariate(math.log(150), 1.0))))
+
+
+def _prompts(args: argparse.Namespace) -> list[dict]:
+    prompts = load_sample_prompts()
+    if not args.sharegpt_lengths:
+        return prompts
+    source = random.Random(args.seed)
+    return sharegpt_shaped(prompts, [draw_prompt_tokens(source) for _ in prompts])
+
+
 def run_config(args: argparse.Namespace, headroom_ttft_s: float) -> dict[str, Any]:
     """One stack: interactive alone, then the batch alone (the fleet's capacity for it), then
     both; the batch's throughput beside interactive traffic against the capacity it leaves."""
     recreate_database(args.database_url)
     upgrade(args.database_url)
     redis.Redis.from_url(args.redis_url).flushdb()
-    prompts = load_sample_prompts()
+    prompts = _prompts(args)
     with tempfile.TemporaryDirectory() as data_dir:
         settings = Settings(
             database_url=args.database_url, redis_url=args.redis_url, data_dir=Path(data_dir),
@@ -166,6 +202,7 @@ def run_config(args: argparse.Namespace, headroom_ttft_s: float) -> dict[str, An
             max_batch_in_flight=args.max_batch_in_flight, batch_headroom_ttft_s=headroom_ttft_s,
             engine_interactive_seats=args.interactive_seats,
             engine_batch_prefill_last=args.batch_prefill_last,
+            **({"max_model_len": SHAREGPT_MAX_MODEL_LEN} if args.sharegpt_lengths else {}),
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKQ_")}
         stack = Stack(settings, env={**env, **settings.as_env()})
@@ -268,7 +305,7 @@ def _simulate(args: argparse.Namespace, *, engine: str, window: str, interactive
     num_batch = 0
 
     def lengths(source: random.Random) -> tuple[int, int]:
-        prompt = min(2048, max(4, round(source.lognormvariate(math.log(150), 1.0))))
+        prompt = draw_prompt_tokens(source)
         return prompt, min(4096 - prompt, sharegpt_output_tokens(source.random() * 100.0))
 
     interactive_lengths = [lengths(rng) for _ in arrivals]
@@ -410,6 +447,10 @@ def main() -> int:
                         help="engine_interactive_seats of the stack's engines")
     parser.add_argument("--batch-prefill-last", action="store_true",
                         help="engine_batch_prefill_last on the stack's engines")
+    parser.add_argument("--sharegpt-lengths", action="store_true",
+                        help="the --simulated setting live: the sample prompts stretched to "
+                             "its prompt lengths, ShareGPT output lengths (the emulated "
+                             "engine's draw, uncut) and a 4096-token context")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--database-url",
                         default="postgresql+psycopg://postgres@127.0.0.1:5432/blockq_bench")
