@@ -21,6 +21,7 @@ __all__ = [
     "QUEUE_LEARN",
     "TASK_PREDICT",
     "TASK_ROUTE",
+    "TASK_RELEASE_HELD",
     "TASK_GENERATE",
     "TASK_WEBHOOK",
     "TASK_REQUEUE_ORPHANS",
@@ -31,6 +32,7 @@ __all__ = [
     "Message",
     "predict",
     "route",
+    "release_held",
     "generate",
     "webhook",
     "retrain",
@@ -54,6 +56,7 @@ QUEUE_BATCHES = "batches"
 
 TASK_PREDICT = "predict.annotate"
 TASK_ROUTE = "route.dispatch"
+TASK_RELEASE_HELD = "route.release_held"
 TASK_GENERATE = "serve.generate"
 TASK_WEBHOOK = "webhooks.deliver"
 TASK_REQUEUE_ORPHANS = "health.requeue_orphans"
@@ -95,6 +98,11 @@ def route(request_id: str, *, priority: int, timing: dict[str, float] | None = N
     task's overhead record."""
     return Message(TASK_ROUTE, QUEUE_ROUTE, (request_id,), {"timing": timing or {}},
                    priority=priority)
+
+
+def release_held() -> Message:
+    """Route what the router holds that an instance would now start (late binding)."""
+    return Message(TASK_RELEASE_HELD, QUEUE_ROUTE)
 
 
 def generate(request_id: str, *, instance_id: str, attempt: int, priority: int) -> Message:

@@ -45,9 +45,10 @@ class Fleet:
         return ":".join((self.prefix, *parts))
 
     # --- engine workers ------------------------------------------------------------------------
-    def publish(self, instance_id: str, state: EngineState) -> None:
+    def publish(self, instance_id: str, state: EngineState) -> int:
         """Store the state and renew the heartbeat in one round trip; the requests the state
-        shows are no longer counted as assigned."""
+        shows are no longer counted as assigned. Returns how many requests the router holds
+        (late binding: `hold_request`)."""
         payload = json.dumps(dataclasses.replace(state, published_at=time.time()).to_json())
         shown = [r.request_id for r in state.requests]
         with self.redis.pipeline(transaction=True) as pipe:
@@ -60,7 +61,8 @@ class Fleet:
                 "1",
                 px=int(self.heartbeat_ttl_s * 1000),
             )
-            pipe.execute()
+            pipe.zcard(self._key("routing", "held"))
+            return int(pipe.execute()[-1])
 
     def mark_stopped(self, instance_id: str) -> None:
         self.redis.delete(self._key("instance", instance_id, "alive"))
@@ -100,6 +102,23 @@ class Fleet:
             pipe.zremrangebyscore(recent, "-inf", entry.at - self.recent_window_s)
             pipe.expire(recent, math.ceil(self.recent_window_s))
             pipe.execute()
+
+    # --- late binding: requests the router holds until an instance would start them ---------
+    def hold_request(self, request_id: str, since: float) -> None:
+        """Hold `request_id` at the router, held since `since` (Unix time; kept if already
+        held: its place in line does not move)."""
+        self.redis.zadd(self._key("routing", "held"), {request_id: since}, nx=True)
+
+    def unhold(self, request_id: str) -> None:
+        self.redis.zrem(self._key("routing", "held"), request_id)
+
+    def held(self, limit: int) -> list[tuple[str, float]]:
+        """The `limit` requests held longest, oldest first, with the time each was held."""
+        rows = self.redis.zrange(self._key("routing", "held"), 0, limit - 1, withscores=True)
+        return [(_text(member), float(since)) for member, since in rows]
+
+    def held_request_ids(self) -> set[str]:
+        return {_text(m) for m in self.redis.zrange(self._key("routing", "held"), 0, -1)}
 
     def next_round_robin(self) -> int:
         return int(self.redis.incr(self._key("round_robin")))
@@ -183,3 +202,7 @@ def _status(
         assigned=tuple(assigned),
         control=raw_control.decode() if raw_control is not None else None,
     )
+
+
+def _text(member: bytes | str) -> str:
+    return member.decode() if isinstance(member, bytes) else member

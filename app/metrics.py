@@ -129,6 +129,11 @@ SLO_REQUESTS = Counter(
     "at routing: no instance could meet them). Goodput: the rate of kind=all, outcome=met.",
     ["kind", "outcome"],
 )
+ROUTING_HELD = Counter(
+    "blockq_routing_held_total",
+    "Times the router held a request because no instance would start it soon (late binding, "
+    "routing_hold); a request released and held again counts again.",
+)
 SESSION_AFFINITY = Counter(
     "blockq_session_affinity_total",
     "Routing decisions of requests naming a session (x-session-id, or OpenAI's user), by what "
@@ -162,6 +167,10 @@ def observe_routing(policy: str, instance_id: str, routing: Mapping[str, Any]) -
         ROUTING_DECISION_TIME.labels(policy).observe(routing["decision_ms"] / 1000)
     if routing.get("overhead_ms") is not None:
         ROUTING_OVERHEAD.labels(policy).observe(routing["overhead_ms"] / 1000)
+
+
+def observe_held() -> None:
+    ROUTING_HELD.inc()
 
 
 def observe_affinity(outcome: str) -> None:

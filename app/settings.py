@@ -305,6 +305,25 @@ class Settings(BaseSettings):
     route_retry_s: float = Field(
         0.5, gt=0, description="Delay before routing is tried again when no instance is alive."
     )
+    routing_hold: bool = Field(
+        False, description="Late binding: the router holds a request while no instance would "
+        "start it soon (a policy that simulates: the what-if's wait until first scheduled over "
+        "routing_hold_max_queueing_s; others: no seat or KV blocks for the prompt), and releases "
+        "held requests, oldest first, as instances publish room. Cuts the TTFT tail past the "
+        "fleet's capacity; does not raise the capacity (docs/benchmarks_cluster.md).",
+    )
+    routing_hold_max_queueing_s: float = Field(
+        0.1, ge=0, description="Late binding: an instance would start a request when its "
+        "simulated wait until first scheduled is at most this (s).",
+    )
+    routing_hold_overtake_s: float = Field(
+        1.0, ge=0, description="Late binding: later requests may pass a held one (each to an "
+        "instance that would start it) until it has been held this long (s); 0: strict order.",
+    )
+    routing_hold_max_s: float = Field(
+        30.0, gt=0, description="Late binding: a request held this long is routed to the "
+        "policy's pick whether or not that instance would start it.",
+    )
     slo_refuse_margin: float = Field(
         0.0, ge=0, description="A team that refuses requests whose latency targets no instance "
         "can meet (slo_miss_action refuse) refuses only those missing by more than this share "

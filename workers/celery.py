@@ -7,6 +7,7 @@ from app.dispatch import (
     TASK_BATCH_RELEASE,
     TASK_PREDICT,
     TASK_RELAY_OUTBOX,
+    TASK_RELEASE_HELD,
     TASK_REQUEUE_ORPHANS,
     TASK_ROUTE,
 )
@@ -39,8 +40,8 @@ celery = create_celery(Settings.load(), include=TASK_MODULES)
 # expiry) send none either: together they run about 3.5 times a second on an idle stack, and
 # their events alone were a large share of the idle stack's CPU (workers, Flower, Redis). What
 # they do is logged when they find work.
-QUIET_TASKS = (TASK_PREDICT, TASK_ROUTE, TASK_RELAY_OUTBOX, TASK_REQUEUE_ORPHANS,
-               TASK_BATCH_RELEASE, TASK_BATCH_EXPIRE)
+QUIET_TASKS = (TASK_PREDICT, TASK_ROUTE, TASK_RELEASE_HELD, TASK_RELAY_OUTBOX,
+               TASK_REQUEUE_ORPHANS, TASK_BATCH_RELEASE, TASK_BATCH_EXPIRE)
 celery.conf.task_annotations = {task: {"send_events": False} for task in QUIET_TASKS}
 # NOTE: every worker sends its tasks' events from its start (Celery's `-E`), not only once
 # Flower's `enable_events` broadcast (every 5 s) reaches it: a worker that started after Flower

@@ -174,9 +174,11 @@ class Sweep:
                 for id_, status, instance_id, attempt, priority, predicted in rows]
 
     def _with_message(self, engine_queues: list[str]) -> set[str]:
+        """Requests some message concerns, or that the router holds (late binding: the
+        release task routes them when an instance has room)."""
         in_broker = request_ids_in_broker(self.broker, [*SERVICE_QUEUES, *engine_queues],
                                           fresh_s=self.unacked_fresh_s)
-        return in_broker | self.outbox.pending_request_ids()
+        return in_broker | self.outbox.pending_request_ids() | self.fleet.held_request_ids()
 
     def _remember(self, sightings: set[str]) -> set[str]:
         """Store this sweep's sightings; return those the previous sweep made too (a request

@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from workers.route.late_binding import LateBinding
 from workers.route.policies import (
     Decision,
     RequestView,
@@ -34,6 +35,8 @@ class Plan:
     decision: Decision
     # Simulated (ttft_s, e2e_s) of the request on each candidate, when the policy simulated.
     what_ifs: dict[str, tuple[float, float]]
+    # With late binding: the candidates that would start the request soon (empty: hold it).
+    startable: frozenset[str] | None = None
 
 
 def plan_route(
@@ -43,12 +46,14 @@ def plan_route(
     ctx: RoutingContext,
     exec_model: ExecModel | Mapping[str, ExecModel] | None,
     now: float | None = None,
+    late_binding: LateBinding | None = None,
 ) -> Plan:
     """Decide among `candidates` (alive and accepting) with the named policy.
 
     `exec_model`: one execution-time model for every instance, or one per instance id.
     `now`: time.time() of the decision (default: the clock's), the new request's arrival in
-    the priority an instance scheduling by priority gives it.
+    the priority an instance scheduling by priority gives it. With `late_binding` the plan
+    says which candidates would start the request soon (`LateBinding.would_start`).
 
     With the request's prompt token ids, each instance publishing a prefix cache is credited
     the request's leading prompt units it holds (or will, for the requests routed to it since):
@@ -61,6 +66,7 @@ def plan_route(
     new_request = _waiting(request.request_id, request.num_prompt_tokens,
                            request.predicted_output_tokens)
     views = []
+    startable: set[str] = set()
     what_ifs: dict[str, tuple[float, float]] = {}
     hashes_by_unit: dict[int, tuple[int, ...]] = {}  # the prompt's unit hashes, per unit size
     for status in probed(policy_name, sorted(candidates, key=lambda c: c.instance_id), ctx.rng):
@@ -89,9 +95,14 @@ def plan_route(
                     snapshot.config.priority_ms_per_token))
             what_if = predict_what_if_prepared(prepared, target, model, status.future_load)
             what_ifs[status.instance_id] = (what_if.ttft_s, what_if.e2e_s)
-        views.append(instance_view(status.instance_id, snapshot, assigned, what_if,
-                                   prefix_match_tokens=target.num_cached_tokens))
-    return Plan(decide(policy_name, request, views, ctx), what_ifs)
+        view = instance_view(status.instance_id, snapshot, assigned, what_if,
+                             prefix_match_tokens=target.num_cached_tokens)
+        if late_binding is not None and late_binding.would_start(
+                view, request.num_prompt_tokens, snapshot.config):
+            startable.add(status.instance_id)
+        views.append(view)
+    return Plan(decide(policy_name, request, views, ctx), what_ifs,
+                None if late_binding is None else frozenset(startable))
 
 
 def _waiting(request_id: str, num_prompt_tokens: int, predicted: int | None) -> SimRequest:

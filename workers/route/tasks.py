@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import random
 import threading
@@ -12,16 +13,20 @@ from typing import Any
 
 import redis
 from celery import shared_task
+from sqlalchemy import update
 
 from app import dispatch, metrics
 from app.bias import FALLBACK_POLICY
-from app.models import Priority, RequestStatus, utcnow
+from app.models import InferenceRequest, Priority, RequestStatus, utcnow
+from app.settings import Settings
 from app.slo import SloMissAction
 from app.streams import close_stream
 from workers import runtime
+from workers.locks import held as held_lock
 from workers.retries import ON_OUTAGE
 from workers.route import affinity as session_affinity
 from workers.route import stage, targets
+from workers.route.late_binding import LateBinding
 from workers.route.planner import Plan, plan_route
 from workers.route.policies import RoutingContext, needs_what_if
 
@@ -33,6 +38,11 @@ _rng = random.Random()
 ROUND_ROBIN = "round_robin"
 #: Statuses a request is routed from by the route task (the predict task routes from predicting).
 ROUTABLE = frozenset({RequestStatus.QUEUED, RequestStatus.PREDICTING})
+#: Late binding: held requests one release looks at, oldest first.
+RELEASE_SCAN = 16
+RELEASE_LOCK = "blockq:route:release"
+#: Longer than a release of RELEASE_SCAN requests takes; a dead releaser's lock expires.
+RELEASE_LOCK_TTL_S = 10.0
 # NOTE: one decision at a time per process, from reading the fleet to noting the assignment, so
 # that each decision sees the one before it (the what-ifs count assigned requests).
 _deciding = threading.Lock()
@@ -65,21 +75,66 @@ def route(request_id: str, timing: dict[str, float] | None = None) -> None:
             celery, countdown=rt.settings.route_retry_s)
 
 
+@shared_task(name=dispatch.TASK_RELEASE_HELD, **ON_OUTAGE)
+def release_held() -> None:
+    """Route held requests that an instance would now start (late binding), oldest first.
+
+    Sent by an engine that has just published room while requests are held; one release at
+    a time (a Redis lock: a second one sent meanwhile does nothing). Later requests pass a
+    held one only until it has been held `routing_hold_overtake_s`.
+    """
+    rt = runtime.get()
+    settings = rt.settings
+    with held_lock(rt.redis, RELEASE_LOCK, ttl_s=RELEASE_LOCK_TTL_S) as got:
+        if not got:
+            return
+        for request_id, since in rt.fleet.held(RELEASE_SCAN):
+            request = stage.load(rt.db, request_id)
+            if request is None or request.status not in ROUTABLE:
+                rt.fleet.unhold(request_id)  # routed, cancelled or gone meanwhile
+                continue
+            outcome = route_request(rt, request, {}, time.time(), held_since=since)
+            if outcome is Routing.DONE:
+                rt.fleet.unhold(request_id)
+            elif time.time() - since >= settings.routing_hold_overtake_s:
+                return  # strict arrival order: nothing passes it
+
+
+class Routing(enum.Enum):
+    """What `route_request` did; falsy only for NO_INSTANCE."""
+
+    DONE = "done"  # routed or refused (or left alone: it left `allowed_from` meanwhile)
+    HELD = "held"  # held at the router (late binding): the release task routes it later
+    NO_INSTANCE = "no_instance"  # no instance is routable: nothing was written
+
+    def __bool__(self) -> bool:
+        return self is not Routing.NO_INSTANCE
+
+
 def route_request(rt: runtime.Runtime, request: stage.RouteInput, timing: dict[str, float],
                   route_started_at: float, *,
                   allowed_from: Collection[RequestStatus] = ROUTABLE,
-                  columns: dict[str, Any] | None = None) -> bool:
+                  columns: dict[str, Any] | None = None,
+                  held_since: float | None = None) -> Routing:
     """Decide, record the decision in one transaction (with `columns`: the predict task routes
     the request it has just predicted and writes its prediction in the same UPDATE), and
     publish to the chosen instance's queue through the outbox.
 
-    False when no instance is routable: nothing was written. True otherwise, also when the
-    request left `allowed_from` meanwhile (cancelled): then nothing is published.
+    With `routing_hold` (late binding) a request no instance would start soon is held instead
+    (its `columns` written, nothing published; `held_since`: it is being released, held since
+    then). NO_INSTANCE when no instance is routable: nothing was written.
     """
     request_id = request.view.request_id
-    decided = _decide(rt, request)
+    hold = _late_binding(rt.settings, held_since)
+    if hold is not None and held_since is None and _behind_held(rt, request_id):
+        _hold(rt, request_id, time.time(), allowed_from, columns)
+        return Routing.HELD
+    decided = _decide(rt, request, hold)
     if decided is None:
-        return False
+        return Routing.NO_INSTANCE
+    if decided is Routing.HELD:
+        _hold(rt, request_id, held_since or time.time(), allowed_from, columns)
+        return Routing.HELD
     plan, miss, affinity, fallback, decision_ms = decided
     decision = plan.decision
     routing = stage.routing_record(plan, decision_ms, fallback, timing, route_started_at)
@@ -88,9 +143,11 @@ def route_request(rt: runtime.Runtime, request: stage.RouteInput, timing: dict[s
             "met": plan.decision.meets_target}
     if affinity is not None:
         routing["affinity"] = affinity.record()
+    if held_since is not None:
+        routing["held_s"] = round(time.time() - held_since, 3)
     if miss is not None and miss.action is SloMissAction.REFUSE:
         _refuse(rt, request_id, plan, routing, miss, allowed_from, columns or {})
-        return True
+        return Routing.DONE
     demoted = miss is not None and miss.action is SloMissAction.QUEUE
     priority = Priority.BATCH.rank if demoted else request.priority
     with rt.outbox.transaction() as tx:
@@ -105,7 +162,7 @@ def route_request(rt: runtime.Runtime, request: stage.RouteInput, timing: dict[s
                                       attempt=attempt, priority=priority))
     if attempt is None:
         rt.fleet.unassign(decision.instance_id, request_id)
-        return True
+        return Routing.DONE
     metrics.observe_routing(decision.policy, decision.instance_id, routing)
     if affinity is not None:
         assert request.session_key is not None
@@ -116,17 +173,54 @@ def route_request(rt: runtime.Runtime, request: stage.RouteInput, timing: dict[s
                 extra={"instance_id": decision.instance_id, "policy": decision.policy,
                        "fallback": bool(fallback), "decision_ms": routing["decision_ms"],
                        **({"affinity": str(affinity.outcome)} if affinity else {})})
-    return True
+    return Routing.DONE
 
 
-def _decide(rt: runtime.Runtime, request: stage.RouteInput
+def _late_binding(settings: Settings, held_since: float | None) -> LateBinding | None:
+    """The hold rule in force, or None: late binding off, or the request held too long."""
+    if not settings.routing_hold or (
+            held_since is not None and time.time() - held_since >= settings.routing_hold_max_s):
+        return None
+    return LateBinding(max_queueing_s=settings.routing_hold_max_queueing_s,
+                       overtake_s=settings.routing_hold_overtake_s)
+
+
+def _behind_held(rt: runtime.Runtime, request_id: str) -> bool:
+    """Whether a new request must wait behind those held: the oldest has been held past
+    `routing_hold_overtake_s` (strict arrival order from then on)."""
+    oldest = rt.fleet.held(1)
+    return bool(oldest) and oldest[0][0] != request_id and (
+        time.time() - oldest[0][1] >= rt.settings.routing_hold_overtake_s)
+
+
+def _hold(rt: runtime.Runtime, request_id: str, since: float,
+          allowed_from: Collection[RequestStatus], columns: dict[str, Any] | None) -> None:
+    """Hold the request at the router (its prediction, if given, written first).
+
+    NOTE: a request whose hold is lost (Redis restarted empty, or this process died between
+    the write and the hold) has no message anywhere: the stranded-request sweep sends it to
+    the route task again, which holds it again.
+    """
+    if columns:
+        with rt.db.session() as session:
+            session.execute(
+                update(InferenceRequest)
+                .where(InferenceRequest.id == request_id,
+                       InferenceRequest.status.in_([str(s) for s in allowed_from]))
+                .values(**columns).execution_options(synchronize_session=False))
+    rt.fleet.hold_request(request_id, since)
+    metrics.observe_held()
+
+
+def _decide(rt: runtime.Runtime, request: stage.RouteInput, hold: LateBinding | None = None
             ) -> tuple[Plan, targets.Miss | None, session_affinity.Affinity | None,
-                       dict[str, Any] | None, float] | None:
+                       dict[str, Any] | None, float] | Routing | None:
     """The plan (on the instance closest to the targets when none meets them: `decide`; on
     the session's previous instance while it has room: `affinity.prefer`), the miss if any,
     the session's affinity if it has a session, the bias watch's fallback and the decision's
-    time in ms; the assignment is noted unless the request is to be refused. None when no
-    instance is routable."""
+    time in ms; the assignment is noted unless the request is to be refused or held. None
+    when no instance is routable; Routing.HELD when `hold` holds it (no instance would start
+    it soon)."""
     sessions_on = request.session_key is not None and rt.settings.session_affinity_ttl_s > 0
     # NOTE: read before the decision's lock: one Redis round trip, only for a session.
     preferred = (stage.last_instance(rt.redis, request.session_key)  # type: ignore[arg-type]
@@ -145,7 +239,9 @@ def _decide(rt: runtime.Runtime, request: stage.RouteInput
         # NOTE: only round robin reads the fleet-wide ticket: no Redis INCR for the others.
         ticket = rt.fleet.next_round_robin() if policy == ROUND_ROBIN else 0
         plan = plan_route(policy, view, candidates, RoutingContext(ticket=ticket, rng=_rng),
-                          exec_models)
+                          exec_models, late_binding=hold)
+        if plan.startable is not None and not plan.startable:
+            return Routing.HELD
         miss = targets.on_miss(plan, view, request.targets, first_routing=request.attempt == 0,
                                refuse_margin=rt.settings.slo_refuse_margin)
         refused = miss is not None and miss.action is SloMissAction.REFUSE

@@ -27,7 +27,7 @@ import redis
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as SqlTimeoutError
 
-from app import metrics
+from app import dispatch, metrics
 from app.models import Instance, utcnow
 from app.streams import StreamWriter
 from workers.runtime import Runtime
@@ -70,7 +70,9 @@ class EngineHost(EngineListener):
         self.records = RequestRecords(instance_id, self.model_name, runtime.outbox,
                                       self.streams, feedback)
         self.publisher = StatePublisher(instance_id, self.model_name, self.engine,
-                                        runtime.fleet, settings.state_publish_interval_s)
+                                        runtime.fleet, settings.state_publish_interval_s,
+                                        on_room=self._release_held if settings.routing_hold
+                                        else None)
         self.samples = StepSampleSink(instance_id, runtime.db, settings.step_sample_flush_s)
         self.attempts = Attempts()
         self.ownership = OwnershipCheck(instance_id, runtime.db, self.engine, self.attempts,
@@ -182,6 +184,11 @@ class EngineHost(EngineListener):
             earlier.result(timeout=ABORT_WAIT_S)
         except Exception:  # noqa: BLE001 - it ended one way or another; only the wait matters
             pass
+
+    def _release_held(self) -> None:
+        """The router holds requests and this instance has room: ask for a release. A plain
+        send: if it is lost, the next publication with room sends another."""
+        dispatch.release_held().send(self.rt.celery, retry=False)
 
     def _register(self) -> None:
         """Record the instance and its engine's config in the database."""

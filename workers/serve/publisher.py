@@ -9,10 +9,12 @@ orphan sweep re-routes the requests it held (the engine contract: such requests 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from app.fleet import Fleet
 from workers.serve.engine import Engine
 from workers.serve.periodic import Periodic
+from workers.sim.engine_state import EngineState
 
 __all__ = ["StatePublisher"]
 
@@ -26,11 +28,14 @@ class StatePublisher:
     """Publishes what the engine holds so that routers see it, and aborts what was cancelled."""
 
     def __init__(self, instance_id: str, model_name: str, engine: Engine, fleet: Fleet,
-                 interval_s: float) -> None:
+                 interval_s: float, on_room: Callable[[], None] | None = None) -> None:
+        """`on_room`: called after a publication that shows room (nothing waiting, seats
+        free) while the router holds requests (late binding: it sends the release task)."""
         self.instance_id = instance_id
         self.model_name = model_name
         self.engine = engine
         self.fleet = fleet
+        self.on_room = on_room
         self.accepting = True  # False once the instance withdraws: route nothing new to it
         self._thread = Periodic(f"{instance_id}-publisher", interval_s, self.publish_once,
                                 "state publish failed on %s", instance_id)
@@ -60,10 +65,12 @@ class StatePublisher:
             return
         state = self.engine.snapshot().published(self.instance_id, self.model_name,
                                                  accepting=self.accepting)
-        self.fleet.publish(self.instance_id, state)
+        num_held = self.fleet.publish(self.instance_id, state)
         in_flight = [r.request_id for r in state.requests]
         for request_id in self.fleet.cancelled(in_flight):
             self.engine.abort(request_id)
+        if num_held and self.on_room is not None and _has_room(state):
+            self.on_room()
 
     def _drop_heartbeat(self) -> None:
         if self.accepting:
@@ -71,3 +78,8 @@ class StatePublisher:
                          "to other instances", self.instance_id)
         self.accepting = False
         self.fleet.mark_stopped(self.instance_id)
+
+
+def _has_room(state: EngineState) -> bool:
+    """Nothing waiting in the engine and a seat free: it could start a request now."""
+    return state.accepting and state.num_waiting == 0 and state.num_running < state.max_num_seqs
