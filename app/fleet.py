@@ -117,8 +117,10 @@ class Fleet:
         rows = self.redis.zrange(self._key("routing", "held"), 0, limit - 1, withscores=True)
         return [(_text(member), float(since)) for member, since in rows]
 
-    def held_request_ids(self) -> set[str]:
-        return {_text(m) for m in self.redis.zrange(self._key("routing", "held"), 0, -1)}
+    def held_request_ids(self, since: float) -> set[str]:
+        """The requests held since `since` (Unix time) or later."""
+        members = self.redis.zrangebyscore(self._key("routing", "held"), since, "+inf")
+        return {_text(m) for m in members}
 
     def next_round_robin(self) -> int:
         return int(self.redis.incr(self._key("round_robin")))

@@ -123,7 +123,10 @@ class Sweep:
     """One sweep over the database, the fleet's published states, the broker and the outbox."""
 
     def __init__(self, outbox: Outbox, fleet: Fleet, broker: redis.Redis, webhooks: WebhookPolicy,
-                 *, stranded_after_s: float, unacked_fresh_s: float, memory_s: float) -> None:
+                 *, stranded_after_s: float, unacked_fresh_s: float, memory_s: float,
+                 hold_limit_s: float = 0.0) -> None:
+        """`hold_limit_s`: a request the router has held (late binding) for less than this
+        counts as held; 0: none does (late binding off: nothing will release them)."""
         self.outbox = outbox
         self.fleet = fleet
         self.broker = broker
@@ -131,6 +134,7 @@ class Sweep:
         self.stranded_after_s = stranded_after_s
         self.unacked_fresh_s = unacked_fresh_s
         self.memory_s = memory_s
+        self.hold_limit_s = hold_limit_s
 
     def run(self) -> Report:
         statuses = self.fleet.statuses()
@@ -178,7 +182,9 @@ class Sweep:
         release task routes them when an instance has room)."""
         in_broker = request_ids_in_broker(self.broker, [*SERVICE_QUEUES, *engine_queues],
                                           fresh_s=self.unacked_fresh_s)
-        return in_broker | self.outbox.pending_request_ids() | self.fleet.held_request_ids()
+        held = (self.fleet.held_request_ids(since=time.time() - self.hold_limit_s)
+                if self.hold_limit_s > 0 else set())
+        return in_broker | self.outbox.pending_request_ids() | held
 
     def _remember(self, sightings: set[str]) -> set[str]:
         """Store this sweep's sightings; return those the previous sweep made too (a request

@@ -40,7 +40,9 @@ def requeue_orphans() -> dict[str, int]:
     report = Sweep(rt.outbox, rt.fleet, rt.redis, webhooks,
                    stranded_after_s=settings.stranded_after_s,
                    unacked_fresh_s=settings.unacked_fresh_s,
-                   memory_s=settings.orphan_check_interval_s * 5).run()
+                   memory_s=settings.orphan_check_interval_s * 5,
+                   hold_limit_s=(settings.routing_hold_max_s + settings.stranded_after_s
+                                 if settings.routing_hold else 0.0)).run()
     if report.rerouted or report.resent or report.webhooks_resent:
         logger.warning("stranded-request sweep: rerouted %d, sent on again %d, webhooks sent "
                        "again %d", report.rerouted, report.resent, report.webhooks_resent)

@@ -69,10 +69,15 @@ def route(request_id: str, timing: dict[str, float] | None = None) -> None:
         return
     if request.status not in ROUTABLE:
         return
-    if not route_request(rt, request, timing or {}, route_started_at):
+    outcome = route_request(rt, request, timing or {}, route_started_at)
+    if not outcome:
         # NOTE: a plain send: if it is lost, the stranded-request sweep finds the request.
         dispatch.route(request_id, priority=request.priority).send(
             celery, countdown=rt.settings.route_retry_s)
+    elif outcome is Routing.DONE:
+        # NOTE: a held request the sweep sent here (held past the sweep's limit, or late
+        # binding turned off meanwhile) is routed now: it leaves the hold.
+        rt.fleet.unhold(request_id)
 
 
 @shared_task(name=dispatch.TASK_RELEASE_HELD, **ON_OUTAGE)

@@ -142,10 +142,10 @@ def test_a_cancelled_held_request_leaves_the_hold_unrouted(
     assert _in_queue(rt, "gpu.0") == set()
 
 
-def _sweep(rt: Runtime) -> Sweep:
-    return Sweep(rt.outbox, rt.fleet, rt.redis, WebhookPolicy(backoff_s=1.0, max_attempts=3,
-                                                              grace_s=0.0), stranded_after_s=0,
-                 unacked_fresh_s=30, memory_s=60)
+def _sweep(rt: Runtime, hold_limit_s: float = 60.0) -> Sweep:
+    webhooks = WebhookPolicy(backoff_s=1.0, max_attempts=3, grace_s=0.0)
+    return Sweep(rt.outbox, rt.fleet, rt.redis, webhooks, stranded_after_s=0,
+                 unacked_fresh_s=30, memory_s=60, hold_limit_s=hold_limit_s)
 
 
 def test_the_sweep_leaves_a_held_request_and_finds_one_whose_hold_was_lost(
@@ -163,6 +163,22 @@ def test_the_sweep_leaves_a_held_request_and_finds_one_whose_hold_was_lost(
     assert _in_queue(rt, "route") == {request_id}
     route_tasks.route(request_id)  # the route task holds it again
     assert _held(rt) == [request_id] and _row(rt, request_id).instance_id is None
+
+
+def test_with_late_binding_turned_off_the_sweep_sends_held_requests_on_to_be_routed(
+        worker: Callable[..., Runtime]) -> None:
+    rt = worker()
+    rt.fleet.publish("gpu.0", FULL)
+    request_id = _submit(rt)
+    predict_tasks.annotate(request_id)
+    assert _held(rt) == [request_id]
+
+    off = worker(routing_hold=False)  # nothing will release it now
+    assert _sweep(off, hold_limit_s=0).run().suspected == 1
+    assert _sweep(off, hold_limit_s=0).run().resent == 1
+    route_tasks.route(request_id)
+
+    assert _row(off, request_id).instance_id == "gpu.0" and _held(off) == []
 
 
 def test_the_release_message_goes_to_the_route_queue() -> None:
