@@ -109,16 +109,28 @@ def test_block_harm_adds_the_delay_to_the_others_to_the_end_to_end_latency() -> 
                _ctx())
 
 
+def test_block_affinity_prefers_the_longest_cached_prefix_within_its_margin() -> None:
+    fleet = [_inst("gpu.0", what_if_e2e_s=10.0),
+             _inst("gpu.1", what_if_e2e_s=11.5, prefix_match_tokens=768),  # within 20 %
+             _inst("gpu.2", what_if_e2e_s=11.0, prefix_match_tokens=256)]
+    assert decide("block", REQUEST, fleet, _ctx()).instance_id == "gpu.0"
+    assert decide("block_affinity", REQUEST, fleet, _ctx()).instance_id == "gpu.1"
+    slower = [fleet[0], _inst("gpu.1", what_if_e2e_s=12.5, prefix_match_tokens=768), fleet[2]]
+    assert decide("block_affinity", REQUEST, slower, _ctx()).instance_id == "gpu.0"
+    unmatched = [_inst("gpu.0", what_if_e2e_s=10.0), _inst("gpu.1", what_if_e2e_s=9.0)]
+    assert decide("block_affinity", REQUEST, unmatched, _ctx()).instance_id == "gpu.1"
+
+
 def test_block_policies_refuse_views_without_what_ifs() -> None:
-    for name in ("block", "block_ttft", "po2_block"):
+    for name in ("block", "block_ttft", "block_affinity", "po2_block"):
         with pytest.raises(ValueError, match="what_if"):
             decide(name, REQUEST, [_inst("gpu.0"), _inst("gpu.1")], _ctx())
 
 
 def test_which_policies_need_what_ifs() -> None:
     simulating = {n for n in POLICIES.names() if needs_what_if(n)}
-    assert simulating == {"block", "block_ttft", "block_harm", *(f"po{k}_{p}" for k in PROBE_COUNTS
-                                                   for p in ("block", "block_ttft"))}
+    assert simulating == {"block", "block_ttft", "block_harm", "block_affinity",
+                          *(f"po{k}_{p}" for k in PROBE_COUNTS for p in ("block", "block_ttft"))}
 
 
 # -- power of k -------------------------------------------------------------------------------
@@ -168,7 +180,7 @@ def test_ties_are_broken_at_random() -> None:
 
 
 def test_unknown_policy_names_the_known_ones_and_empty_fleet_raises() -> None:
-    with pytest.raises(ValueError, match="block, block_harm, block_ttft, infaas, least_requests"):
+    with pytest.raises(ValueError, match="block, block_affinity, block_harm, block_ttft, infaas"):
         decide("fastest", REQUEST, [_inst("gpu.0")], _ctx())
     with pytest.raises(ValueError, match="no candidate"):
         decide("round_robin", REQUEST, [], _ctx())
