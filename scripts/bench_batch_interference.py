@@ -68,19 +68,33 @@ from workers.sim import (  # noqa: E402
 console = Console(width=160)
 
 
+@dataclass
+class _Sent:
+    """What one stream sent: the ids of the answered requests and the errors of the others."""
+
+    ids: list[str]
+    errors: list[str]
+
+
 def _interactive(client: openai.OpenAI, model: str, prompts: list[dict], rate: float,
-                 duration_s: float, seed: int) -> list[str]:
-    """Poisson arrivals for `duration_s`; returns the request ids (from the response ids)."""
+                 duration_s: float, seed: int) -> _Sent:
+    """Poisson arrivals for `duration_s`; the request ids (from the response ids), and what
+    each failed request raised (a failed request is not measured: it is reported)."""
     rng = random.Random(seed)
-    ids: list[str] = []
+    sent = _Sent([], [])
     lock = threading.Lock()
 
     def one(row: dict) -> None:
-        response = client.chat.completions.create(
-            model=model, max_tokens=row["max_tokens"],
-            messages=[{"role": "user", "content": row["prompt"]}])
+        try:
+            response = client.chat.completions.create(
+                model=model, max_tokens=row["max_tokens"],
+                messages=[{"role": "user", "content": row["prompt"]}])
+        except openai.OpenAIError as exc:
+            with lock:
+                sent.errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+            return
         with lock:
-            ids.append("req_" + response.id.removeprefix("chatcmpl-"))
+            sent.ids.append("req_" + response.id.removeprefix("chatcmpl-"))
 
     with ThreadPoolExecutor(64) as pool:
         started = time.monotonic()
@@ -92,7 +106,7 @@ def _interactive(client: openai.OpenAI, model: str, prompts: list[dict], rate: f
             time.sleep(max(0.0, next_at - time.monotonic()))
             pool.submit(one, prompts[i % len(prompts)])
             i += 1
-    return ids
+    return sent
 
 
 def _batch_file(prompts: list[dict], model: str, lines: int) -> bytes:
@@ -144,15 +158,21 @@ def _wait_in_progress(client: openai.OpenAI, batch_id: str, timeout_s: float = 6
 def _interactive_phase(client: openai.OpenAI, db: Database, model: str, prompts: list[dict],
                        args: argparse.Namespace) -> dict[str, Any]:
     started = time.time()
-    ids = _interactive(client, model, prompts, args.rate, args.duration, args.seed)
+    sent = _interactive(client, model, prompts, args.rate, args.duration, args.seed)
     ended = time.time()
-    return {**_latencies(db, ids),
+    if sent.errors:
+        console.print(f"[red]{len(sent.errors)} of {len(sent.errors) + len(sent.ids)} "
+                      f"requests failed[/red], first: {sent.errors[0]}")
+    return {**_latencies(db, sent.ids), "failed": len(sent.errors),
             "interactive_tokens_s": _tokens_per_s(db, batch=False, since=started, until=ended),
             "batch_tokens_s": _tokens_per_s(db, batch=True, since=started, until=ended)}
 
 
 #: Context length with --sharegpt-lengths (the Block paper's setting, as in --simulated).
 SHAREGPT_MAX_MODEL_LEN = 4096
+#: Their max_tokens: above every ShareGPT answer length (1,734 at most), and beside the longest
+#: prompt (2,048 tokens) and its chat template within the context.
+SHAREGPT_MAX_TOKENS = SHAREGPT_MAX_MODEL_LEN - 2048 - 64
 
 
 def sharegpt_shaped(prompts: list[dict], prompt_lengths: list[int]) -> list[dict]:
@@ -167,8 +187,7 @@ def sharegpt_shaped(prompts: list[dict], prompt_lengths: list[int]) -> list[dict
         chars_per_token = len(unit) / max(len(codec.token_ids(unit)), 1)
         text = (unit * (int(target * chars_per_token / len(unit)) + 1))[
             : int(target * chars_per_token)]
-        shaped.append({**row, "prompt": text,
-                       "max_tokens": SHAREGPT_MAX_MODEL_LEN - len(codec.token_ids(text)) - 8})
+        shaped.append({**row, "prompt": text, "max_tokens": SHAREGPT_MAX_TOKENS})
     return shaped
 
 
@@ -504,7 +523,8 @@ def _print(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
             p = r[name]
             ratio = p["ttft_p99"] / r["alone"]["ttft_p99"]
             share = r["batch"]["share_of_free"] if name == "with_batch" else None
-            table.add_row(window, label, str(p["requests"]), f"{p['ttft_p50']:.3f}",
+            failed = f" ({p['failed']} failed)" if p.get("failed") else ""
+            table.add_row(window, label, f"{p['requests']}{failed}", f"{p['ttft_p50']:.3f}",
                           f"{p['ttft_p99']:.3f}", f"{p['e2e_p50']:.3f}", f"{p['e2e_p99']:.3f}",
                           f"{ratio:.2f}x", f"{p['batch_tokens_s']:.0f}",
                           "-" if share is None else f"{share:.0%}")
