@@ -96,7 +96,7 @@ def _interactive(client: openai.OpenAI, model: str, prompts: list[dict], rate: f
         with lock:
             sent.ids.append("req_" + response.id.removeprefix("chatcmpl-"))
 
-    with ThreadPoolExecutor(64) as pool:
+    with ThreadPoolExecutor(HELD_CONNECTIONS) as pool:
         started = time.monotonic()
         next_at, i = started, 0
         while True:
@@ -173,6 +173,8 @@ SHAREGPT_MAX_MODEL_LEN = 4096
 #: Their max_tokens: above every ShareGPT answer length (1,734 at most), and beside the longest
 #: prompt (2,048 tokens) and its chat template within the context.
 SHAREGPT_MAX_TOKENS = SHAREGPT_MAX_MODEL_LEN - 2048 - 64
+#: Interactive requests open at once that the client and the stack take (its 2 API workers).
+HELD_CONNECTIONS = 320
 
 
 def sharegpt_shaped(prompts: list[dict], prompt_lengths: list[int]) -> list[dict]:
@@ -222,6 +224,10 @@ def run_config(args: argparse.Namespace, headroom_ttft_s: float) -> dict[str, An
             engine_interactive_seats=args.interactive_seats,
             engine_batch_prefill_last=args.batch_prefill_last,
             **({"max_model_len": SHAREGPT_MAX_MODEL_LEN} if args.sharegpt_lengths else {}),
+            # NOTE: every interactive request holds its connection until it ends (tens of
+            # seconds with ShareGPT lengths): room for the whole stream, so that no tenant cap
+            # (429) or thread limit (503) decides which requests are measured.
+            api_threads=HELD_CONNECTIONS // 2 + 8, held_connections_per_team=HELD_CONNECTIONS,
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKQ_")}
         stack = Stack(settings, env={**env, **settings.as_env()})
