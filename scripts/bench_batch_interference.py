@@ -28,6 +28,7 @@ import json
 import math
 import os
 import random
+import signal
 import sys
 import tempfile
 import threading
@@ -502,6 +503,10 @@ def main() -> int:
                         help="the slot bound's margin in Poisson sigmas "
                              "(batch_headroom_slot_margin)")
     args = parser.parse_args()
+    # SIGTERM as an exception, so that `finally` stops the stack (whose processes run in
+    # sessions of their own: killed without it, they outlive the script and share its
+    # database and Redis db with the next run's stack), as bench_live.py does.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if args.simulated:
         results = run_simulated(args)
         if args.json:
