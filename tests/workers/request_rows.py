@@ -7,7 +7,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app import store
-from app.models import Priority
+from app.db import Database
+from app.models import InferenceRequest, Priority
 
 #: A small interactive completion request, as the API's schema hands it to the store.
 REQUEST_FIELDS: dict[str, Any] = {
@@ -22,3 +23,12 @@ def new_request(session: Session, **fields: Any) -> str:
     request, _ = store.create_request(session, REQUEST_FIELDS | fields, idempotency_key=None)
     session.flush()
     return request.id
+
+
+def stored_request(db: Database, request_id: str) -> InferenceRequest:
+    """The request's row as committed, detached from its session."""
+    with db.session() as session:
+        request = session.get(InferenceRequest, request_id)
+        assert request is not None
+        session.expunge(request)
+        return request

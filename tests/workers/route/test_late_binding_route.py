@@ -18,7 +18,7 @@ from app.models import InferenceRequest, OutboxEntry, RequestStatus
 from app.queues import request_ids_in_broker
 from app.settings import Settings
 from tests.engine_states import engine_state, waiting_request
-from tests.workers.request_rows import new_request
+from tests.workers.request_rows import new_request, stored_request
 from workers.health.sweep import Sweep
 from workers.health.undelivered import WebhookPolicy
 from workers.predict import tasks as predict_tasks
@@ -48,11 +48,7 @@ def _submit(rt: Runtime) -> str:
 
 
 def _row(rt: Runtime, request_id: str) -> InferenceRequest:
-    with rt.db.session() as session:
-        request = session.get(InferenceRequest, request_id)
-        assert request is not None
-        session.expunge(request)
-        return request
+    return stored_request(rt.db, request_id)
 
 
 def _in_queue(rt: Runtime, queue: str) -> set[str]:

@@ -16,7 +16,7 @@ from app.models import InferenceRequest, OutboxEntry, RequestEvent, RequestStatu
 from app.queues import request_ids_in_broker
 from app.settings import Settings
 from tests.engine_states import engine_state
-from tests.workers.request_rows import new_request
+from tests.workers.request_rows import new_request, stored_request
 from workers.predict import stage as predict_stage
 from workers.predict import tasks as predict_tasks
 from workers.runtime import Runtime
@@ -45,11 +45,7 @@ def queued(fresh_services: Settings) -> Iterator[Callable[[Runtime], str]]:
 
 
 def _row(rt: Runtime, request_id: str) -> InferenceRequest:
-    with rt.db.session() as session:
-        request = session.get(InferenceRequest, request_id)
-        assert request is not None
-        session.expunge(request)
-        return request
+    return stored_request(rt.db, request_id)
 
 
 def _events(rt: Runtime, request_id: str) -> list[str]:

@@ -19,7 +19,7 @@ from app.models import InferenceRequest, OutboxEntry, RequestEvent, RequestStatu
 from app.queues import queue_keys, request_ids_in_broker
 from app.streams import read_stream
 from tests.engine_states import engine_state, waiting_request
-from tests.workers.request_rows import new_request
+from tests.workers.request_rows import new_request, stored_request
 from workers.predict import tasks as predict_tasks
 from workers.route import tasks as route_tasks
 from workers.runtime import Runtime
@@ -50,11 +50,7 @@ def _queued(rt: Runtime, *, action: str = "route", **targets: float) -> str:
 
 
 def _row(rt: Runtime, request_id: str) -> InferenceRequest:
-    with rt.db.session() as session:
-        request = session.get(InferenceRequest, request_id)
-        assert request is not None
-        session.expunge(request)
-        return request
+    return stored_request(rt.db, request_id)
 
 
 def _events(rt: Runtime, request_id: str) -> list[tuple[str, str | None]]:
