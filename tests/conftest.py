@@ -14,6 +14,7 @@ from sqlalchemy.engine import make_url
 
 from app.migrate import alembic_config, recreate_database
 from app.settings import Settings
+from tests import services_lock
 from tests.environment import (
     ROOT,
     TEST_DATABASE_URL,
@@ -35,6 +36,23 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     for fixture, marker in MARKERS_OF_FIXTURES.items():
         if fixture in getattr(item, "fixturenames", ()):
             item.add_marker(marker)
+
+
+_SERVICES_LOCKS = pytest.StashKey[list]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A run whose tests use the test PostgreSQL or Redis holds them (tests/services_lock.py)
+    until it ends; a second run on the same ones stops here, before it empties them."""
+    if not any(item.get_closest_marker("services") for item in session.items):
+        return
+    try:
+        session.config.stash[_SERVICES_LOCKS] = services_lock.hold({
+            "BLOCKQ_TEST_DATABASE_URL": TEST_DATABASE_URL,
+            "BLOCKQ_TEST_REDIS_URL": TEST_REDIS_URL,
+        })
+    except services_lock.ServicesBusy as busy:
+        pytest.exit(str(busy), returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 @pytest.fixture
