@@ -125,12 +125,20 @@ def _latencies(db: Database, ids: list[str]) -> dict[str, float]:
     with db.session() as session:
         rows = session.scalars(sa.select(InferenceRequest)
                                .where(InferenceRequest.id.in_(ids))).all()
-    done = [r for r in rows if r.first_token_at and r.finished_at]
+    done = [r for r in rows if r.first_token_at and r.finished_at and r.started_at]
     ttft = np.array([(r.first_token_at - r.created_at).total_seconds() for r in done])
     e2e = np.array([(r.finished_at - r.created_at).total_seconds() for r in done])
+    # Where a TTFT went: the control plane and the broker (accept -> the engine worker takes
+    # it), then the engine (its queue for a seat, the prefill): the engines' rules act on the
+    # second only.
+    to_engine = np.array([(r.started_at - r.created_at).total_seconds() for r in done])
+    in_engine = ttft - to_engine
     return {"requests": len(done), "ttft_p50": float(np.percentile(ttft, 50)),
             "ttft_p99": float(np.percentile(ttft, 99)), "e2e_p50": float(np.percentile(e2e, 50)),
-            "e2e_p99": float(np.percentile(e2e, 99))}
+            "e2e_p99": float(np.percentile(e2e, 99)),
+            "to_engine_p99": float(np.percentile(to_engine, 99)),
+            "in_engine_p99": float(np.percentile(in_engine, 99)),
+            "ttft_s": ttft.round(4).tolist(), "to_engine_s": to_engine.round(4).tolist()}
 
 
 def _tokens_per_s(db: Database, *, batch: bool, since: float, until: float) -> float:
@@ -524,7 +532,8 @@ def _print(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
                         f"beside a {args.batch_lines}-line batch, {args.instances} emulated "
                         f"instances (time scale {args.time_scale:g}), block routing")
     for column in ("batch window", "phase", "requests", "TTFT p50 (s)", "TTFT p99 (s)",
-                   "e2e p50 (s)", "e2e p99 (s)", "TTFT p99 vs alone", "batch tokens/s",
+                   "e2e p50 (s)", "e2e p99 (s)", "accept->engine p99 (s)",
+                   "engine->first token p99 (s)", "TTFT p99 vs alone", "batch tokens/s",
                    "batch share of free capacity"):
         table.add_column(column, justify="right")
     for r in results:
@@ -537,6 +546,7 @@ def _print(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
             failed = f" ({p['failed']} failed)" if p.get("failed") else ""
             table.add_row(window, label, f"{p['requests']}{failed}", f"{p['ttft_p50']:.3f}",
                           f"{p['ttft_p99']:.3f}", f"{p['e2e_p50']:.3f}", f"{p['e2e_p99']:.3f}",
+                          f"{p['to_engine_p99']:.3f}", f"{p['in_engine_p99']:.3f}",
                           f"{ratio:.2f}x", f"{p['batch_tokens_s']:.0f}",
                           "-" if share is None else f"{share:.0%}")
     console.print(table)
