@@ -202,6 +202,12 @@ def main(argv: list[str] | None = None) -> int:
                     simulated, workload=name, policy=policy, num_requests=args.requests,
                     seed=args.seed, spread=args.spread, model=args.exec_model) or rates
             result = search_capacity(measure, rates, args.slo, bisect_steps=args.bisect)
+            if result.first_failing is None:
+                console.print(
+                    f"[yellow]{name} / {policy}: no rate failed the SLO, so the capacity is "
+                    f"only known to be at least {max(rates):g} req/s; try higher rates, or more "
+                    f"requests if the p99 does not grow with the rate (the fleet never "
+                    f"filled)[/yellow]")
             raw["capacity"].setdefault(name, {})[policy] = {
                 "capacity": result.capacity, "first_failing": result.first_failing}
             save()
