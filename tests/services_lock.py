@@ -29,12 +29,6 @@ def lock_path(url: str) -> Path:
     return Path(tempfile.gettempdir()) / f"blockq-test-services-{digest}.lock"
 
 
-def _display(url: str) -> str:
-    if url.startswith("redis"):
-        return url.split("@")[-1]
-    return make_url(url).render_as_string(hide_password=True)
-
-
 def hold(urls: dict[str, str]) -> list[IO[str]]:
     """Takes the lock of each `name -> url`; the returned files hold them until closed.
     Raises ServicesBusy naming the first URL another process holds (and the variable that
@@ -51,7 +45,8 @@ def hold(urls: dict[str, str]) -> list[IO[str]]:
             for other in held:
                 other.close()
             raise ServicesBusy(
-                f"another test run (pid {owner}) is using {_display(url)}; wait for it, or "
+                f"another test run (pid {owner}) is using "
+                f"{make_url(url).render_as_string(hide_password=True)}; wait for it, or "
                 f"give this run its own with {variable}") from None
         handle.truncate(0)
         handle.write(str(os.getpid()))

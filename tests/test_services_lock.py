@@ -40,11 +40,12 @@ def test_a_second_holder_is_refused_naming_the_url_and_the_variable() -> None:
 
 
 def test_a_refused_run_releases_what_it_had_taken() -> None:
-    free, taken = _own_url(), _own_url()
+    free, taken = _own_url(), f"redis://:s3cret@127.0.0.1:6379/0?run={uuid.uuid4().hex}"
     holder = services_lock.hold({"B": taken})
     try:
-        with pytest.raises(services_lock.ServicesBusy):
+        with pytest.raises(services_lock.ServicesBusy) as busy:
             services_lock.hold({"A": free, "B": taken})
+        assert "127.0.0.1:6379" in str(busy.value) and "s3cret" not in str(busy.value)
         for handle in services_lock.hold({"A": free}):  # A was let go
             handle.close()
     finally:
