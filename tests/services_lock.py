@@ -1,7 +1,7 @@
 """One test run at a time on a test database and Redis db.
 
 Every run empties and recreates the test PostgreSQL database and flushes the test Redis db, so
-two runs on the same ones wreck each other's tests (a CI run beside a developer's, a helper's
+two runs on the same ones wreck each other's tests (a CI run beside a developer's, a developer's
 run beside a benchmark). A run that needs the services holds an exclusive lock per service URL
 (`flock` on a file named after it, released by the kernel when the run dies); a second run
 stops at once and says which URL is taken and how to pick another.
