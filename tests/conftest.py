@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def pytest_itemcollected(item: pytest.Item) -> None:
             item.add_marker(marker)
 
 
-_SERVICES_LOCKS = pytest.StashKey[list]()
+_SERVICES_LOCKS = pytest.StashKey[ExitStack]()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

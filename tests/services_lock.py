@@ -13,8 +13,8 @@ import fcntl
 import hashlib
 import os
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
-from typing import IO
 
 from sqlalchemy.engine import make_url
 
@@ -29,27 +29,23 @@ def lock_path(url: str) -> Path:
     return Path(tempfile.gettempdir()) / f"blockq-test-services-{digest}.lock"
 
 
-def hold(urls: dict[str, str]) -> list[IO[str]]:
-    """Takes the lock of each `name -> url`; the returned files hold them until closed.
+def hold(urls: dict[str, str]) -> ExitStack:
+    """Takes the lock of each `name -> url`; they are held until the returned stack closes.
     Raises ServicesBusy naming the first URL another process holds (and the variable that
-    moves this run elsewhere)."""
-    held: list[IO[str]] = []
-    for variable, url in urls.items():
-        handle = lock_path(url).open("a+")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            owner = handle.read().strip() or "unknown"
-            handle.close()
-            for other in held:
-                other.close()
-            raise ServicesBusy(
-                f"another test run (pid {owner}) is using "
-                f"{make_url(url).render_as_string(hide_password=True)}; wait for it, or "
-                f"give this run its own with {variable}") from None
-        handle.truncate(0)
-        handle.write(str(os.getpid()))
-        handle.flush()
-        held.append(handle)
-    return held
+    moves this run elsewhere), having let go of those it took."""
+    with ExitStack() as held:
+        for variable, url in urls.items():
+            handle = held.enter_context(lock_path(url).open("a+"))
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                owner = handle.read().strip() or "unknown"
+                raise ServicesBusy(
+                    f"another test run (pid {owner}) is using "
+                    f"{make_url(url).render_as_string(hide_password=True)}; wait for it, or "
+                    f"give this run its own with {variable}") from None
+            handle.truncate(0)
+            handle.write(str(os.getpid()))
+            handle.flush()
+        return held.pop_all()
