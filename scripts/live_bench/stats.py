@@ -8,13 +8,15 @@ that they compare with the paper's GPUs and with the discrete-event benchmark.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 __all__ = ["LatencySummary", "CapacityResult", "RequestProgress", "count_done_and_late",
            "emulated_s", "wall_rate", "percentile", "percentile_certainly_above", "summarize",
-           "search_capacity", "rates_around_simulated"]
+           "search_capacity", "rates_around_simulated", "StepRecord", "EngineStall",
+           "engine_stall"]
 
 
 def emulated_s(wall_s: float, time_scale: float) -> float:
@@ -169,3 +171,47 @@ def rates_around_simulated(summary: Sequence[dict], *, workload: str, policy: st
             capacity = float(row["capacity_rps"])
             return [round(capacity * (1 - spread), 2), round(capacity * (1 + spread), 2)]
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One engine step as its sample records it: when it ended (wall seconds), how long the
+    emulated GPU took (wall seconds, time scale applied), and whether work was left after it."""
+
+    at_s: float
+    duration_s: float
+    work_left: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStall:
+    """Wall time an engine had work but was not stepping, over the time it had work."""
+
+    busy_s: float  # wall time between a step that left work and the step after it
+    stalled_s: float  # of that, the time beyond the next step's emulated duration
+    worst_gap_s: float  # the longest such excess between two steps
+
+    @property
+    def share(self) -> float | None:
+        return self.stalled_s / self.busy_s if self.busy_s > 0 else None
+
+
+def engine_stall(steps: Sequence[StepRecord]) -> EngineStall:
+    """How far one emulated engine ran behind its own clock, from its steps in time order.
+
+    A step that leaves work is followed at once by the next (the engine loop does not wait),
+    so the gap between their ends should be the next step's duration; what is beyond it is
+    time the engine thread did not get (a busy CPU, the interpreter lock, its own lock held
+    by others). An emulated GPU that stalls is slower than the GPU it stands for: latency it
+    adds is the emulator's, not the scheduler's.
+    """
+    busy = stalled = worst = 0.0
+    for before, step in itertools.pairwise(steps):
+        if not before.work_left:
+            continue  # idle until work came: the gap says nothing
+        gap = step.at_s - before.at_s
+        busy += gap
+        excess = gap - step.duration_s
+        stalled += excess  # NOTE: may be negative: the clock catches up on small lateness
+        worst = max(worst, excess)
+    return EngineStall(busy_s=busy, stalled_s=max(0.0, stalled), worst_gap_s=worst)

@@ -150,3 +150,18 @@ def test_live_rates_bracket_the_simulated_capacity_of_the_same_setup() -> None:
                   spread=0.1, model="qwen2-7b-a30") == [45.0, 55.0]
     assert around(summary, workload="conversations", policy="block", num_requests=4000, seed=0,
                   spread=0.1, model="llama-2-7b-a30") is None
+
+
+def test_engine_stall_counts_time_beyond_the_steps_only_while_work_waits() -> None:
+    stats = _stats()
+    step = stats.StepRecord
+    steps = [step(0.0, 0.1, True), step(0.1, 0.1, True),  # on time
+             step(0.5, 0.1, False),  # 0.3 s late: the thread did not run
+             step(9.0, 0.1, True),  # after idling: the gap is no stall
+             step(9.12, 0.1, True), step(9.2, 0.1, True)]  # late 0.02, then caught up
+    stall = stats.engine_stall(steps)
+    assert stall.busy_s == pytest.approx(0.1 + 0.4 + 0.12 + 0.08)
+    assert stall.stalled_s == pytest.approx(0.3 + 0.02 - 0.02)
+    assert stall.worst_gap_s == pytest.approx(0.3)
+    assert stall.share == pytest.approx(0.3 / 0.7)
+    assert stats.engine_stall([step(0.0, 0.1, False)]).share is None
