@@ -13,10 +13,19 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, IPvAnyNetwork, PositiveInt, SecretStr, field_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    IPvAnyNetwork,
+    PositiveInt,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["Settings", "EngineKind"]
+__all__ = ["Settings", "EngineKind", "describe_invalid"]
 
 EngineKind = Literal["vllm", "emulated"]
 
@@ -158,10 +167,14 @@ class Settings(BaseSettings):
     kv_cache_gib: float = Field(1.0, gt=0, description="KV-cache size per CPU engine in GiB.")
     engine_threads: int = Field(1, gt=0, description="Torch threads per CPU engine.")
     engine_concurrency: int = Field(
-        128,
+        384,
         gt=0,
-        description="Requests one engine worker holds at once (Celery thread pool size). Must "
-        "exceed max_num_seqs so vLLM, not Celery, does the batching and queueing.",
+        description="Requests one engine worker holds at once (Celery thread pool size): at "
+        "least max_batch_in_flight + max_num_seqs. Every request on an instance holds a thread "
+        "until it ends, and the batch may put all its lines on one instance: with fewer "
+        "threads, batch lines waiting in the engine take every one, and an interactive request "
+        "waits in the broker, where neither its priority nor the engine's interactive seats "
+        "reach it.",
     )
     state_publish_interval_s: float = Field(
         0.1, gt=0, description="How often an engine worker publishes its state to Redis."
@@ -575,6 +588,17 @@ class Settings(BaseSettings):
         "empties it at start. Unset: /metrics shows the API process's own metrics only.",
     )
 
+    @model_validator(mode="after")
+    def _engine_pool_holds_the_batch(self) -> Settings:
+        needed = self.max_batch_in_flight + self.max_num_seqs
+        if self.engine_concurrency < needed:
+            raise ValueError(
+                f"BLOCKQ_ENGINE_CONCURRENCY ({self.engine_concurrency}) must be at least "
+                f"BLOCKQ_MAX_BATCH_IN_FLIGHT + BLOCKQ_MAX_NUM_SEQS ({needed}): each request on "
+                "an engine worker holds one of its threads, and batch lines could take them "
+                "all, leaving interactive requests waiting in the broker")
+        return self
+
     @classmethod
     def load(cls) -> Settings:
         """Settings from the environment, over the file named by BLOCKQ_CONFIG_FILE if set."""
@@ -629,3 +653,17 @@ class Settings(BaseSettings):
     def instance_ids(self) -> list[str]:
         """Instance ids of the local stack; each is also the name of its Celery queue."""
         return [f"gpu.{k}" for k in range(self.num_instances)]
+
+
+def describe_invalid(error: ValidationError) -> str:
+    """What is wrong with the settings, one line a problem, each naming its variable."""
+    lines = []
+    for problem in error.errors(include_url=False):
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["loc"]:
+            field_name = str(problem["loc"][0])
+            name = Settings.env_name(field_name) if field_name in Settings.model_fields else (
+                field_name)
+            message = f"{name}: {message} (got {problem['input']!r})"
+        lines.append(message)
+    return "invalid settings:\n  " + "\n  ".join(lines)

@@ -48,12 +48,15 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from live_bench.stats import StepRecord, engine_stall  # noqa: E402
 
 from app.cli.demo import load_sample_prompts  # noqa: E402
 from app.cli.stack import Stack  # noqa: E402
 from app.db import Database  # noqa: E402
 from app.migrate import recreate_database, upgrade  # noqa: E402
-from app.models import InferenceRequest  # noqa: E402
+from app.models import EngineStepSample, InferenceRequest  # noqa: E402
 from app.prompts import PromptCodec  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from workers.batch.headroom import slot_bound  # noqa: E402
@@ -156,6 +159,29 @@ def _tokens_per_s(db: Database, *, batch: bool, since: float, until: float) -> f
     return float(tokens) / (until - since)
 
 
+def _engine_stall(db: Database, *, since: float, until: float) -> dict[str, float | None]:
+    """How far the emulated engines ran behind their own clocks in [since, until] (epoch s):
+    the share of their busy wall time in which they had work and did not step, and the worst
+    such gap (`live_bench.stats.engine_stall`)."""
+    start = datetime.fromtimestamp(since, UTC)
+    end = datetime.fromtimestamp(until, UTC)
+    sample = EngineStepSample
+    with db.session() as session:
+        rows = session.execute(
+            sa.select(sample.instance_id, sample.at, sample.duration_ms, sample.num_running,
+                      sample.num_waiting)
+            .where(sample.at >= start, sample.at <= end)
+            .order_by(sample.instance_id, sample.at)).all()
+    by_instance: dict[str, list[StepRecord]] = {}
+    for row in rows:
+        by_instance.setdefault(row.instance_id, []).append(StepRecord(
+            row.at.timestamp(), row.duration_ms / 1000.0, row.num_running + row.num_waiting > 0))
+    stalls = [engine_stall(steps) for steps in by_instance.values()]
+    busy = sum(s.busy_s for s in stalls)
+    return {"engine_stall_share": sum(s.stalled_s for s in stalls) / busy if busy else None,
+            "engine_worst_gap_s": max((s.worst_gap_s for s in stalls), default=None)}
+
+
 def _wait_in_progress(client: openai.OpenAI, batch_id: str, timeout_s: float = 600) -> None:
     deadline = time.monotonic() + timeout_s
     while client.batches.retrieve(batch_id).status != "in_progress":
@@ -174,7 +200,8 @@ def _interactive_phase(client: openai.OpenAI, db: Database, model: str, prompts:
                       f"requests failed[/red], first: {sent.errors[0]}")
     return {**_latencies(db, sent.ids), "failed": len(sent.errors),
             "interactive_tokens_s": _tokens_per_s(db, batch=False, since=started, until=ended),
-            "batch_tokens_s": _tokens_per_s(db, batch=True, since=started, until=ended)}
+            "batch_tokens_s": _tokens_per_s(db, batch=True, since=started, until=ended),
+            **_engine_stall(db, since=started, until=ended)}
 
 
 #: Context length with --sharegpt-lengths (the Block paper's setting, as in --simulated).
@@ -228,7 +255,7 @@ def run_config(args: argparse.Namespace, headroom_ttft_s: float) -> dict[str, An
             database_url=args.database_url, redis_url=args.redis_url, data_dir=Path(data_dir),
             model_path=ROOT / ".blockq" / "models" / "tiny-llama", api_port=args.api_port,
             flower_port=args.flower_port, num_instances=args.instances, engine_kind="emulated",
-            emulated_time_scale=args.time_scale, routing_policy="block", engine_concurrency=96,
+            emulated_time_scale=args.time_scale, routing_policy="block",
             max_batch_in_flight=args.max_batch_in_flight, batch_headroom_ttft_s=headroom_ttft_s,
             engine_interactive_seats=args.interactive_seats,
             engine_batch_prefill_last=args.batch_prefill_last,
@@ -533,7 +560,8 @@ def _print(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
                         f"instances (time scale {args.time_scale:g}), block routing")
     for column in ("batch window", "phase", "requests", "TTFT p50 (s)", "TTFT p99 (s)",
                    "e2e p50 (s)", "e2e p99 (s)", "accept->engine p99 (s)",
-                   "engine->first token p99 (s)", "TTFT p99 vs alone", "batch tokens/s",
+                   "engine->first token p99 (s)", "engine stalled", "worst stall (s)",
+                   "TTFT p99 vs alone", "batch tokens/s",
                    "batch share of free capacity"):
         table.add_column(column, justify="right")
     for r in results:
@@ -547,9 +575,13 @@ def _print(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
             table.add_row(window, label, f"{p['requests']}{failed}", f"{p['ttft_p50']:.3f}",
                           f"{p['ttft_p99']:.3f}", f"{p['e2e_p50']:.3f}", f"{p['e2e_p99']:.3f}",
                           f"{p['to_engine_p99']:.3f}", f"{p['in_engine_p99']:.3f}",
+                          _share(p["engine_stall_share"]), _seconds(p["engine_worst_gap_s"]),
                           f"{ratio:.2f}x", f"{p['batch_tokens_s']:.0f}",
-                          "-" if share is None else f"{share:.0%}")
+                          _share(share))
     console.print(table)
+    console.print("engine stalled: the share of the engines' busy wall time in which they had "
+                  "work and did not step (the CPU or the interpreter lock held them): time the "
+                  "emulated GPU lost, that a GPU would not")
     for r in results:
         b = r["batch"]
         console.print(f"headroom {r['headroom_ttft_s']:g}: batch alone "
@@ -557,6 +589,14 @@ def _print(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
                       f"for it); free beside the "
                       f"interactive stream {b['free_tokens_s']:.0f}; at the end {b['status']}, "
                       f"{b['completed']}/{b['total']} lines done")
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 if __name__ == "__main__":

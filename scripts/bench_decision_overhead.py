@@ -93,7 +93,6 @@ def main() -> int:
             num_instances=args.instances, engine_kind="emulated",
             emulated_time_scale=args.time_scale, routing_policy=args.policy,
             length_predictor=args.length_predictor,
-            engine_concurrency=64,
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKQ_")}
         stack = Stack(settings, env={**env, **settings.as_env()})

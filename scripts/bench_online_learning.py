@@ -196,7 +196,7 @@ def main() -> int:
             engine_kind="emulated", emulated_time_scale=args.time_scale,
             emulated_exec_model="llama-2-7b-a30", emulated_num_blocks=1052,
             emulated_output_lengths="answers", emulated_answers_path=answers,
-            routing_policy="block", length_model_path=artifact, engine_concurrency=64,
+            routing_policy="block", length_model_path=artifact,
             max_model_len=4096,
             learn_retrain_interval_s=0, learn_refit_interval_s=0, learn_min_rows=50,
             length_bootstrap_rows=bootstrap,

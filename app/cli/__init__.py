@@ -9,6 +9,7 @@ import sys
 import time
 
 import click
+from pydantic import ValidationError
 from rich.console import Console
 
 from app.cli.admin import keys, teams
@@ -21,7 +22,7 @@ from app.cli.stack import Stack, StackError
 from app.logs import configure as configure_logs
 from app.migrate import upgrade
 from app.private_paths import private_dir
-from app.settings import Settings
+from app.settings import Settings, describe_invalid
 
 __all__ = ["main"]
 
@@ -45,7 +46,17 @@ def _prepare(settings: Settings) -> dict[str, str]:
     return {**os.environ, **settings.as_env(), "BLOCKQ_MODEL_PATH": str(model.resolve())}
 
 
-@click.group()
+class _Commands(click.Group):
+    """The command group; invalid settings end a command with a message, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except ValidationError as invalid:
+            raise click.ClickException(describe_invalid(invalid)) from None
+
+
+@click.group(cls=_Commands)
 def main() -> None:
     """blockq: predictive routing of LLM requests over Celery."""
 

@@ -147,7 +147,7 @@ def showcase_settings(base: Settings, answers_path: Path, fleet: ShowcaseFleet =
         "block_size": 16, "max_num_seqs": fleet.max_num_seqs, "max_num_batched_tokens": 512,
         "max_model_len": fleet.max_model_len, "emulated_time_scale": fleet.time_scale,
         "emulated_output_lengths": "answers", "emulated_answers_path": answers_path,
-        "engine_concurrency": 64, "routing_policy": "block", "length_predictor": "learned",
+        "routing_policy": "block", "length_predictor": "learned",
         "length_model_path": model_path(),
         # The router simulates the engines' own execution-time model, the predictor keeps its
         # model (no refits mid-run), and no fallback to round robin: each policy as configured.

@@ -32,7 +32,7 @@ def stack_settings(config: RunConfig, services: OwnServices, data_dir: Path) -> 
         webhook_secret=new_secret(), num_instances=config.instances,
         engine_kind="emulated", emulated_time_scale=config.time_scale,
         heartbeat_ttl_s=config.heartbeat_ttl_s, orphan_check_interval_s=1.0,
-        webhook_backoff_s=0.2, engine_concurrency=96, kv_cache_gib=0.5,
+        webhook_backoff_s=0.2, kv_cache_gib=0.5,
         sync_timeout_s=config.sync_timeout_s, batch_release_interval_s=0.2,
         max_batch_in_flight=64, log_format="json",
         webhook_allowed_networks="127.0.0.0/8",  # the run's receiver

@@ -129,7 +129,7 @@ def _settings(spec: PointSpec, data_dir: Path) -> Settings:
         emulated_exec_model=spec.exec_model, emulated_num_blocks=spec.num_blocks, block_size=16,
         max_num_seqs=48, max_num_batched_tokens=512, max_model_len=spec.max_model_len,
         emulated_time_scale=spec.time_scale, emulated_output_lengths="answers",
-        emulated_answers_path=answers, engine_concurrency=256,
+        emulated_answers_path=answers,
         routing_policy=routing, length_predictor=predictor,
         # NOTE: prefix caching only where the workload shares prefixes by design (Mooncake's
         # hash ids): the conversations replay repeats 167 held-out prompts, which would turn

@@ -32,7 +32,6 @@ TEST_STACK_SETTINGS: dict[str, Any] = {
     "heartbeat_ttl_s": 2.0,
     "orphan_check_interval_s": 1.0,
     "webhook_backoff_s": 0.2,
-    "engine_concurrency": 96,
     "kv_cache_gib": 0.5,
 }
 

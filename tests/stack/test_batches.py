@@ -52,7 +52,7 @@ def stack(
     a small batch in-flight limit (so that shares matter) and fast batch ticks."""
     settings = services_factory(tmp_path_factory.mktemp("batch-stack")).model_copy(update={
         "num_instances": 2, "log_format": "json", "api_workers": 1, "heartbeat_ttl_s": 2.0,
-        "orphan_check_interval_s": 1.0, "webhook_backoff_s": 0.2, "engine_concurrency": 96,
+        "orphan_check_interval_s": 1.0, "webhook_backoff_s": 0.2,
         "engine_kind": "emulated", "emulated_time_scale": 0.05,
         "emulated_output_lengths": "max_tokens", "max_batch_in_flight": MAX_IN_FLIGHT,
         "batch_release_interval_s": 0.2, "batch_expiry_check_interval_s": 0.5,

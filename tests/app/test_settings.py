@@ -1,0 +1,53 @@
+"""Settings that cannot work are refused, and the CLI names what is wrong instead of a traceback."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+from pydantic import ValidationError
+
+from app.cli import main
+from app.settings import Settings, describe_invalid
+
+
+def test_the_defaults_leave_interactive_requests_an_engine_thread_beside_a_full_batch() -> None:
+    settings = Settings()
+    assert settings.engine_concurrency >= settings.max_batch_in_flight + settings.max_num_seqs
+
+
+@pytest.mark.parametrize(("concurrency", "in_flight", "seqs", "valid"), [
+    (304, 256, 48, True), (303, 256, 48, False), (96, 8, 48, True), (96, 64, 48, False)])
+def test_an_engine_pool_narrower_than_the_batch_plus_a_batch_of_seats_is_refused(
+        concurrency: int, in_flight: int, seqs: int, valid: bool) -> None:
+    values = {"engine_concurrency": concurrency, "max_batch_in_flight": in_flight,
+              "max_num_seqs": seqs}
+    if valid:
+        assert Settings(**values).engine_concurrency == concurrency
+        return
+    with pytest.raises(ValidationError) as refused:
+        Settings(**values)
+    message = describe_invalid(refused.value)
+    assert f"BLOCKQ_ENGINE_CONCURRENCY ({concurrency})" in message
+    assert f"({in_flight + seqs})" in message
+
+
+def test_the_cli_names_the_variable_of_an_invalid_setting(monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path) -> None:
+    monkeypatch.setenv("BLOCKQ_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("BLOCKQ_MAX_NUM_SEQS", "0")
+    result = CliRunner().invoke(main, ["migrate"])
+    assert result.exit_code == 1
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "BLOCKQ_MAX_NUM_SEQS: Input should be greater than 0 (got '0')" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "blockq.sqlite3").exists()  # nothing ran
+
+
+def test_the_cli_explains_a_pool_too_narrow_for_the_batch(monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path) -> None:
+    monkeypatch.setenv("BLOCKQ_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("BLOCKQ_ENGINE_CONCURRENCY", "100")
+    result = CliRunner().invoke(main, ["teams", "list"])
+    assert result.exit_code == 1
+    assert "BLOCKQ_ENGINE_CONCURRENCY (100) must be at least" in result.output
+    assert "BLOCKQ_MAX_BATCH_IN_FLIGHT + BLOCKQ_MAX_NUM_SEQS (304)" in result.output
