@@ -145,8 +145,12 @@ class Settings(BaseSettings):
         description="Seats of max_num_seqs (below it) each engine keeps for interactive "
         "requests: a batch request waits in the engine while max_num_seqs - this many requests "
         "run or wait in it, so an interactive arrival finds a seat instead of waiting for a "
-        "batch answer to end (vLLM preempts for KV blocks only, never for a seat). Published "
-        "with the engine's state: what-ifs model it. 0: off.",
+        "batch answer to end (vLLM preempts for KV blocks only, never for a seat); and an "
+        "interactive request that still finds every seat taken (a burst beyond the reserve) "
+        "takes the seat of the running batch request with the largest priority, which is "
+        "preempted and recomputed later (vLLM runs our scheduler subclass, "
+        "workers.serve.vllm_scheduler, with async scheduling off). Published with the "
+        "engine's state: what-ifs model it. 0: off.",
     )
     engine_batch_prefill_last: bool = Field(
         False,

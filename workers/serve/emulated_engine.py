@@ -21,12 +21,13 @@ Requests are ordered as VllmEngine has vLLM order them (vLLM's priority policy, 
 first, every interactive request before any batch one, then by arrival ("fcfs") or by
 predicted-shortest-first with aging ("priority"), each request's priority `engine_priority`. A
 request short of KV blocks preempts the lowest-priority running request (a batch one while there
-is one), as vLLM's scheduler does; a full running batch (max_num_seqs) preempts nothing, in vLLM
-either: with `num_interactive_seats` the engine keeps that many seats free of batch work (a
-batch request waits while max_num_seqs - num_interactive_seats requests run), so that an
-interactive arrival is seated at once; with `batch_prefill_last` running batch prefills go after
-every other running request and sit a step out while an interactive request waits (vLLM runs
-`workers.serve.vllm_scheduler` for it). The snapshot says "priority" whenever that order is not
+is one), as vLLM's scheduler does; a full running batch (max_num_seqs) preempts nothing in vLLM.
+With `num_interactive_seats` the engine keeps that many seats free of batch work (a batch
+request waits while max_num_seqs - num_interactive_seats requests run), so that an interactive
+arrival is seated at once, and a burst beyond the reserve takes the seat of the running batch
+request with the largest priority (preempted by recompute); with `batch_prefill_last` running
+batch prefills go after every other running request and sit a step out while an interactive
+request waits (vLLM runs `workers.serve.vllm_scheduler` for both rules). The snapshot says "priority" whenever that order is not
 plain FCFS (a batch request in flight, or the "priority" setting), so that what-ifs model the
 same order.
 

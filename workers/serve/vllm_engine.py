@@ -17,10 +17,12 @@ batch work, an interactive arrival waits for a batch answer to end. With
 `num_interactive_seats` the engine keeps that many seats for interactive work by holding batch
 requests in its own list: one is handed to vLLM only while fewer than max_num_seqs -
 num_interactive_seats requests are in vLLM (running or waiting). The held ones are published as
-waiting, and the simulator models the same rule (`InstanceConfig.num_interactive_seats`).
-With `batch_prefill_last` vLLM runs `workers.serve.vllm_scheduler.BatchPrefillLastScheduler`:
-running batch prefills go after every other running request and sit a step out while an
-interactive request waits (`InstanceConfig.batch_prefill_last`).
+waiting. A burst beyond the reserve still finds a seat: vLLM then runs a scheduler of
+`workers.serve.vllm_scheduler` that preempts the running batch request with the largest
+priority for an interactive request heading its queue with every seat taken. The simulator
+models both (`InstanceConfig.num_interactive_seats`). With `batch_prefill_last` running batch
+prefills go after every other running request and sit a step out while an interactive request
+waits (`InstanceConfig.batch_prefill_last`; the same module's schedulers).
 """
 
 from __future__ import annotations
@@ -105,7 +107,8 @@ class VllmEngineConfig:
     scheduling_policy: str = "fcfs"
     priority_ms_per_token: float = DEFAULT_PRIORITY_MS_PER_TOKEN
     # Seats kept for interactive requests: batch requests wait in the engine's own list while
-    # max_num_seqs - this many requests are in vLLM (see the module docstring); 0: none.
+    # max_num_seqs - this many requests are in vLLM, and yield a seat to an interactive
+    # request that finds none (see the module docstring); 0: none.
     num_interactive_seats: int = 0
     # Batch prefills after every other running request, out of a step while an interactive
     # request waits (`workers.serve.vllm_scheduler`; vLLM's async scheduling off then).
@@ -732,13 +735,15 @@ class VllmEngine(ThreadedEngine[_Tracked]):
 
 
 def _scheduler_args(config: VllmEngineConfig) -> dict[str, Any]:
-    """EngineArgs naming our scheduler class when batch prefills go last."""
-    if not config.batch_prefill_last:
+    """EngineArgs naming our scheduler class when a batch rule is on."""
+    if not (config.batch_prefill_last or config.num_interactive_seats):
         return {}
-    from workers.serve.vllm_scheduler import SCHEDULER_CLS
+    from workers.serve.vllm_scheduler import scheduler_class
 
-    # NOTE: the class subclasses vLLM's synchronous Scheduler, not its AsyncScheduler.
-    return {"scheduler_cls": SCHEDULER_CLS, "async_scheduling": False}
+    cls = scheduler_class(prefill_last=config.batch_prefill_last,
+                          yields_seats=bool(config.num_interactive_seats))
+    # NOTE: the classes subclass vLLM's synchronous Scheduler, not its AsyncScheduler.
+    return {"scheduler_cls": cls, "async_scheduling": False}
 
 
 def _tap_scheduler(engine: LLMEngine) -> ScheduleTap | None:

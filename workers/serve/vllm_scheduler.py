@@ -1,38 +1,47 @@
-"""vLLM's scheduler with batch prefills last: interactive prefills take the token budget first.
+"""vLLM's scheduler with the engines' batch rules: batch prefills last, and seats that batch
+work gives up to interactive requests.
 
 vLLM v1 schedules running requests before waiting ones, in the order they started, so a batch
 line's long prefill took the step's token budget (512) ahead of an interactive request that
-arrived after it, for as many steps as its prompt needs. `BatchPrefillLastScheduler` changes
-only the order of vLLM's running list at the start of each step, as the simulator models it
-(`workers.sim.InstanceConfig.batch_prefill_last`):
+arrived after it, for as many steps as its prompt needs; and it preempts only for KV blocks, so
+an interactive request that finds every seat taken by batch lines waits for one of their
+answers to end. The classes here change only vLLM's running list at the start of each step, as
+the simulator models it:
 
-- running batch-class requests (`workers.sim.snapshot.is_late_batch_prefill`: priority of the
-  batch class, more than one token to compute) go after every other running request;
-- while an interactive request waits, they sit the step out: out of the running list while
-  vLLM schedules it, with the seats they hold taken off vLLM's limits, so that they are neither
-  scheduled nor preempted; never two steps in a row, so that an interactive request vLLM cannot
-  admit (no KV blocks) stops no one.
+- batch prefills last (`workers.sim.InstanceConfig.batch_prefill_last`): running batch-class
+  requests (`workers.sim.snapshot.is_late_batch_prefill`: priority of the batch class, more
+  than one token to compute) go after every other running request; while an interactive
+  request waits, they sit the step out: out of the running list while vLLM schedules it, with
+  the seats they hold taken off vLLM's limits, so that they are neither scheduled nor
+  preempted; never two steps in a row, so that an interactive request vLLM cannot admit (no KV
+  blocks) stops no one;
+- seats yielded (with `workers.sim.InstanceConfig.num_interactive_seats`, whose reserve the
+  engine keeps by holding batch requests back): when an interactive request heads the queue
+  and every seat is taken, the running batch request with the largest priority is preempted
+  (vLLM's own recompute preemption) before vLLM schedules the step, one a step.
 
-vLLM loads this class by its dotted path (`VllmEngineConfig.batch_prefill_last`); this module
-imports vLLM, so nothing else imports it.
+vLLM loads the class by its dotted path (`scheduler_cls`, which `scheduler_class` names for
+the rules in force); this module imports vLLM, so nothing else imports it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, ClassVar
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from workers.sim.snapshot import PRIORITY_CLASS_SPAN_MS, is_late_batch_prefill
 
-__all__ = ["BatchPrefillLastScheduler", "SCHEDULER_CLS"]
-
-#: The dotted path vLLM's ``scheduler_cls`` takes.
-SCHEDULER_CLS = f"{__name__}.BatchPrefillLastScheduler"
+__all__ = ["BatchRulesScheduler", "scheduler_class"]
 
 
-class BatchPrefillLastScheduler(Scheduler):
-    """vLLM's `Scheduler`, running batch prefills after everything else (module docstring)."""
+class BatchRulesScheduler(Scheduler):
+    """vLLM's `Scheduler` with both batch rules (module docstring); the subclasses below turn
+    one off."""
+
+    prefill_last: ClassVar[bool] = True
+    yields_seats: ClassVar[bool] = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -40,19 +49,12 @@ class BatchPrefillLastScheduler(Scheduler):
         self.sat_out_last_step = False
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        late = [r for r in self.running
-                if is_late_batch_prefill(r.priority, r.num_tokens, r.num_computed_tokens)]
-        if not late:
-            self.sat_out_last_step = False
+        aside = self._put_batch_prefills_last() if self.prefill_last else []
+        if self.yields_seats:
+            self._yield_a_seat(len(aside))
+        if not aside:
             return super().schedule(*args, **kwargs)
-        late_ids = {id(r) for r in late}
-        self.running[:] = [r for r in self.running if id(r) not in late_ids]
-        if self.sat_out_last_step or not self._interactive_waits():
-            self.sat_out_last_step = False
-            self.running.extend(late)
-            return super().schedule(*args, **kwargs)
-        self.sat_out_last_step = True
-        num_aside = len(late)
+        num_aside = len(aside)
         # NOTE: their seats stay taken: vLLM's limits shrink while they are out of the list.
         self.max_num_running_reqs -= num_aside
         self.max_num_active_reqs -= num_aside
@@ -61,8 +63,59 @@ class BatchPrefillLastScheduler(Scheduler):
         finally:
             self.max_num_running_reqs += num_aside
             self.max_num_active_reqs += num_aside
+            self.running.extend(aside)
+
+    def _put_batch_prefills_last(self) -> list[Any]:
+        """Move running batch prefills behind the other running requests; while an
+        interactive request waits, take them out for this step and return them."""
+        late = [r for r in self.running
+                if is_late_batch_prefill(r.priority, r.num_tokens, r.num_computed_tokens)]
+        if not late:
+            self.sat_out_last_step = False
+            return []
+        late_ids = {id(r) for r in late}
+        self.running[:] = [r for r in self.running if id(r) not in late_ids]
+        if self.sat_out_last_step or not self._interactive_waits():
+            self.sat_out_last_step = False
             self.running.extend(late)
+            return []
+        self.sat_out_last_step = True
+        return late
+
+    def _yield_a_seat(self, num_aside: int) -> None:
+        """An interactive request heads the queue and every seat is taken (`num_aside` by
+        batch prefills sitting out): the running batch request with the largest priority
+        gives its seat up, as the simulator's `Scheduler._yield_a_seat` does."""
+        if not self._interactive_waits() or (
+                len(self.running) + num_aside < self.max_num_running_reqs):
+            return
+        batch = [r for r in self.running if r.priority >= PRIORITY_CLASS_SPAN_MS]
+        if not batch:
+            return
+        victim = max(batch, key=lambda r: (r.priority, r.arrival_time))
+        self.running.remove(victim)
+        self._preempt_request(victim, time.monotonic())
 
     def _interactive_waits(self) -> bool:
         """Whether the first request vLLM would admit is interactive."""
         return bool(self.waiting) and self.waiting.peek_request().priority < PRIORITY_CLASS_SPAN_MS
+
+
+class BatchPrefillLastScheduler(BatchRulesScheduler):
+    """Batch prefills last only."""
+
+    yields_seats = False
+
+
+class SeatYieldingScheduler(BatchRulesScheduler):
+    """Seats yielded only."""
+
+    prefill_last = False
+
+
+def scheduler_class(*, prefill_last: bool, yields_seats: bool) -> str | None:
+    """The dotted path of the class with the rules in force (vLLM's ``scheduler_cls``);
+    None when neither is: vLLM's own scheduler."""
+    cls = {(True, True): BatchRulesScheduler, (True, False): BatchPrefillLastScheduler,
+           (False, True): SeatYieldingScheduler}.get((prefill_last, yields_seats))
+    return None if cls is None else f"{__name__}.{cls.__qualname__}"

@@ -36,7 +36,9 @@ decode that preempts itself stops the step there (the decodes behind it skip the
 Expected future arrivals get the priority the engine would give them: their arrival
 (after the target's) plus their predicted length (`request_priority`). The seat reserve
 (`InstanceConfig.num_interactive_seats`) holds a waiting batch-class request back while
-``max_num_seqs - num_interactive_seats`` or more requests run, as `Scheduler` does; with
+``max_num_seqs - num_interactive_seats`` or more requests run, and a running batch request
+gives its seat up to an interactive one heading the queue when every seat is taken, as
+`Scheduler` does; with
 ``batch_prefill_last`` each explicit step first moves prefilling batch requests to the end of
 the prefills (decodes are never moved, as in `Scheduler`), and out of the step while an
 interactive request waits.
@@ -127,6 +129,8 @@ class FastSim:
         self.max_batch_running = config.max_num_seqs - (
             config.num_interactive_seats if config.is_priority else 0)
         self.batch_prefill_last = config.is_priority and config.batch_prefill_last
+        #: Whether batch requests give their seats up to interactive ones (the seat rule).
+        self.batch_yields_seats = config.is_priority and config.num_interactive_seats > 0
         #: Running requests sitting the current step out (`_put_batch_prefills_last`), and
         #: whether some sat the last step out (then they run in this one).
         self.num_aside = 0
@@ -307,7 +311,8 @@ class FastSim:
         num_free = self.pool.num_free
         first_need = self.residue_counts[step % self.block_size]
         if (first_need > num_free or self._head_reuse_may_grow()
-                or self._admission_possible(num_free - first_need)):
+                or self._admission_possible(num_free - first_need)
+                or self._seat_to_yield() is not None):
             return False
         max_steps = self._next_finish_step() - step + 1
         if self.next_arrival_s != math.inf:
@@ -418,6 +423,10 @@ class FastSim:
         if self.running and self.batch_prefill_last:
             aside = self._put_batch_prefills_last()
             self.num_aside = len(aside)
+        victim = self._seat_to_yield()
+        if victim is not None:
+            self._preempt(victim, step)
+            preemptions_before = self.num_preemptions  # a yielded seat stops no admission
         chunks: list[tuple[_Seq, int, int]] = []  # (seq, new tokens, computed before)
         skipped = self._schedule_decodes(step)
         if self.pending_units:  # decodes: ahead of the prefills in the running order
@@ -456,6 +465,18 @@ class FastSim:
         self.sat_out_last_step = False
         self.running.extend(late)
         return []
+
+    def _seat_to_yield(self) -> _Seq | None:
+        """The running batch request that gives its seat up to the interactive request
+        heading the queue, when every seat is taken (`Scheduler._yield_a_seat`)."""
+        if not (self.batch_yields_seats and self.waiting
+                and self.waiting[0].priority < PRIORITY_CLASS_SPAN_MS
+                and len(self.running) + self.num_aside >= self.max_num_seqs):
+            return None
+        batch = [s for s in self.running if s.priority >= PRIORITY_CLASS_SPAN_MS]
+        # NOTE: the first with the largest priority, as max() keeps (Scheduler: by
+        # (priority, arrival), its running list in arrival order within a priority).
+        return max(batch, key=lambda s: s.priority) if batch else None
 
     def _cache_pending_units(self, skipped: Sequence[_Seq]) -> None:
         """Register the units restored decodes completed in this step (those that ran)."""

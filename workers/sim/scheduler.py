@@ -14,7 +14,10 @@ this step gives its tokens back), as vLLM's ``PriorityRequestQueue`` and
 Under "priority" a waiting batch-class request is admitted only while fewer than
 ``max_num_seqs - num_interactive_seats`` requests run (`InstanceConfig.num_interactive_seats`):
 the seat reserve the engines keep for interactive arrivals (they hold the batch request
-back; vLLM itself preempts for KV blocks only, never for a seat). With
+back); and when an interactive request heads the queue with every seat taken (a burst beyond
+the reserve), the running batch request with the largest priority gives its seat up at the
+start of the step, preempted by recompute, one a step (vLLM itself preempts for KV blocks
+only; the engines add this seat rule). With
 ``InstanceConfig.batch_prefill_last`` each step first moves running batch requests that are
 prefilling to the end of the running list (stable), so that interactive prefills are scheduled
 before them, and while an interactive request waits they sit the step out (out of the running
@@ -204,6 +207,7 @@ class Scheduler:
             self._reclaim_idle_blocks()
         elif self.batch_prefill_last:
             aside = self._put_batch_prefills_last()
+        yielded = self._yield_a_seat(len(aside))
         budget = self.config.max_num_batched_tokens
         scheduled: dict[str, int] = {}
         preempted: list[SeqState] = []
@@ -211,6 +215,7 @@ class Scheduler:
         if not preempted:
             self._schedule_waiting(budget, scheduled, len(aside))
         self.running.extend(aside)
+        preempted[:0] = yielded
         chunks = []
         requests = self.requests
         for request_id, num_new in scheduled.items():
@@ -257,6 +262,23 @@ class Scheduler:
         self.sat_out_last_step = False
         running.extend(late)
         return []
+
+    def _yield_a_seat(self, num_aside: int) -> list[SeqState]:
+        """With seats kept for interactive requests: an interactive request heads the queue
+        and every seat is taken, so the running batch request with the largest priority
+        gives its seat up (preempted by recompute, before anything is scheduled); one a
+        step. The preempted one, if any."""
+        if not (self.num_interactive_seats and self.is_priority and self.waiting
+                and self.waiting[0].priority < PRIORITY_CLASS_SPAN_MS
+                and len(self.running) + num_aside >= self.config.max_num_seqs):
+            return []
+        batch = [s for s in self.running if s.priority >= PRIORITY_CLASS_SPAN_MS]
+        if not batch:
+            return []
+        victim = max(batch, key=SeqState.priority_key.fget)
+        self.running.remove(victim)
+        self._preempt(victim)
+        return [victim]
 
     def _schedule_running(self, budget: int, scheduled: dict[str, int],
                           preempted: list[SeqState]) -> int:

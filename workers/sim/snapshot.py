@@ -81,7 +81,10 @@ class InstanceConfig:
     #: Under "priority": seats of `max_num_seqs` kept free for interactive requests. A waiting
     #: batch request (`is_batch_priority`) is admitted only while fewer than max_num_seqs -
     #: this many requests run (the engine holds it back otherwise), so that an interactive
-    #: arrival finds a seat instead of waiting for a batch answer to end; 0: no reserve.
+    #: arrival finds a seat instead of waiting for a batch answer to end; and when a burst
+    #: beyond the reserve leaves an interactive request heading the queue with every seat
+    #: taken, the running batch request with the largest priority gives its seat up at the
+    #: start of a step (preempted by recompute; one a step). 0: no reserve, no yielding.
     num_interactive_seats: int = 0
     #: Under "priority": each step, running batch-class requests with more than one token to
     #: compute (a prefill, or a recompute after preemption; `is_late_batch_prefill`) go after

@@ -105,3 +105,36 @@ def test_an_interactive_request_goes_before_a_running_batch_prefill(
     long_batch = batch.result(RESULT_TIMEOUT_S)
     assert done.first_token_at < long_batch.first_token_at
     assert engine.snapshot().batch_prefill_last
+
+
+@pytest.mark.vllm
+def test_a_burst_beyond_the_reserve_takes_a_batch_seat(reserving_engine,
+                                                       listener: RecordingListener) -> None:
+    # The batch holds its 3 seats, a long interactive request takes the reserved one; the
+    # next interactive request finds every seat taken and gets the seat of the latest batch
+    # line (preempted, recomputed later), instead of waiting ~400 steps for a batch answer.
+    engine = reserving_engine
+    batch = [engine.submit(_request(f"yb{i}", 400, priority=1)) for i in range(3)]
+    _wait_decoding(engine, MAX_NUM_SEQS - NUM_SEATS)
+    first = engine.submit(_request("yi0", 200, priority=0))
+    _wait_decoding(engine, MAX_NUM_SEQS)  # every seat taken
+    num_steps_before = len(listener.steps)
+    burst = engine.submit(_request("yi1", 4, priority=0)).result(RESULT_TIMEOUT_S)
+    with listener.lock:
+        num_steps = sum(1 for s in listener.steps[num_steps_before:]
+                        if s.at <= burst.first_token_at)
+    assert num_steps <= 3
+    assert not first.done()  # it did not give its seat up: a batch line did
+    assert first.result(RESULT_TIMEOUT_S).num_output_tokens == 200
+    assert [f.result(RESULT_TIMEOUT_S).num_output_tokens for f in batch] == [400] * 3
+
+
+def _wait_decoding(engine, num_running: int) -> None:
+    """Until `num_running` requests run in vLLM, every one of them decoding."""
+    deadline = time.monotonic() + RESULT_TIMEOUT_S
+    while True:
+        running = [r for r in engine.snapshot().requests if r.is_running]
+        if len(running) == num_running and all(r.num_output_tokens for r in running):
+            return
+        assert time.monotonic() < deadline
+        time.sleep(0.002)

@@ -16,6 +16,7 @@ from workers.sim import (
     InstanceSnapshot,
     Scheduler,
     SeqState,
+    SeqStatus,
     SimRequest,
     bundled_model,
     engine_priority,
@@ -201,3 +202,62 @@ def test_the_reserve_holds_batch_work_only() -> None:
     assert len(lone.running) == 1
     with pytest.raises(ValueError, match="num_interactive_seats"):
         dataclasses.replace(config, num_interactive_seats=4)
+
+
+def test_a_burst_beyond_the_reserve_takes_the_seat_of_the_latest_batch_line() -> None:
+    config = dataclasses.replace(TIGHT, num_total_blocks=7289, max_num_seqs=8,
+                                 max_model_len=4096, num_interactive_seats=2)
+    scheduler = _fill_with_batch(config, 20)
+    latest_running = max((s for s in scheduler.running), key=lambda s: s.arrival_s)
+    for k in range(3):  # three at once: one more than the reserve
+        scheduler.add_request(SeqState(f"i{k}", 50, 20, priority=engine_priority(
+            0, 100.0 + k, 20, 0.0), arrival_s=100.0 + k))
+    first = scheduler.step()
+    assert {"i0", "i1"} <= set(first.output.num_scheduled_tokens)
+    assert first.output.preempted_ids == ()  # the reserve seats two
+    second = scheduler.step()
+    assert second.output.preempted_ids == (latest_running.request_id,)
+    assert "i2" in second.output.num_scheduled_tokens  # seated in the step it yielded
+    assert latest_running.status is SeqStatus.PREEMPTED
+    assert latest_running.num_computed_tokens == 0  # recomputed when it runs again
+    assert [s.request_id for s in scheduler.waiting][0] == latest_running.request_id
+    assert len(scheduler.running) == 8
+
+
+def test_no_seat_is_taken_from_an_interactive_request_nor_without_a_reserve() -> None:
+    config = dataclasses.replace(TIGHT, num_total_blocks=7289, max_num_seqs=4,
+                                 max_model_len=4096, num_interactive_seats=1)
+    scheduler = Scheduler(config)
+    for i in range(5):  # all interactive: the fifth waits for a seat, nobody is preempted
+        scheduler.add_request(SeqState(f"i{i}", 20, 50, priority=i, arrival_s=float(i)))
+    assert all(not scheduler.step().output.preempted_ids for _ in range(20))
+    assert len(scheduler.running) == 4 and len(scheduler.waiting) == 1
+    # No reserve: batch lines keep every seat, as vLLM's own scheduler does.
+    full = _fill_with_batch(dataclasses.replace(config, num_interactive_seats=0), 6)
+    full.add_request(SeqState("i", 50, 20, priority=engine_priority(0, 100.0, 20, 0.0),
+                              arrival_s=100.0))
+    assert all(not full.step().output.preempted_ids for _ in range(20))
+    assert [s.request_id for s in full.waiting][0] == "i"
+
+
+def test_the_what_if_of_an_interactive_request_on_a_full_batch_engine_counts_the_yield(
+        toy_model: ExecModel) -> None:
+    # 8 batch lines decoding in 8 seats, the reserve of 2 taken by a burst of interactive
+    # requests: the what-if seats the new one at once (a batch line yields), event-driven
+    # and step by step alike; on an engine without the seat rule it waits for an answer.
+    config = dataclasses.replace(TIGHT, num_total_blocks=7289, max_num_seqs=8,
+                                 max_model_len=4096, num_interactive_seats=2)
+    running = tuple(_batch(f"b{i}", NOW_S - 10 + i, running=True, num_output=50)
+                    for i in range(6)) + tuple(
+        SimRequest(f"i{k}", 50, num_computed_tokens=60, num_output_tokens=10,
+                   predicted_output_tokens=300, is_running=True,
+                   priority=engine_priority(0, NOW_S - 1 + k * 0.1, 300, 0.0))
+        for k in range(2))
+    snapshot = InstanceSnapshot(config, config.num_usable_blocks - 100, running)
+    new = _interactive(config)
+    fast = predict_what_if(snapshot, new, toy_model)
+    assert_same(fast, predict_what_if_stepwise(snapshot, new, toy_model))
+    assert fast.queueing_s == 0.0 and fast.num_preemptions == 1
+    no_rule = dataclasses.replace(config, num_interactive_seats=0)
+    waits = predict_what_if(dataclasses.replace(snapshot, config=no_rule), new, toy_model)
+    assert waits.queueing_s > 0.0 and waits.num_preemptions == 0
