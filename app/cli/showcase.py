@@ -359,10 +359,10 @@ def print_showcase(result: ShowcaseResult, console: Console,
         f"TTFT p99 stays under {fleet.batch_ttft_target_s:g} s and halves when it does not, "
         "never past the engine slots the stream is expected to leave free; every engine "
         "runs interactive requests before batch ones, keeps "
-        f"{fleet.interactive_seats} of its {fleet.max_num_seqs} seats for them and runs batch "
-        "prefills after theirs, so that the batch takes only the room the stream leaves and "
-        "finishes after it (on this small fleet the stream alone needs most seats: compare "
-        "its TTFT p99 alone and beside the batch above).")
+        f"{fleet.interactive_seats} of its {fleet.max_num_seqs} seats for them (a burst "
+        "beyond those takes the seat of a batch line, which is recomputed later) and runs "
+        "batch prefills after theirs, so that the batch takes only the room the stream leaves "
+        "and finishes after it.")
 
 
 def run_showcase(base: Settings, prepare: Callable[[Settings], dict[str, str]],
