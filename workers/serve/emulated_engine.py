@@ -27,9 +27,9 @@ request waits while max_num_seqs - num_interactive_seats requests run), so that 
 arrival is seated at once, and a burst beyond the reserve takes the seat of the running batch
 request with the largest priority (preempted by recompute); with `batch_prefill_last` running
 batch prefills go after every other running request and sit a step out while an interactive
-request waits (vLLM runs `workers.serve.vllm_scheduler` for both rules). The snapshot says "priority" whenever that order is not
-plain FCFS (a batch request in flight, or the "priority" setting), so that what-ifs model the
-same order.
+request waits (vLLM runs `workers.serve.vllm_scheduler` for both rules). The snapshot says
+"priority" whenever that order is not plain FCFS (a batch request in flight, or the "priority"
+setting), so that what-ifs model the same order.
 
 NOTE: sampling parameters and stop strings are accepted and ignored: the text is synthetic anyway.
 What shapes the length is honoured: max_tokens, `ignore_eos` (it runs to max_tokens) and
