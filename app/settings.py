@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AliasChoices,
@@ -660,7 +660,8 @@ class Settings(BaseSettings):
 
 
 def describe_invalid(error: ValidationError) -> str:
-    """What is wrong with the settings, one line a problem, each naming its variable."""
+    """What is wrong with the settings, one line a problem, each naming its variable (and the
+    value given, unless it may carry a secret)."""
     lines = []
     for problem in error.errors(include_url=False):
         message = problem["msg"].removeprefix("Value error, ")
@@ -668,6 +669,15 @@ def describe_invalid(error: ValidationError) -> str:
             field_name = str(problem["loc"][0])
             name = Settings.env_name(field_name) if field_name in Settings.model_fields else (
                 field_name)
-            message = f"{name}: {message} (got {problem['input']!r})"
+            given = "" if _may_hold_a_secret(field_name) else f" (got {problem['input']!r})"
+            message = f"{name}: {message}{given}"
         lines.append(message)
     return "invalid settings:\n  " + "\n  ".join(lines)
+
+
+def _may_hold_a_secret(field_name: str) -> bool:
+    """A secret setting, a URL (which may carry a password), or a name this cannot tell
+    (an alias: the URLs are named by theirs)."""
+    field = Settings.model_fields.get(field_name)
+    return field_name.endswith("_url") or field is None or SecretStr in (
+        field.annotation, *get_args(field.annotation))

@@ -51,3 +51,18 @@ def test_the_cli_explains_a_pool_too_narrow_for_the_batch(monkeypatch: pytest.Mo
     assert result.exit_code == 1
     assert "BLOCKQ_ENGINE_CONCURRENCY (100) must be at least" in result.output
     assert "BLOCKQ_MAX_BATCH_IN_FLIGHT + BLOCKQ_MAX_NUM_SEQS (304)" in result.output
+
+
+@pytest.mark.parametrize(("field_name", "variable"), [
+    ("metrics_token", "BLOCKQ_METRICS_TOKEN"), ("redis_url", "REDIS_URL"),
+    ("database_url", "DATABASE_URL")])
+def test_an_invalid_secret_or_url_is_named_but_never_shown(field_name: str,
+                                                           variable: str) -> None:
+    # A list where a string belongs: invalid, and the error's input carries the secret.
+    secret = ["redis://:hunter2-password@127.0.0.1:6379/0"]
+    with pytest.raises(ValidationError) as refused:
+        Settings(**{field_name: secret, "max_num_seqs": 0})
+    message = describe_invalid(refused.value)
+    assert f"{variable}: " in message
+    assert "BLOCKQ_MAX_NUM_SEQS: Input should be greater than 0 (got 0)" in message
+    assert "hunter2" not in message
