@@ -28,7 +28,6 @@ import json
 import math
 import os
 import random
-import signal
 import sys
 import tempfile
 import threading
@@ -53,7 +52,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from live_bench.stats import StepRecord, engine_stall  # noqa: E402
 
 from app.cli.demo import load_sample_prompts  # noqa: E402
-from app.cli.stack import Stack  # noqa: E402
+from app.cli.stack import Stack, stop_stacks_on_sigterm  # noqa: E402
 from app.db import Database  # noqa: E402
 from app.migrate import recreate_database, upgrade  # noqa: E402
 from app.models import EngineStepSample, InferenceRequest  # noqa: E402
@@ -538,10 +537,7 @@ def main() -> int:
                         help="the slot bound's margin in Poisson sigmas "
                              "(batch_headroom_slot_margin)")
     args = parser.parse_args()
-    # SIGTERM as an exception, so that `finally` stops the stack (whose processes run in
-    # sessions of their own: killed without it, they outlive the script and share its
-    # database and Redis db with the next run's stack), as bench_live.py does.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    stop_stacks_on_sigterm()
     if args.simulated:
         results = run_simulated(args)
         if args.json:

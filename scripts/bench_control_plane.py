@@ -53,7 +53,7 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.cli.stack import Stack, free_port  # noqa: E402
+from app.cli.stack import Stack, free_port, stop_stacks_on_sigterm  # noqa: E402
 from app.migrate import recreate_database, upgrade  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from workers.serve.vllm_cli import vllm_cli  # noqa: E402
@@ -488,6 +488,7 @@ def main() -> int:
     parser.add_argument("--write-doc", type=Path, default=None,
                         help="write the results (Markdown) to this file")
     args = parser.parse_args()
+    stop_stacks_on_sigterm()
     if args.smoke:
         args.duration_s, args.saturation_prompts, args.idle_s = 4.0, 96, 3.0
 

@@ -51,7 +51,7 @@ from bench_control_plane import (  # noqa: E402
     stage_latencies,
 )
 
-from app.cli.stack import Stack, free_port  # noqa: E402
+from app.cli.stack import Stack, free_port, stop_stacks_on_sigterm  # noqa: E402
 from app.migrate import recreate_database, upgrade  # noqa: E402
 from app.settings import Settings  # noqa: E402
 
@@ -220,6 +220,7 @@ def main() -> int:
                         help="stack process name whose threads' CPU to report")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args()
+    stop_stacks_on_sigterm()
 
     count = max(1, round(args.rate * args.duration_s))
     prompts = load_prompts(args.prompts, count + 8, args.seed)

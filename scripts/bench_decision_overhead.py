@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.cli.demo import load_sample_prompts  # noqa: E402
-from app.cli.stack import Stack  # noqa: E402
+from app.cli.stack import Stack, stop_stacks_on_sigterm  # noqa: E402
 from app.migrate import recreate_database, upgrade  # noqa: E402
 from app.settings import Settings  # noqa: E402
 
@@ -82,6 +82,7 @@ def main() -> int:
                         default="postgresql+psycopg://postgres@127.0.0.1:5432/blockq_bench")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
     args = parser.parse_args()
+    stop_stacks_on_sigterm()
 
     recreate_database(args.database_url)
     upgrade(args.database_url)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import signal
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from app.cli.stack import stop_stacks_on_sigterm  # noqa: E402
 from bench_cluster import NUM_BLOCKS  # noqa: E402 - each emulated GPU's KV blocks, as simulated
 from live_bench import workloads  # noqa: E402
 from live_bench.point import POLICIES, PointSpec, run_point  # noqa: E402
@@ -130,9 +130,7 @@ def _load_workload(name: str, args: argparse.Namespace) -> workloads.LiveWorkloa
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    # SIGTERM as an exception, so that a point's `finally` stops its stack (whose processes
-    # run in sessions of their own and would otherwise keep the ports).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    stop_stacks_on_sigterm()
     # Wide tables stay readable when the output goes to a file.
     console = Console() if sys.stdout.isatty() else Console(width=200)
     if args.replot:

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.celery_app import create_celery  # noqa: E402
-from app.cli.stack import Stack  # noqa: E402
+from app.cli.stack import Stack, stop_stacks_on_sigterm  # noqa: E402
 from app.db import Database  # noqa: E402
 from app.dispatch import QUEUE_LEARN, TASK_RETRAIN_LENGTH  # noqa: E402
 from app.migrate import recreate_database, upgrade  # noqa: E402
@@ -172,6 +172,7 @@ def main() -> int:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
     parser.add_argument("--json", type=Path, help="write the results to this file")
     args = parser.parse_args()
+    stop_stacks_on_sigterm()
 
     rows = build_rows(args.data)
     first, second = _split_prompts(rows, args.served_model, args.max_prompt_tokens, args.seed)
