@@ -662,6 +662,9 @@ def main() -> None:
                         help=f"issue 15's prefix-caching comparison: the mooncake workload on "
                              f"12 x {MOONCAKE_MODEL} (max_model_len {MOONCAKE_MAX_MODEL_LEN}, "
                              f"prefix caching on), {', '.join(MOONCAKE_CONFIGS)}")
+    parser.add_argument("--mooncake-max-model-len", type=int, default=MOONCAKE_MAX_MODEL_LEN,
+                        help="the mooncake workload's context (longer prompts dropped): 4096 is "
+                             "the live benchmark's (`bench_live.py --workloads mooncake`)")
     parser.add_argument("--smoke", action="store_true",
                         help="CI size: 4 instances, 400 requests, 5 configs, coarse search")
     parser.add_argument("--replot", type=Path, metavar="JSON",
@@ -684,7 +687,7 @@ def main() -> None:
         if args.configs == list(DEFAULT_CONFIGS):
             args.configs = list(SMOKE_CONFIGS)
     workload = load_workload(args)
-    args.max_model_len = workload_max_model_len(args.workload)
+    args.max_model_len = workload_max_model_len(args)
     args.prefix_block_size = workload.prefix_block_size if workload.prefix_hashes else 0
     if args.predictor is None:
         args.predictor = default_predictor(workload)
@@ -714,8 +717,10 @@ def default_predictor(workload: Workload) -> str:
     return "learned" if workload.predicted_output_tokens is not None else DEFAULT_PREDICTOR
 
 
-def workload_max_model_len(name: str) -> int:
-    return MOONCAKE_MAX_MODEL_LEN if name == "mooncake" else DEFAULT_MAX_MODEL_LEN
+def workload_max_model_len(args: argparse.Namespace) -> int:
+    if args.workload == "mooncake":
+        return getattr(args, "mooncake_max_model_len", MOONCAKE_MAX_MODEL_LEN)
+    return DEFAULT_MAX_MODEL_LEN
 
 
 def load_workload(args: argparse.Namespace) -> Workload:
@@ -731,7 +736,7 @@ def load_workload(args: argparse.Namespace) -> Workload:
                                    max_model_len=DEFAULT_MAX_MODEL_LEN, seed=args.seed)
     if args.workload == "mooncake":
         return load_mooncake_trace(args.data / MOONCAKE_CONV,
-                                   max_model_len=MOONCAKE_MAX_MODEL_LEN,
+                                   max_model_len=workload_max_model_len(args),
                                    num_requests=args.num_requests)
     if args.workload == "conversations":
         return replay_workload(load_replay_prompts(args.replay), num_requests=args.num_requests,
