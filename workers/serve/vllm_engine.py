@@ -63,7 +63,8 @@ if TYPE_CHECKING:
     from vllm.v1.engine.llm_engine import LLMEngine
     from vllm.v1.metrics.stats import SchedulerIterationDetails, SchedulerStats
 
-__all__ = ["VllmEngineConfig", "VllmEngine", "ScheduleTap", "scheduled_batch_stats"]
+__all__ = ["VllmEngineConfig", "VllmEngine", "ScheduleTap", "ScheduledStep",
+           "scheduled_batch_stats"]
 
 logger = logging.getLogger(__name__)
 
@@ -178,29 +179,53 @@ def scheduled_batch_stats(num_scheduled_tokens: Mapping[str, int],
     return BatchStats.of_chunks(chunks)
 
 
+@dataclass(frozen=True)
+class ScheduledStep:
+    """What vLLM's scheduler scheduled in one step, read right after `schedule()`."""
+
+    batch: BatchStats
+    #: Each scheduled request's computed prompt and output tokens once this step has run,
+    #: keyed by the id it was submitted with (vLLM's own ids carry a random suffix).
+    num_computed_tokens: dict[str, int]
+
+
 class ScheduleTap:
-    """Wraps a vLLM scheduler's `schedule` to keep the composition of the latest step.
+    """Wraps a vLLM scheduler's `schedule` to keep what the latest step scheduled.
 
     NOTE: vLLM reports no per-request progress; its scheduler output (inside `step()`) is the
-    only exact source of each chunk's length and context. The wrapper costs one pass over the
-    scheduled requests (at most max_num_seqs) per step.
+    only exact source of each chunk's length and context, and of where a prefill starts when
+    the prefix cache served its first blocks. The wrapper costs one pass over the scheduled
+    requests (at most max_num_seqs) per step.
     """
 
     def __init__(self, scheduler: Any) -> None:
-        self.latest: BatchStats | None = None
+        self.latest: ScheduledStep | None = None
         original: Callable[..., Any] = scheduler.schedule
 
         def schedule(*args: Any, **kwargs: Any) -> Any:
             output = original(*args, **kwargs)
-            self.latest = scheduled_batch_stats(output.num_scheduled_tokens, scheduler.requests)
+            scheduled, requests = output.num_scheduled_tokens, scheduler.requests
+            self.latest = ScheduledStep(
+                scheduled_batch_stats(scheduled, requests),
+                {_submitted_id(rid): requests[rid].num_computed_tokens for rid in scheduled})
             return output
 
         scheduler.schedule = schedule
 
-    def take(self) -> BatchStats | None:
-        """The latest step's composition (None if no step was scheduled since the last take)."""
+    def take(self) -> ScheduledStep | None:
+        """The latest step (None if no step was scheduled since the last take)."""
         latest, self.latest = self.latest, None
         return latest
+
+
+def _submitted_id(vllm_request_id: str) -> str:
+    """The id a request was submitted with: vLLM appends "-" and 8 random hex characters
+    (unless VLLM_DISABLE_REQUEST_ID_RANDOMIZATION is set; an id without that suffix is
+    returned as it is)."""
+    head, _, suffix = vllm_request_id.rpartition("-")
+    if head and len(suffix) == 8 and all(c in "0123456789abcdef" for c in suffix):
+        return head
+    return vllm_request_id
 
 
 class _DropIterationLogs(logging.Filter):
@@ -589,11 +614,13 @@ class VllmEngine(ThreadedEngine[_Tracked]):
 
     def _step(self) -> None:
         self._step_details = None
-        if self._schedule_tap is not None:
-            self._schedule_tap.take()
+        tap = self._schedule_tap
+        if tap is not None:
+            tap.take()
         started = time.perf_counter()
         outputs = self._llm.step()
         duration_ms = (time.perf_counter() - started) * 1000.0
+        scheduled = tap.take() if tap is not None else None
         now = time.time()
         details = self._step_details
 
@@ -633,7 +660,8 @@ class VllmEngine(ThreadedEngine[_Tracked]):
                     if self._prefixes is not None:
                         self._prefixes.finished(tracked.prefix_keys)
             num_prefill = details.num_ctx_tokens if details is not None else 0
-            self._estimate_progress(max(0, num_prefill - num_prefill_done))
+            self._estimate_progress(max(0, num_prefill - num_prefill_done),
+                                    scheduled.num_computed_tokens if scheduled else None)
             stats = self._scheduler_stats
 
         for request_id in first_tokens:
@@ -643,7 +671,7 @@ class VllmEngine(ThreadedEngine[_Tracked]):
         for tracked, reason in finished:
             self._finish(tracked, reason, now)
         if details is not None and not details.is_dummy:
-            batch = self._schedule_tap.take() if self._schedule_tap is not None else None
+            batch = scheduled.batch if scheduled is not None else None
             self._notify("on_step", _step_sample(now, duration_ms, details, batch, stats))
 
     def _take_logprobs(self, tracked: _Tracked, output: Any, completion: Any) -> None:
@@ -670,18 +698,23 @@ class VllmEngine(ThreadedEngine[_Tracked]):
         return {"id": token_id, "token": _decoded(chosen, token_id, self._llm),
                 "logprob": max(chosen.logprob, MIN_LOGPROB), "top": top}
 
-    def _estimate_progress(self, num_prefill_tokens: int) -> None:
+    def _estimate_progress(self, num_prefill_tokens: int,
+                           scheduled: Mapping[str, int] | None = None) -> None:
         """Update is_running / num_computed_tokens of in-flight requests after a step.
 
-        vLLM does not report per-request progress, so this replays its scheduler: a request
-        with output tokens is decoding (its KV covers prompt + output - 1 tokens); the step's
-        other prefill tokens (`num_prefill_tokens`: those not spent on prompts that finished
-        prefill in this step) went to prefilling requests in scheduling order (running ones in
-        the order they started, then waiting ones by priority and arrival), each taking what
-        its prompt still needs. The running count is then matched to vLLM's: the surplus, taken
-        from the lowest priority and latest arrival, were preempted (vLLM recomputes them).
-        Checked against vLLM's scheduler: exact without preemption, off for a few requests
-        right after one. Called under the lock.
+        A request with output tokens is decoding (its KV covers prompt + output - 1 tokens). A
+        prefilling one takes its progress from `scheduled` (the tap's exact counts of the
+        requests this step scheduled; the others did not move) where the engine core runs
+        in-process. Without it, vLLM reporting no per-request progress, this replays its
+        scheduler: the step's other prefill tokens (`num_prefill_tokens`: those not spent on
+        prompts that finished prefill in this step) went to prefilling requests in scheduling
+        order (running ones in the order they started, then waiting ones by priority and
+        arrival), each taking what its prompt still needs; a prompt whose first blocks the
+        prefix cache served is counted from 0 until its first token. The running count is
+        then matched to vLLM's: the surplus, taken from the lowest priority and latest
+        arrival, were preempted (vLLM recomputes them). Checked against vLLM's scheduler:
+        exact without preemption, off for a few requests right after one. Called under the
+        lock.
         """
         added = [t for t in self._inflight.values() if t.added]
         last = self.config.batch_prefill_last
@@ -693,6 +726,12 @@ class VllmEngine(ThreadedEngine[_Tracked]):
                     tracked.num_prompt_tokens + tracked.num_output_tokens - 1
                 )
                 self._mark_running(tracked)
+                continue
+            if scheduled is not None:
+                if tracked.request_id in scheduled:
+                    tracked.num_computed_tokens = min(scheduled[tracked.request_id],
+                                                      tracked.num_prompt_tokens)
+                    self._mark_running(tracked)
                 continue
             needed = tracked.num_prompt_tokens - tracked.num_computed_tokens
             if num_prefill_left > 0 and needed > 0:

@@ -49,9 +49,9 @@ class FakeScheduler:
 def step(scheduler: FakeScheduler, tap: ScheduleTap, plan: dict[str, int]) -> BatchStats:
     scheduler.plan = plan
     scheduler.schedule()
-    stats = tap.take()
-    assert stats is not None
-    return stats
+    scheduled = tap.take()
+    assert scheduled is not None
+    return scheduled.batch
 
 
 def test_decodes_attend_their_whole_sequence_and_prefill_chunks_their_past() -> None:
@@ -67,6 +67,22 @@ def test_decodes_attend_their_whole_sequence_and_prefill_chunks_their_past() -> 
                                prefill_chunk_x_context=100 * 200 + 50 * 0,
                                prefill_chunk_sq=100 * 100 + 50 * 50)
     assert tap.take() is None  # taken once
+
+
+def test_the_tap_keeps_each_scheduled_requests_progress_under_its_submitted_id() -> None:
+    # vLLM's ids carry "-" and 8 random hex characters; a prompt whose first 320 tokens the
+    # prefix cache served starts there (vLLM set num_computed_tokens before scheduling it).
+    scheduler = FakeScheduler({
+        "req_1-0a1b2c3d": FakeRequest(1000, num_computed_tokens=320),
+        "pc-2-deadbeef": FakeRequest(50),
+        "plain": FakeRequest(10, 2, 11),  # randomization off: the id as submitted
+    })
+    tap = ScheduleTap(scheduler)
+    scheduler.plan = {"req_1-0a1b2c3d": 512, "pc-2-deadbeef": 50, "plain": 1}
+    scheduler.schedule()
+    scheduled = tap.take()
+    assert scheduled is not None
+    assert scheduled.num_computed_tokens == {"req_1": 832, "pc-2": 50, "plain": 12}
 
 
 def test_a_recompute_after_preemption_is_prefill_with_its_context() -> None:
