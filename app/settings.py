@@ -131,13 +131,12 @@ class Settings(BaseSettings):
         description="Under engine_scheduling_policy=priority: a request predicted one token "
         "longer is served as if it had arrived this many ms later.",
     )
-    engine_prefix_caching: bool | None = Field(
-        None,
-        description="vLLM's automatic prefix caching in every engine: a prompt whose leading "
-        "tokens another request computed reuses their KV blocks. Engines publish the prompt "
-        "units they hold and routers credit a new request's match (prefix_affinity policy, "
-        "and the what-ifs). Unset: on for emulated engines, off for vLLM (its per-request "
-        "progress estimate does not yet account for cache hits).",
+    engine_prefix_caching: bool = Field(
+        True,
+        description="Automatic prefix caching in every engine (vLLM's own default): a prompt "
+        "whose leading tokens another request computed reuses their KV blocks. Engines publish "
+        "the prompt units they hold and routers credit a new request's match (prefix_affinity "
+        "policy, and the what-ifs).",
     )
     engine_interactive_seats: int = Field(
         0,
@@ -636,14 +635,6 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'blockq.sqlite3').resolve()}"
-
-    @property
-    def prefix_caching(self) -> bool:
-        """Whether engines run with prefix caching (`engine_prefix_caching`, else the kind's
-        default)."""
-        if self.engine_prefix_caching is not None:
-            return self.engine_prefix_caching
-        return self.engine_kind == "emulated"
 
     @property
     def resolved_model_path(self) -> Path:

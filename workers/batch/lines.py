@@ -95,7 +95,7 @@ class LineChecker:
         self.endpoint = endpoint
         self._codec = _LastTokenIds(context.prompts)
         self.context: PromptContext = _Context(context.settings, self._codec)
-        self._keyed = context.settings.prefix_caching
+        self._keyed = context.settings.engine_prefix_caching
         self._body_model = body_model_for(endpoint)
         self._custom_ids: set[bytes] = set()
 

@@ -121,7 +121,7 @@ def prompt_token_ids(rt: Runtime, prompt: str,
     """A request's prompt token ids for prefix-cache-aware routing (`RequestView`): the ids the
     client gave, else the served model's tokenization of its text, as emulated engines hash
     it; None when engines run without prefix caching."""
-    if not rt.settings.prefix_caching:
+    if not rt.settings.engine_prefix_caching:
         return None
     if token_ids is not None:
         return tuple(int(t) for t in token_ids)

@@ -59,7 +59,7 @@ class VllmEngineBuilder:
             num_threads=settings.engine_threads,
             scheduling_policy=settings.engine_scheduling_policy,
             priority_ms_per_token=settings.engine_priority_ms_per_token,
-            enable_prefix_caching=settings.prefix_caching,
+            enable_prefix_caching=settings.engine_prefix_caching,
             num_interactive_seats=settings.engine_interactive_seats,
             batch_prefill_last=settings.engine_batch_prefill_last,
         )
@@ -95,7 +95,7 @@ class EmulatedEngineBuilder:
             scheduling_policy=settings.engine_scheduling_policy,
             priority_ms_per_token=settings.engine_priority_ms_per_token,
             # Prompts hashed on the tokens the router hashes them on (the route stage).
-            enable_prefix_caching=settings.prefix_caching,
+            enable_prefix_caching=settings.engine_prefix_caching,
             tokenize=prompts.token_ids,
             num_interactive_seats=settings.engine_interactive_seats,
             batch_prefill_last=settings.engine_batch_prefill_last,
