@@ -47,6 +47,7 @@ Usage::
         [--workload sharegpt|azure_conv|azure_code|sharegpt-azure|conversations|mooncake|
                     system-prompts|chats]
         [--replay .blockq/live_workload/requests.jsonl] [--live-settings] [--mooncake-settings]
+        [--mooncake-max-model-len 4096]
         [--configs round_robin block@oracle ...]
         [--predictor learned-errors] [--rates LO:HI:STEP] [--bisect 3] [--jobs 2]
         [--num-requests 10000] [--seed 0] [--plot-dir docs/img] [--json FILE] [--markdown]
