@@ -27,12 +27,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from app.cli.stack import stop_stacks_on_sigterm  # noqa: E402
 from bench_cluster import NUM_BLOCKS  # noqa: E402 - each emulated GPU's KV blocks, as simulated
 from live_bench import workloads  # noqa: E402
 from live_bench.point import POLICIES, PointSpec, run_point  # noqa: E402
 from live_bench.report import fmt, plot, print_report  # noqa: E402
 from live_bench.stats import rates_around_simulated, search_capacity  # noqa: E402
+
+from app.cli.stack import stop_stacks_on_sigterm  # noqa: E402
 
 WORKLOADS = ("conversations", "sharegpt-azure", "mooncake")
 DEFAULT_RATES = (30.0, 40.0, 50.0, 60.0, 70.0)
