@@ -661,7 +661,7 @@ class VllmEngine(ThreadedEngine[_Tracked]):
                         self._prefixes.finished(tracked.prefix_keys)
             num_prefill = details.num_ctx_tokens if details is not None else 0
             self._estimate_progress(max(0, num_prefill - num_prefill_done),
-                                    scheduled.num_computed_tokens if scheduled else None)
+                                    scheduled.num_computed_tokens if scheduled is not None else None)
             stats = self._scheduler_stats
 
         for request_id in first_tokens:
