@@ -660,8 +660,8 @@ class VllmEngine(ThreadedEngine[_Tracked]):
                     if self._prefixes is not None:
                         self._prefixes.finished(tracked.prefix_keys)
             num_prefill = details.num_ctx_tokens if details is not None else 0
-            self._estimate_progress(max(0, num_prefill - num_prefill_done),
-                                    scheduled.num_computed_tokens if scheduled is not None else None)
+            exact = scheduled.num_computed_tokens if scheduled is not None else None
+            self._estimate_progress(max(0, num_prefill - num_prefill_done), exact)
             stats = self._scheduler_stats
 
         for request_id in first_tokens:
