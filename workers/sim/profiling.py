@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
 
-from .exec_model import (BatchStats, ExecModel, feature_names, fit_linear, fit_metrics,
-                         split_holdout)
+from .exec_model import BatchStats, ExecModel, feature_names, fit_linear, fit_metrics, split_holdout
 
 __all__ = [
     "AttentionProfile",
@@ -37,6 +36,7 @@ __all__ = [
     "PROFILE_TOKEN_KNOTS",
     "TokenProfile",
     "fit_from_vidur_profile",
+    "gpu_time_ratios",
     "load_attention_profile",
     "load_token_profile",
 ]
@@ -133,14 +133,49 @@ class AttentionProfile:
 
 @dataclass(frozen=True, slots=True)
 class AttentionScale:
-    """Factors for attention profiled on a different model (same head size).
+    """Factors for attention profiled on a different model (same head size) or GPU.
 
     Decode attention and the KV write move KV bytes, so they scale with KV heads;
-    prefill attention is compute-bound and scales with query heads.
+    prefill attention is compute-bound and scales with query heads (`kv`, `prefill`:
+    the per-token terms only). On another GPU every decode-attention and KV-write term
+    scales with the time the GPU takes to move bytes (`memory`), every prefill-attention
+    term with the time it takes to compute (`compute`): target time / profiled time, from
+    `gpu_time_ratios`.
     """
 
     kv: float = 1.0
     prefill: float = 1.0
+    memory: float = 1.0
+    compute: float = 1.0
+
+
+#: Token counts at which one layer's token-parallel ops are memory-bound (the weights are
+#: read once, whatever the batch) and compute-bound (GEMMs at full occupancy) on every GPU
+#: profiled here (A30, A100, H100: see `gpu_time_ratios`).
+MEMORY_BOUND_MAX_TOKENS = 32
+COMPUTE_BOUND_MIN_TOKENS = 1024
+
+
+def gpu_time_ratios(reference: TokenProfile, target: TokenProfile) -> tuple[float, float]:
+    """(memory, compute): how long `target`'s GPU takes for what `reference`'s takes 1.
+
+    Both profiles time the same model's token-parallel ops. The memory ratio is the median
+    of target / reference layer times at up to `MEMORY_BOUND_MAX_TOKENS` tokens, the compute
+    ratio the median at `COMPUTE_BOUND_MIN_TOKENS` tokens and more (Llama-2-7B: A100 / A30
+    0.48 and 0.50, H100 / A30 0.29 and 0.16; the datasheets' bandwidth and dense BF16 ratios
+    are 0.46 and 0.53, 0.28 and 0.17).
+    """
+    def median_ratio(mask_of: Callable[[np.ndarray], np.ndarray]) -> float:
+        tokens = reference.num_tokens[mask_of(reference.num_tokens)]
+        tokens = tokens[(tokens >= target.num_tokens.min()) & (tokens <= target.num_tokens.max())]
+        if not len(tokens):
+            raise ValueError("the profiles share no token counts in that regime")
+        ref_ms, _ = reference.interpolate(tokens)
+        target_ms, _ = target.interpolate(tokens)
+        return float(np.median(target_ms / ref_ms))
+
+    return (median_ratio(lambda t: t <= MEMORY_BOUND_MAX_TOKENS),
+            median_ratio(lambda t: t >= COMPUTE_BOUND_MIN_TOKENS))
 
 
 def load_token_profile(path: str | Path, num_tp_workers: int = 1) -> TokenProfile:
@@ -235,8 +270,8 @@ def fit_from_vidur_profile(mlp_csv: str | Path, attention_csv: str | Path, *, nu
     attention = load_attention_profile(attention_csv)
     fit = _fit_attention(attention, holdout_fraction, seed)
     layers = float(num_layers)
-    write_ms = float(fit.kv_write[0])
-    write_ms_per_token = float(fit.kv_write[1]) * attention_scale.kv
+    write_ms = float(fit.kv_write[0]) * attention_scale.memory
+    write_ms_per_token = float(fit.kv_write[1]) * attention_scale.kv * attention_scale.memory
     train, holdout = split_holdout(len(tokens.num_tokens), holdout_fraction, seed)
     token_ms = (layers * (tokens.layer_ms + write_ms + write_ms_per_token * tokens.num_tokens)
                 + tokens.step_ms)
@@ -261,14 +296,15 @@ def fit_from_vidur_profile(mlp_csv: str | Path, attention_csv: str | Path, *, nu
 def _compose(token_coef: np.ndarray, fit: _AttentionFit, layers: float, scale: AttentionScale,
              token_knots: Sequence[int]) -> dict[str, float]:
     names = feature_names(token_knots)
-    values = dict(zip(names, token_coef.tolist()))
+    values = dict(zip(names, token_coef.tolist(), strict=True))
     # NOTE: decode attention's fixed cost joins the constant: almost every step decodes.
-    values["const"] += layers * float(fit.decode[0])
-    values["num_decode_seqs"] = layers * float(fit.decode[1])
-    values["decode_context_tokens"] = layers * float(fit.decode[2]) * scale.kv
-    values["num_prefill_seqs"] = layers * float(fit.prefill[0])
-    values["prefill_chunk_x_context"] = layers * float(fit.prefill[1]) * scale.prefill
-    values["prefill_chunk_sq"] = layers * float(fit.prefill[2]) * scale.prefill
+    decode, prefill = layers * scale.memory, layers * scale.compute
+    values["const"] += decode * float(fit.decode[0])
+    values["num_decode_seqs"] = decode * float(fit.decode[1])
+    values["decode_context_tokens"] = decode * float(fit.decode[2]) * scale.kv
+    values["num_prefill_seqs"] = prefill * float(fit.prefill[0])
+    values["prefill_chunk_x_context"] = prefill * float(fit.prefill[1]) * scale.prefill
+    values["prefill_chunk_sq"] = prefill * float(fit.prefill[2]) * scale.prefill
     return values
 
 
@@ -286,7 +322,7 @@ def _step_metrics(model: ExecModel, tokens: TokenProfile, held_out: AttentionPro
     num_pairs = min(num_decode, num_prefill)
     combos = ([(d, None) for d in range(num_decode)] + [(None, p) for p in range(num_prefill)]
               + list(zip(rng.permutation(num_decode)[:num_pairs].tolist(),
-                         rng.permutation(num_prefill)[:num_pairs].tolist())))
+                         rng.permutation(num_prefill)[:num_pairs].tolist(), strict=True)))
     measured, predicted = [], []
     for d, p in combos:
         stats, attention_ms = _held_out_step(decode, prefill, d, p)

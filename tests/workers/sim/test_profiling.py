@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from workers.sim import AttentionScale, BatchStats, fit_from_vidur_profile
-from workers.sim.profiling import LAYER_OPS, clean_series
+from workers.sim.profiling import LAYER_OPS, clean_series, gpu_time_ratios, load_token_profile
 
 DATA_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 QWEN_A30 = DATA_DIR / "profiling/vidur_opt_scheduler/compute/a30/Qwen/Qwen-2-7B"
@@ -100,3 +101,41 @@ def test_a30_qwen2_profile_fits_held_out_steps_within_five_percent() -> None:
                                    num_layers=28, name="qwen2-7b-a30")
     assert model.metrics["step_mape_holdout"] < 0.05
     assert model.metrics["step_r2_holdout"] > 0.99
+
+
+def test_another_gpu_scales_decode_by_memory_time_and_prefill_by_compute_time(
+        tmp_path: Path) -> None:
+    mlp, attention = write_synthetic_profile(tmp_path)
+    own = fit_from_vidur_profile(mlp, attention, num_layers=10, name="own")
+    moved = fit_from_vidur_profile(mlp, attention, num_layers=10, name="moved",
+                                   attention_scale=AttentionScale(memory=0.5, compute=0.25))
+    for name in ("decode_context_tokens", "num_decode_seqs"):
+        assert moved.coefficients_ms[name] == pytest.approx(0.5 * own.coefficients_ms[name])
+    for name in ("prefill_chunk_sq", "prefill_chunk_x_context", "num_prefill_seqs"):
+        assert moved.coefficients_ms[name] == pytest.approx(0.25 * own.coefficients_ms[name])
+
+
+def write_token_profile(path: Path, layer_ms: Callable[[float], float]) -> Path:
+    ops = [f"time_stats.{op}.median" for op in (*LAYER_OPS, "emb")]
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow([*ops, "num_tokens", "num_tensor_parallel_workers"])
+        for n in [1, 2, 4, 8, *range(16, 4097, 16)]:
+            row = [layer_ms(n) if op.endswith("mlp_up_proj.median") else 0.0 for op in ops]
+            writer.writerow([*row, n, 1])
+    return path
+
+
+def test_gpu_time_ratios_read_the_memory_and_compute_bound_regimes(tmp_path: Path) -> None:
+    # Flat (weights read once) up to 256 tokens, then linear (compute-bound).
+    def slow(n: float) -> float:
+        return max(1.0, n / 256)
+
+    def fast(n: float) -> float:  # 2x the bandwidth, 5x the compute
+        return max(0.5, n / 1280)
+
+    reference = load_token_profile(write_token_profile(tmp_path / "slow.csv", slow))
+    target = load_token_profile(write_token_profile(tmp_path / "fast.csv", fast))
+    memory, compute = gpu_time_ratios(reference, target)
+    assert memory == pytest.approx(0.5)
+    assert compute == pytest.approx(0.2)
