@@ -296,7 +296,7 @@ def fit_from_vidur_profile(mlp_csv: str | Path, attention_csv: str | Path, *, nu
 def _compose(token_coef: np.ndarray, fit: _AttentionFit, layers: float, scale: AttentionScale,
              token_knots: Sequence[int]) -> dict[str, float]:
     names = feature_names(token_knots)
-    values = dict(zip(names, token_coef.tolist(), strict=True))
+    values = dict(zip(names, token_coef.tolist(), strict=False))  # token features lead
     # NOTE: decode attention's fixed cost joins the constant: almost every step decodes.
     decode, prefill = layers * scale.memory, layers * scale.compute
     values["const"] += decode * float(fit.decode[0])
