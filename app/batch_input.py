@@ -12,6 +12,7 @@ C speed (200 MB in well under a second), and stops once past the limit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -53,28 +54,33 @@ def count_requests(handle: IO[bytes], *, stop_after: int) -> int:
     return count
 
 
-def _more_requests_than(path: Path, limit: int) -> bool:
-    with path.open("rb") as handle:
+#: A file to read: a path, or what opens one (FileStore.open of an id, for any storage).
+Source = Path | Callable[[], IO[bytes]]
+
+
+def _more_requests_than(source: Source, limit: int) -> bool:
+    with source.open("rb") if isinstance(source, Path) else source() as handle:
         return count_requests(handle, stop_after=limit) > limit
 
 
-def check_request_count(settings: Settings, path: Path, *, param: str) -> None:
-    """400 when the file at `path` holds more requests than a batch may."""
+def check_request_count(settings: Settings, source: Source, *, param: str) -> None:
+    """400 when the file `source` holds more requests than a batch may."""
     limit = settings.max_batch_lines
-    if _more_requests_than(path, limit):
+    if _more_requests_than(source, limit):
         raise InvalidRequest(f"The batch input file has more than {limit:,} requests (non-blank "
                              f"lines): a batch holds at most {limit:,} requests.", param=param,
                              code="too_many_lines")
 
 
-def check_input_file(settings: Settings, path: Path, *, size_bytes: int, param: str) -> None:
-    """400 when the file at `path` (of `size_bytes`) is past either limit of a batch input file.
+def check_input_file(settings: Settings, source: Source, *, size_bytes: int, param: str
+                     ) -> None:
+    """400 when the file `source` (of `size_bytes`) is past either limit of a batch input file.
     A file whose bytes are gone passes: expansion fails the batch with `file_not_found`."""
     limit = settings.max_batch_file_bytes
     if size_bytes > limit:
         raise InvalidRequest(f"The batch input file is {size_bytes:,} bytes; a batch input file "
                              f"is at most {limit:,} bytes.", param=param, code="file_too_large")
     try:
-        check_request_count(settings, path, param=param)
+        check_request_count(settings, source, param=param)
     except FileNotFoundError:
         return

@@ -111,8 +111,9 @@ def create_batch(services: Services, body: Any, *, team_id: str) -> Batch:
     with services.db.session() as session:
         size_bytes = _check_input_file(session, parsed.input_file_id, team_id=team_id)
     # Read outside any transaction: counting the lines of 200 MB takes a moment.
+    store = file_store(services.settings, services.db)
     batch_input.check_input_file(services.settings,
-                                 file_store(services.settings).path(parsed.input_file_id),
+                                 lambda: store.open(parsed.input_file_id),
                                  size_bytes=size_bytes, param="input_file_id")
     expiry = parsed.output_expires_after
     now = utcnow()

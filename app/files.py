@@ -1,7 +1,7 @@
 """The Files API's records: upload, look up, list, delete, and the OpenAI File object.
 
-A file is a row in `files` (what the API lists) plus its bytes in the files directory
-(`app.storage`). Both belong to one team: another team's file is simply not found.
+A file is a row in `files` (what the API lists) plus its bytes in the files directory or the
+database (`app.storage`). Both belong to one team: another team's file is simply not found.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def upload_file(settings: Settings, db: Database, *, team_id: str, purpose: str 
                              f"{', '.join(sorted(UPLOAD_PURPOSES))}.", param="purpose",
                              code="invalid_value")
     name = upload_name(filename)
-    store = file_store(settings)
+    store = file_store(settings, db)
     file_id = new_file_id()
     max_bytes = batch_input.max_upload_bytes(settings, purpose)
     try:
@@ -60,7 +60,8 @@ def upload_file(settings: Settings, db: Database, *, team_id: str, purpose: str 
         if size_bytes == 0:
             raise InvalidRequest("The file is empty.", param="file", code="empty_file")
         if purpose == FilePurpose.BATCH:
-            batch_input.check_request_count(settings, store.path(file_id), param="file")
+            batch_input.check_request_count(settings, lambda: store.open(file_id),
+                                            param="file")
         with db.session() as session:
             check_quota(session, settings, team_id=team_id, adding=size_bytes)
             now = utcnow()
@@ -130,7 +131,7 @@ def delete_file(settings: Settings, db: Database, file_id: str, *, team_id: str)
     """Forget the file, then remove its bytes (a reader that has it open finishes reading)."""
     with db.session() as session:
         session.delete(get_file(session, file_id, team_id=team_id))
-    file_store(settings).delete(file_id)
+    file_store(settings, db).delete(file_id)
 
 
 def file_to_dict(row: StoredFile) -> dict[str, Any]:

@@ -40,6 +40,7 @@ __all__ = [
     "ModelVersion",
     "ModelStatus",
     "StoredFile",
+    "FileChunk",
     "FilePurpose",
     "Batch",
     "BatchStatus",
@@ -428,8 +429,8 @@ class FilePurpose(enum.StrEnum):
 
 
 class StoredFile(Base):
-    """A file of the Files API. The bytes live in the files directory (app.storage), named by
-    the id; this row is what the API lists and shows."""
+    """A file of the Files API. The bytes live in the files directory or in `file_chunks`
+    (app.storage), named by the id; this row is what the API lists and shows."""
 
     __tablename__ = "files"
 
@@ -446,6 +447,17 @@ class StoredFile(Base):
         Index("ix_files_team_id_created_at", "team_id", "created_at"),
         Index("ix_files_expires_at", "expires_at"),
     )
+
+
+class FileChunk(Base):
+    """Part of a file's bytes when files are stored in the database (app.storage): chunk `seq`
+    (0, 1, ...) of file `file_id`. Written before the file's row exists, so no foreign key."""
+
+    __tablename__ = "file_chunks"
+
+    file_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class BatchStatus(enum.StrEnum):

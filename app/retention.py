@@ -217,7 +217,7 @@ def _expired_files(now: datetime) -> Select[tuple[object]]:
 def purge(settings: Settings, db: Database, now: datetime | None = None, *,
           max_run_s: float | None = None) -> dict[str, int]:
     """One purge run with the settings' policy (the health worker's task, `blockq purge`)."""
-    report = Purge(db, file_store(settings), RetentionPolicy.of(settings),
+    report = Purge(db, file_store(settings, db), RetentionPolicy.of(settings),
                    chunk_rows=settings.purge_chunk_rows).run(now, max_run_s=max_run_s)
     if any(report.values()):
         logger.info("retention purge deleted %s", ", ".join(

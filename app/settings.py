@@ -452,6 +452,12 @@ class Settings(BaseSettings):
         description="Directory holding the files of the Files API (batch input, output and "
         "error files). Unset: data_dir/files. Every API and batch worker must see the same one.",
     )
+    files_storage: Literal["disk", "database"] = Field(
+        "disk",
+        description="Where the Files API keeps file contents: `disk` (files_dir, one host or a "
+        "shared file system) or `database` (PostgreSQL, table file_chunks: every host that "
+        "reaches the database reads them; for API and batch workers on several hosts).",
+    )
     max_file_bytes: int = Field(
         200 * 1024 * 1024, gt=0, description="Largest file POST /v1/files accepts (OpenAI: 200 "
         "MB per batch input file); larger uploads get HTTP 413.",

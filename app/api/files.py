@@ -64,7 +64,7 @@ def show(file_id: str) -> ResponseReturnValue:
 def content(file_id: str) -> ResponseReturnValue:
     with services().db.session() as session:
         row = files.get_file(session, file_id, team_id=current_principal().team_id)
-    store = file_store(services().settings)
+    store = file_store(services().settings, services().db)
     try:
         handle = store.open(row.id)
     except FileNotFoundError:

@@ -77,9 +77,8 @@ def expand(rt: Runtime, batch_id: str) -> Expansion:
 def _read(rt: Runtime, batch: Batch) -> _Tally | list[dict[str, Any]]:
     """The lines, inserted; or the errors that fail the whole file."""
     settings = rt.settings
-    path = file_store(settings).path(batch.input_file_id)
     try:
-        handle = path.open("rb")
+        handle = file_store(settings, rt.db).open(batch.input_file_id)
     except FileNotFoundError:
         return [_batch_error("file_not_found", f"The input file {batch.input_file_id} no "
                              "longer exists.", param="input_file_id")]

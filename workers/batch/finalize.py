@@ -103,7 +103,7 @@ def _discard_lines(rt: Runtime, batch_id: str) -> None:
 
 def _write(rt: Runtime, batch: Batch, final: BatchStatus) -> list[_Written]:
     """Both files, streamed from the lines in order (each line's result goes to one of them)."""
-    files = file_store(rt.settings)
+    files = file_store(rt.settings, rt.db)
     output_id, error_id = new_file_id(), new_file_id()
     num_lines = {True: 0, False: 0}
     model = batch.model or rt.settings.model_name
@@ -129,7 +129,7 @@ def _write(rt: Runtime, batch: Batch, final: BatchStatus) -> list[_Written]:
 
 def _close(rt: Runtime, batch: Batch, final: BatchStatus, written: list[_Written]) -> bool:
     """Register the non-empty files and set the terminal status, in one transaction."""
-    files = file_store(rt.settings)
+    files = file_store(rt.settings, rt.db)
     kept = {w.kind: w for w in written if w.num_lines}
     now = utcnow()
     try:
@@ -139,7 +139,7 @@ def _close(rt: Runtime, batch: Batch, final: BatchStatus, written: list[_Written
                 row = register_file(session, file_id=w.file_id, team_id=batch.team_id,
                                     purpose=FilePurpose.BATCH_OUTPUT,
                                     filename=f"{batch.id}_{w.kind}.jsonl",
-                                    size_bytes=files.path(w.file_id).stat().st_size)
+                                    size_bytes=files.size(w.file_id))
                 row.expires_at = _output_expiry(batch, row.created_at)
             closed = session.execute(
                 update(Batch)
