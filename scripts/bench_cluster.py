@@ -41,8 +41,22 @@ are synthetic prefix mixes on the paper's 4096-token setup. ``--mooncake-setting
 qwen2-7b-a30 at max_model_len 32768 (longer prompts dropped), ``prefix_affinity`` against
 ``block``, ``block_noprefix`` (the same router blind to the cache), llumnix and round robin.
 
+``--fleet JSON`` (issue 31) replaces ``--models`` with a fleet of unlike instances in the
+``BLOCKQ_FLEET`` format (`workers.sim.fleet_spec`; the JSON text or a file holding it): each
+entry's ``exec_model`` (or a ``model`` that is one) gives the instance's step times, KV blocks and
+batch size (`workers.sim.hardware`), and every what-if runs on its instance's own model.
+``capacity_weighted`` is told each instance's measured capacity (one instance saturated with the
+workload, `with_throughputs`). ``--equal-kv`` gives every instance the settings of the one with
+the fewest KV blocks (only the speed differs). The rate grid defaults to 65-100 % of the fleet's
+ceiling (the sum of its instances' saturated rates); the targets table then checks the fleet
+default policy (``FLEET_DEFAULT_POLICY``) against least_requests, llumnix, capacity_weighted and its
+own oracle variant.
+
 Usage::
 
+    python scripts/bench_cluster.py --fleet '[{"model": "llama-2-7b", "count": 4,
+        "exec_model": "llama-2-7b-a100"}, {"model": "llama-2-7b", "count": 8,
+        "exec_model": "llama-2-7b-a30"}]' [--equal-kv] --configs ... --json OUT
     python scripts/bench_cluster.py [--models llama-2-7b-a30 qwen2-7b-a30]
         [--workload sharegpt|azure_conv|azure_code|sharegpt-azure|conversations|mooncake|
                     system-prompts|chats]
@@ -61,7 +75,7 @@ import argparse
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -79,6 +93,8 @@ from workers.cluster_sim import (
     RunResult,
     Workload,
     capacity_bounds,
+    fleet_label,
+    fleet_members,
     load_azure_trace,
     load_length_trace,
     load_mooncake_trace,
@@ -90,10 +106,13 @@ from workers.cluster_sim import (
     saturation_rate,
     shared_prompt_workload,
     simulate,
+    with_equal_kv,
+    with_throughputs,
 )
 from workers.route.late_binding import LateBinding
 from workers.route.policies import needs_what_if
 from workers.sim import InstanceConfig, bundled_model
+from workers.sim.fleet_spec import FleetError, parse_fleet
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: ``../shared/data`` next to the repository checkout.
@@ -134,6 +153,18 @@ DEFAULT_REPLAY = REPO_ROOT / ".blockq" / "live_workload" / "requests.jsonl"
 LIVE_MODEL = "qwen2-7b-a30"
 LIVE_CONFIGS = ("round_robin", "least_requests", "llumnix", "block", "block@oracle",
                 "block@mean")
+#: Configurations of a fleet of unlike instances (issue 31).
+FLEET_CONFIGS = ("round_robin", "least_requests", "llumnix", "prefix_affinity",
+                 "capacity_weighted", "block", "block_ttft", "block@oracle", "block_ttft@oracle")
+#: The policy blockq routes a mixed fleet with by default (app.settings' routing default for a
+#: fleet); the targets table checks it.
+FLEET_DEFAULT_POLICY = "block_ttft"
+#: Issue 31's targets for it: capacity at least these multiples of each baseline's.
+FLEET_TARGETS = (("least_requests", 1.3), ("llumnix", 1.1), ("capacity_weighted", 1.05))
+#: A fleet's capacity search probes no rate over this multiple of its ceiling.
+FLEET_MAX_OVER_CEILING = 1.25
+#: The default fleet rate grid, as shares of the fleet's ceiling.
+FLEET_RATE_SHARES = (0.65, 1.0, 0.05)
 #: Step-time noise of the live emulated engines (Settings.emulated_noise's default).
 LIVE_EXEC_NOISE = 0.05
 #: The Block paper's capacities (QPS, TTFT p99 under 3 s, 12 A30s, ShareGPT).
@@ -234,6 +265,29 @@ def parse_config(spec: str) -> Config:
     return Config(policy, predictor or "default", not blind, late_binding)
 
 
+def fleet_setup(args: argparse.Namespace, workload: Workload) -> ClusterSetup:
+    """`--fleet`'s instances, each told its measured capacity (`with_throughputs`)."""
+    members = fleet_members(parse_fleet(args.fleet), max_model_len=args.max_model_len)
+    if args.equal_kv:
+        members = with_equal_kv(members)
+    members = with_throughputs(members, workload)
+    return ClusterSetup.of_fleet(members, publish_interval_s=args.publish_interval,
+                                 exec_noise_sigma=args.exec_noise, abort_ttft_s=args.abort_ttft,
+                                 ground_truth=getattr(args, "ground_truth", "ours"))
+
+
+def setup_of(model: str, args: argparse.Namespace, workload: Workload) -> ClusterSetup:
+    """The fleet `--fleet` declares, or `num_instances` alike instances of `model`."""
+    return fleet_setup(args, workload) if args.fleet else model_setup(model, args)
+
+
+def ceiling_rps(setup: ClusterSetup, workload: Workload) -> float:
+    """The most requests/s the fleet can complete: its instances' saturated rates summed."""
+    if setup.fleet:
+        return sum(m.throughput_rps or 0.0 for m in setup.fleet)
+    return setup.num_instances * saturation_rate(workload, setup.config, setup.exec_model)
+
+
 def model_setup(model: str, args: argparse.Namespace) -> ClusterSetup:
     """The paper's fleet: A30 instances of `model`, vLLM settings as in the Block paper."""
     prefix_block_size = getattr(args, "prefix_block_size", 0)
@@ -257,9 +311,17 @@ def make_job(workload: Workload, setup: ClusterSetup, args: argparse.Namespace, 
 def run_model(model: str, args: argparse.Namespace, workload: Workload,
               pool: ProcessPoolExecutor) -> ModelReport:
     started = time.perf_counter()
-    setup = model_setup(model, args)
+    setup = setup_of(model, args, workload)
     configs = [parse_config(c) for c in args.configs]
-    rates = parse_rates(args.rates or DEFAULT_RATES[model], args.num_instances / 12)
+    # NOTE: a finite run passes a TTFT SLO above the steady-state ceiling while its backlog is
+    # short; a fleet's search stops at FLEET_MAX_OVER_CEILING x the ceiling.
+    highest = math.inf
+    if args.fleet:
+        ceiling = ceiling_rps(setup, workload)
+        highest = FLEET_MAX_OVER_CEILING * ceiling
+        rates = parse_rates(args.rates or fleet_rates(ceiling), 1.0)
+    else:
+        rates = parse_rates(args.rates or DEFAULT_RATES[model], args.num_instances / 12)
     step = rates[1] - rates[0] if len(rates) > 1 else rates[0] / 4
     tolerance = step / 2 ** args.bisect
     report = ModelReport(model, rates, list(args.slo))
@@ -286,7 +348,8 @@ def run_model(model: str, args: argparse.Namespace, workload: Workload,
             for slo in args.slo:
                 low, high = capacity_bounds(p99, slo)
                 if high is None:
-                    wanted.append((cfg, round(max(p99) + step, 3)))
+                    if max(p99) + step <= highest:
+                        wanted.append((cfg, round(max(p99) + step, 3)))
                 elif low is None:
                     if min(p99) - step > 0:
                         wanted.append((cfg, round(min(p99) - step, 3)))
@@ -299,8 +362,7 @@ def run_model(model: str, args: argparse.Namespace, workload: Workload,
         p99 = report.p99_by_rate(cfg.label)
         report.bounds[cfg.label] = {slo: capacity_bounds(p99, slo) for slo in args.slo}
     if getattr(args, "no_cdf", False):
-        report.ceiling_rps = args.num_instances * saturation_rate(workload, setup.config,
-                                                                  setup.exec_model)
+        report.ceiling_rps = ceiling_rps(setup, workload)
         report.wall_s = time.perf_counter() - started
         return report
     run_cdf(report, args, workload, setup, pool)
@@ -311,18 +373,29 @@ def run_model(model: str, args: argparse.Namespace, workload: Workload,
         results = pool.map(run_job, [job(c, report.block_rate) for c in pair])
         for cfg, result in zip(pair, results, strict=True):
             report.at_block_rate[cfg.label] = result
-    report.ceiling_rps = args.num_instances * saturation_rate(workload, setup.config,
-                                                              setup.exec_model)
+    report.ceiling_rps = ceiling_rps(setup, workload)
     report.wall_s = time.perf_counter() - started
     return report
 
 
+def fleet_rates(ceiling: float) -> str:
+    """The default rate grid of a fleet: `FLEET_RATE_SHARES` of its ceiling, 0.5 req/s steps at
+    the finest."""
+    low, high, step = (share * ceiling for share in FLEET_RATE_SHARES)
+    step = max(0.5, round(step * 2) / 2)
+    return f"{round(low * 2) / 2}:{round(high * 2) / 2}:{step}"
+
+
 def run_cdf(report: ModelReport, args: argparse.Namespace, workload: Workload,
             setup: ClusterSetup, pool: ProcessPoolExecutor) -> None:
-    """Every configuration at round robin's capacity (first SLO), keeping per-request latencies."""
-    if "round_robin" not in report.bounds or report.capacity("round_robin", args.slo[0]) is None:
+    """Every configuration at round robin's capacity (first SLO), keeping per-request latencies;
+    with a fleet, at 80 % of the fleet default policy's capacity (issue 31's point)."""
+    if args.fleet and report.bounds.get(FLEET_DEFAULT_POLICY, {}).get(args.slo[0], (None,))[0]:
+        report.cdf_rate = round(0.8 * report.capacity(FLEET_DEFAULT_POLICY, args.slo[0]), 3)
+    elif "round_robin" in report.bounds and report.capacity("round_robin", args.slo[0]):
+        report.cdf_rate = report.capacity("round_robin", args.slo[0])
+    else:
         return
-    report.cdf_rate = report.capacity("round_robin", args.slo[0])
     configs = [parse_config(label) for label in report.bounds]
     jobs = [make_job(workload, setup, args, c, report.cdf_rate, keep_samples=True)
             for c in configs]
@@ -389,9 +462,11 @@ def _capacity_cell(report: ModelReport, label: str, slo: float) -> str:
     low, high = report.bounds[label][slo]
     if low is None:
         return f"< {fmt(high)}"
+    # A finite run passing above the steady-state ceiling: the backlog had no time to build.
+    over = " (over ceiling)" if report.ceiling_rps and low > report.ceiling_rps else ""
     if high is None:
-        return f">= {fmt(low)}"
-    return fmt(low)
+        return f">= {fmt(low)}{over}"
+    return fmt(low) + over
 
 
 def point_rows(results: dict[str, RunResult]) -> list[list[str]]:
@@ -412,6 +487,7 @@ def target_rows(report: ModelReport) -> list[list[str]]:
     def ratio(a: str, b: str) -> float | None:
         return cap[a] / cap[b] if cap.get(a) and cap.get(b) else None
 
+    rows += fleet_target_rows(cap, ratio)
     for base, need in (("round_robin", 1.167), ("random", 1.167), ("llumnix", 1.0),
                        ("infaas", 1.0)):
         value = ratio("block", base)
@@ -441,6 +517,27 @@ def target_rows(report: ModelReport) -> list[list[str]]:
     if report.ceiling_rps:
         rows.append(["(context) fleet ceiling: N x one saturated instance",
                      f"{report.ceiling_rps:.1f} req/s", ""])
+    return rows
+
+
+def fleet_target_rows(cap: dict[str, float | None],
+                      ratio: Callable[[str, str], float | None]) -> list[list[str]]:
+    """Issue 31's targets for the fleet default policy, and its oracle variant's (the ceiling
+    no placement by that policy passes)."""
+    default = FLEET_DEFAULT_POLICY
+    if default not in cap:
+        return []
+    rows = []
+    for base, need in FLEET_TARGETS:
+        for label in (default, f"{default}@oracle"):
+            value = ratio(label, base)
+            if value is not None:
+                rows.append([f"{label} capacity >= {need:.2f} x {base}", f"{value:.3f} x",
+                             "yes" if value >= need else "no"])
+    value = ratio(default, f"{default}@oracle")
+    if value is not None:
+        rows.append([f"{default} >= 0.97 x {default}@oracle", f"{value:.3f} x",
+                     "yes" if value >= 0.97 else "no"])
     return rows
 
 
@@ -480,7 +577,7 @@ def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]
 def print_report(report: ModelReport, args: argparse.Namespace) -> None:
     labels = list(report.bounds)
     slo_headers = [f"capacity @ TTFT p99 {s:g}s" for s in report.slos]
-    print_table(f"{report.model}: capacity (req/s, {args.num_instances} instances, "
+    print_table(f"{report.model}: capacity (req/s, {report_size(report, args)} instances, "
                 f"{args.workload}, predictor {args.predictor})",
                 ["config", *slo_headers, "vs round_robin", "vs random", "paper"],
                 capacity_rows(report, labels,
@@ -488,7 +585,9 @@ def print_report(report: ModelReport, args: argparse.Namespace) -> None:
                               if args.num_instances == 12 and args.workload == "sharegpt" else {}),
                 args.markdown)
     if report.cdf:
-        print_table(f"{report.model}: at round_robin's capacity, {fmt(report.cdf_rate)} req/s "
+        where = (f"80 % of {FLEET_DEFAULT_POLICY}'s capacity" if args.fleet
+                 else "round_robin's capacity")
+        print_table(f"{report.model}: at {where}, {fmt(report.cdf_rate)} req/s "
                     f"(latencies in s)",
                     ["config", "TTFT p50", "TTFT p99", "e2e p50", "e2e p99", "req/s",
                      "preemptions", "decision us", "what-if e2e err %", "cache hit %"],
@@ -507,6 +606,10 @@ def print_report(report: ModelReport, args: argparse.Namespace) -> None:
               f"{report.wall_s:.0f} s")
 
 
+def report_size(report: ModelReport, args: argparse.Namespace) -> int:
+    return len(parse_fleet(args.fleet)) if args.fleet else args.num_instances
+
+
 def plot_report(report: ModelReport, args: argparse.Namespace) -> list[Path]:
     # NOTE: imported here so that tables need no plotting stack (--no-plots).
     import matplotlib
@@ -515,7 +618,8 @@ def plot_report(report: ModelReport, args: argparse.Namespace) -> list[Path]:
     import matplotlib.pyplot as plt
 
     args.plot_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"cluster_{args.workload}_{report.model}{'_smoke' if args.smoke else ''}"
+    name = report.model.replace("+", "_") + ("_equal_kv" if args.fleet and args.equal_kv else "")
+    stem = f"cluster_{args.workload}_{name}{'_smoke' if args.smoke else ''}"
     paths = []
     fig, ax = plt.subplots(figsize=(8, 5))
     y_cap = args.abort_ttft or 3 * max(report.slos)  # aborted runs plot here
@@ -533,7 +637,7 @@ def plot_report(report: ModelReport, args: argparse.Namespace) -> list[Path]:
     ax.set_yscale("log")
     ax.set_xlabel("arrival rate (req/s)")
     ax.set_ylabel(f"TTFT p99 (s, capped at {y_cap:g})")
-    ax.set_title(f"{report.model}, {args.num_instances} instances, {args.workload}")
+    ax.set_title(f"{report.model}, {report_size(report, args)} instances, {args.workload}")
     ax.legend(fontsize=7, ncol=2)
     ax.grid(True, which="both", alpha=0.3)
     paths.append(args.plot_dir / f"{stem}_p99_ttft.png")
@@ -554,7 +658,7 @@ def plot_report(report: ModelReport, args: argparse.Namespace) -> list[Path]:
             ax.set_ylabel("fraction of requests")
             ax.grid(True, which="both", alpha=0.3)
         axes[0].legend(fontsize=7)
-        fig.suptitle(f"{report.model}, {fmt(report.cdf_rate)} req/s (round_robin's capacity)")
+        fig.suptitle(f"{report.model}, {fmt(report.cdf_rate)} req/s")
         paths.append(args.plot_dir / f"{stem}_cdf.png")
         fig.tight_layout()
         fig.savefig(paths[-1], dpi=110)
@@ -584,7 +688,7 @@ def dump_json(reports: Sequence[ModelReport], args: argparse.Namespace,
         # NOTE: one row per (model, config): what a live run's capacities join on.
         "summary": [{
             "source": "simulated", "workload": args.workload, "model": r.model,
-            "num_instances": args.num_instances, "num_requests": args.num_requests,
+            "num_instances": report_size(r, args), "num_requests": args.num_requests,
             "seed": args.seed, "slo_ttft_p99_s": args.slo[0], "config": label,
             "policy": parse_config(label).policy,
             "predictor": args.predictor if parse_config(label).predictor == "default"
@@ -618,6 +722,12 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR,
                         help="shared data directory (default: ../shared/data)")
     parser.add_argument("--models", nargs="+", default=list(NUM_BLOCKS), choices=list(NUM_BLOCKS))
+    parser.add_argument("--fleet", help="a fleet of unlike instances in the BLOCKQ_FLEET JSON "
+                                        "format (the text, or a file holding it); replaces "
+                                        "--models and --num-instances")
+    parser.add_argument("--equal-kv", action="store_true",
+                        help="with --fleet: every instance with the settings (KV blocks, "
+                             "max_num_seqs) of the one with the fewest KV blocks")
     parser.add_argument("--workload", default="sharegpt", choices=list(WORKLOADS))
     parser.add_argument("--num-requests", type=int, default=10_000)
     parser.add_argument("--num-instances", type=int, default=12)
@@ -675,6 +785,8 @@ def main() -> None:
     if args.replot:
         replot(args)
         return
+    if args.fleet:
+        use_fleet(args, parser)
     if args.live_settings:
         args.models, args.num_instances, args.configs = [LIVE_MODEL], 12, list(LIVE_CONFIGS)
         args.slo, args.exec_noise = [3.0], LIVE_EXEC_NOISE
@@ -699,7 +811,7 @@ def main() -> None:
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for model in args.models:
             model_args = argparse.Namespace(**vars(args))
-            if args.smoke and not args.rates:
+            if args.smoke and not args.rates and not args.fleet:
                 low, high, _ = (float(x) for x in DEFAULT_RATES[model].split(":"))
                 model_args.rates = f"{low}:{high}:{(high - low) / 3}"
             report = run_model(model, model_args, workload, pool)
@@ -711,6 +823,26 @@ def main() -> None:
                     print(f"wrote {shown}")
     if args.json:
         dump_json(reports, args, workload)
+
+
+def use_fleet(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Read `--fleet` (JSON text or a file), check it, and run it instead of `--models`."""
+    text = args.fleet
+    if not text.lstrip().startswith(("[", "{")):
+        path = Path(text)
+        if not path.is_file():
+            parser.error(f"--fleet: {text!r} is neither a JSON list nor a file")
+        text = path.read_text()
+    try:
+        specs = parse_fleet(text)
+        members = fleet_members(specs)
+    except (FleetError, ValueError) as exc:
+        parser.error(f"--fleet: {exc}")
+    args.fleet = text
+    args.num_instances = len(members)
+    args.models = [fleet_label(specs)]
+    if args.configs == list(DEFAULT_CONFIGS):
+        args.configs = list(FLEET_CONFIGS)
 
 
 def default_predictor(workload: Workload) -> str:
@@ -757,9 +889,10 @@ def replot(cli: argparse.Namespace) -> None:
     args.plot_dir, args.markdown, args.all_points = cli.plot_dir, cli.markdown, cli.all_points
     args.jobs, args.data = cli.jobs, cli.data
     workload = load_workload(args)
+    args.fleet, args.equal_kv = getattr(args, "fleet", None), getattr(args, "equal_kv", False)
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for report in reports:
-            run_cdf(report, args, workload, model_setup(report.model, args), pool)
+            run_cdf(report, args, workload, setup_of(report.model, args, workload), pool)
             print_report(report, args)
             for plot in plot_report(report, args):
                 shown = plot.relative_to(REPO_ROOT) if plot.is_relative_to(REPO_ROOT) else plot

@@ -5,6 +5,7 @@ instances) and the route stage's pure policies (the router it simulates), which 
 `workers.sim` themselves; inside `workers.sim` it would make the two packages a cycle.
 """
 
+from .fleet import fleet_label, fleet_members, with_equal_kv, with_throughputs
 from .ground_truth import GroundTruthInstance, SimulatedRequest
 from .predictors import (
     DEFAULT_PREDICTOR,
@@ -15,7 +16,14 @@ from .predictors import (
     OraclePredictor,
     predictor_from_spec,
 )
-from .simulation import ClusterSetup, RunResult, capacity_bounds, saturation_rate, simulate
+from .simulation import (
+    ClusterSetup,
+    FleetMember,
+    RunResult,
+    capacity_bounds,
+    saturation_rate,
+    simulate,
+)
 from .targets import LatencyTarget, TargetMix, draw_targets, met
 from .workload import (
     AZURE_CODE,
@@ -49,6 +57,7 @@ __all__ = [
     "MOONCAKE_CONV",
     "SHAREGPT",
     "ClusterSetup",
+    "FleetMember",
     "GroundTruthInstance",
     "LengthPredictor",
     "LogNormalPredictor",
@@ -60,6 +69,8 @@ __all__ = [
     "Workload",
     "capacity_bounds",
     "fit_to_model",
+    "fleet_label",
+    "fleet_members",
     "load_azure_trace",
     "load_length_trace",
     "load_mooncake_trace",
@@ -73,4 +84,6 @@ __all__ = [
     "replay_workload",
     "saturation_rate",
     "simulate",
+    "with_equal_kv",
+    "with_throughputs",
 ]

@@ -53,6 +53,7 @@ from .workload import Workload
 __all__ = [
     "GROUND_TRUTHS",
     "ClusterSetup",
+    "FleetMember",
     "RunResult",
     "capacity_bounds",
     "ground_truth_class",
@@ -62,8 +63,28 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
+class FleetMember:
+    """One instance of a fleet of unlike instances (`ClusterSetup.fleet`)."""
+
+    #: Its vLLM settings (KV blocks, batch size).
+    config: InstanceConfig
+    #: Its ground-truth step times (before noise): its GPU.
+    exec_model: ExecModel
+    #: Step times the router's what-ifs use for it; None: `exec_model`.
+    router_exec_model: ExecModel | None = None
+    #: Requests per second it completes with a full queue, as the router is told
+    #: (`InstanceView.throughput_rps`: capacity_weighted's weight); None: not told.
+    throughput_rps: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSetup:
-    """The fleet and what the router can see of it."""
+    """The fleet and what the router can see of it.
+
+    A fleet of alike instances is `num_instances` x (`config`, `exec_model`); one of unlike
+    instances lists each in `fleet` (`of_fleet`), and `config` and `exec_model` are then its
+    first member's.
+    """
 
     num_instances: int
     #: Every instance's vLLM settings.
@@ -83,10 +104,31 @@ class ClusterSetup:
     #: installed vLLM's own scheduler class; see `vllm_ground_truth`, far slower) or
     #: "vllm-async" (the same with vLLM's async scheduling, its default on one GPU).
     ground_truth: str = "ours"
+    #: Every instance's own settings and step times, in instance order (gpu.0, gpu.1, ...);
+    #: empty: `num_instances` alike instances.
+    fleet: tuple[FleetMember, ...] = ()
+
+    @classmethod
+    def of_fleet(cls, fleet: Sequence[FleetMember], **options: object) -> ClusterSetup:
+        """A setup of unlike instances; `options` are the other fields."""
+        if not fleet:
+            raise ValueError("a fleet needs at least one instance")
+        return cls(len(fleet), fleet[0].config, fleet[0].exec_model,  # type: ignore[arg-type]
+                   fleet=tuple(fleet), **options)
+
+    @property
+    def members(self) -> tuple[FleetMember, ...]:
+        """Every instance's settings, alike or not."""
+        if self.fleet:
+            return self.fleet
+        return (FleetMember(self.config, self.exec_model, self.router_exec_model),
+                ) * self.num_instances
 
     def __post_init__(self) -> None:
         if self.num_instances < 1:
             raise ValueError("num_instances must be positive")
+        if self.fleet and len(self.fleet) != self.num_instances:
+            raise ValueError("num_instances must be the fleet's size")
         if self.publish_interval_s < 0 or self.exec_noise_sigma < 0:
             raise ValueError("publish_interval_s and exec_noise_sigma must not be negative")
         if self.ground_truth not in GROUND_TRUTHS:
@@ -238,19 +280,28 @@ class _Router:
         self.config = setup.config
         self.policy = policy
         self.late_binding = late_binding
-        self.engines = [instance_class(f"gpu.{k}", setup.config, setup.exec_model,
+        members = setup.members
+        self.engines = [instance_class(f"gpu.{k}", member.config, member.exec_model,
                                        setup.exec_noise_sigma, seed=[seed, 1, k])
-                        for k in range(setup.num_instances)]
+                        for k, member in enumerate(members)]
+        self._configs = {e.instance_id: m.config for e, m in zip(self.engines, members,
+                                                                  strict=True)}
         self._by_id = {e.instance_id: e for e in self.engines}
         self.rng = random.Random(seed)
         self._interval = setup.publish_interval_s
         self._phases = [self.rng.uniform(0.0, self._interval) for _ in self.engines]
         self._published_at = [0.0] * len(self.engines)
         self.ledger = FleetLedger()
-        for engine in self.engines:
+        for engine, member in zip(self.engines, members, strict=True):
             self.ledger.publish(engine.instance_id, engine.snapshot(), 0.0)
-        self._what_if_model = (setup.router_exec_model or setup.exec_model
-                               if needs_what_if(policy) else None)
+            if member.throughput_rps is not None:
+                self.ledger.set_throughput(engine.instance_id, member.throughput_rps)
+        self._what_if_model: ExecModel | dict[str, ExecModel] | None = None
+        if needs_what_if(policy):
+            self._what_if_model = (
+                {e.instance_id: m.router_exec_model or m.exec_model
+                 for e, m in zip(self.engines, members, strict=True)} if setup.fleet
+                else setup.router_exec_model or setup.exec_model)
         self._held: deque[_Routed] = deque()
         self._decisions = 0
         self.decision_s: list[float] = []
@@ -321,7 +372,7 @@ class _Router:
             started = time.perf_counter()
             views = [v for v in self._views(routed)
                      if self.late_binding.would_start(v, routed.request.num_prompt_tokens,
-                                                      self.config)]
+                                                      self._configs[v.instance_id])]
             if not views:
                 return
             decision = self._decide(routed, views)
@@ -352,7 +403,7 @@ class _Router:
     def _startable(self, routed: _Routed, views: Sequence[InstanceView]) -> bool:
         assert self.late_binding is not None
         return any(self.late_binding.would_start(v, routed.request.num_prompt_tokens,
-                                                 self.config) for v in views)
+                                                 self._configs[v.instance_id]) for v in views)
 
     def _views(self, routed: _Routed, instance_ids: Sequence[str] | None = None
                ) -> list[InstanceView]:

@@ -113,6 +113,13 @@ class InstanceView:
     prefix_match_tokens: int = 0
     # Simulated wait of the request being routed until this instance first schedules it (s).
     what_if_queueing_s: float | None = None
+    # The instance's capacity: requests per second it completes with a full queue, as measured
+    # or modelled for its hardware (`FleetLedger.set_throughput`); None when unknown.
+    throughput_rps: float | None = None
+    # Preemptions in the what-if's span (any request): KV exhaustion it runs into.
+    what_if_preemptions: int | None = None
+    # Tokens per KV block on this instance.
+    block_size: int = 16
 
     @property
     def kv_usage(self) -> float:
@@ -209,6 +216,37 @@ class LeastTokens:
     def scores(self, request, fleet, ctx):  # type: ignore[no-untyped-def]
         return [float(_required(i, "num_outstanding_tokens", i.num_outstanding_tokens))
                 for i in fleet]
+
+
+@POLICIES.register("capacity_weighted")
+class CapacityWeighted:
+    """Least outstanding work per unit of capacity: the instance that drains soonest.
+
+    The outstanding predicted tokens (`least_tokens`'s signal) with the new request's own
+    added, divided by the instance's throughput (`InstanceView.throughput_rps`: what an operator
+    configures as its weight, measured on the workload or modelled for its GPU), so that an
+    instance twice as fast takes twice the backlog. Then Llumnix's KV headroom breaks the
+    near-ties a fleet of equals produces: an instance whose free blocks, less those its
+    waiting requests need, would not hold the new request scores as if its backlog were
+    `KV_FULL_PENALTY` times longer (a fast GPU with a small cache fills it first). Without
+    throughputs every instance weighs 1 (`least_tokens` with that KV guard).
+    """
+
+    needs_what_if = False
+    #: Backlog factor of an instance whose KV cache would not hold the request now.
+    KV_FULL_PENALTY: ClassVar[float] = 2.0
+
+    def scores(self, request, fleet, ctx):  # type: ignore[no-untyped-def]
+        own = request.num_prompt_tokens + (request.predicted_output_tokens or 0)
+        scores = []
+        for i in fleet:
+            backlog = float(_required(i, "num_outstanding_tokens", i.num_outstanding_tokens)
+                            + own)
+            headroom = (i.num_free_blocks - i.num_waiting_prompt_blocks) * i.block_size
+            if headroom < own:
+                backlog *= self.KV_FULL_PENALTY
+            scores.append(backlog / (i.throughput_rps or 1.0))
+        return scores
 
 
 @POLICIES.register("block")
@@ -508,7 +546,8 @@ def predict_what_ifs(request: SimRequest, instances: Mapping[str, PreparedInstan
 def instance_view(instance_id: str, snapshot: InstanceSnapshot,
                   assigned: Sequence[SimRequest] = (),
                   what_if: WhatIf | None = None,
-                  prefix_match_tokens: int = 0) -> InstanceView:
+                  prefix_match_tokens: int = 0,
+                  throughput_rps: float | None = None) -> InstanceView:
     """The view policies read, from a published snapshot and the requests routed since."""
     waiting_blocks, outstanding = _load_of(snapshot.requests, snapshot)
     assigned_blocks, assigned_outstanding = _load_of(assigned, snapshot)
@@ -527,6 +566,9 @@ def instance_view(instance_id: str, snapshot: InstanceSnapshot,
         what_if_delay_to_others_s=None if what_if is None else what_if.delay_to_others_s,
         prefix_match_tokens=prefix_match_tokens,
         what_if_queueing_s=None if what_if is None else what_if.queueing_s,
+        throughput_rps=throughput_rps,
+        what_if_preemptions=None if what_if is None else what_if.num_preemptions,
+        block_size=snapshot.config.block_size,
     )
 
 
@@ -569,6 +611,13 @@ class FleetLedger:
 
     def __init__(self) -> None:
         self._instances: dict[str, _Published] = {}
+        self._throughput: dict[str, float] = {}
+
+    def set_throughput(self, instance_id: str, requests_per_s: float) -> None:
+        """The instance's capacity (`InstanceView.throughput_rps`), kept across publications."""
+        self._throughput[instance_id] = requests_per_s
+        if instance_id in self._instances:
+            self._instances[instance_id].view = None
 
     def publish(self, instance_id: str, snapshot: InstanceSnapshot, published_at_s: float) -> None:
         """Replace `instance_id`'s state; assignments the snapshot already shows are dropped.
@@ -607,16 +656,18 @@ class FleetLedger:
         return list(self._instances)
 
     def views(self, request: SimRequest | None = None,
-              exec_model: ExecModel | None = None,
+              exec_model: ExecModel | Mapping[str, ExecModel] | None = None,
               instance_ids: Sequence[str] | None = None) -> list[InstanceView]:
         """The views of `instance_ids` (default every instance); with what-ifs for `request`
-        when `exec_model` is given."""
+        when `exec_model` is given: one execution-time model for every instance, or one per
+        instance id (a fleet of unlike GPUs)."""
         views = []
         for instance_id in self._instances if instance_ids is None else instance_ids:
             entry = self._entry(instance_id)
             if entry.view is None:
                 entry.view = instance_view(instance_id, entry.snapshot,
-                                           [r for r, _ in entry.assigned])
+                                           [r for r, _ in entry.assigned],
+                                           throughput_rps=self._throughput.get(instance_id))
             view = entry.view
             planned = request
             if request is not None and request.prefix_hashes:
@@ -625,8 +676,9 @@ class FleetLedger:
             if exec_model is not None:
                 if planned is None:
                     raise ValueError("what-ifs need the request being routed")
-                what_if = predict_what_if_prepared(self.prepared(instance_id), planned,
-                                                   exec_model)
+                model = (exec_model if isinstance(exec_model, ExecModel)
+                         else exec_model[instance_id])
+                what_if = predict_what_if_prepared(self.prepared(instance_id), planned, model)
                 view = _with_what_if(view, what_if)
             views.append(view)
         return views
@@ -651,7 +703,8 @@ def _with_what_if(view: InstanceView, what_if: WhatIf) -> InstanceView:
                         view.num_free_blocks, view.num_total_blocks,
                         view.num_waiting_prompt_blocks, view.num_outstanding_tokens,
                         what_if.ttft_s, what_if.e2e_s, what_if.delay_to_others_s,
-                        view.prefix_match_tokens, what_if.queueing_s)
+                        view.prefix_match_tokens, what_if.queueing_s, view.throughput_rps,
+                        what_if.num_preemptions, view.block_size)
 
 
 def _with_match_view(view: InstanceView, match: int) -> InstanceView:
@@ -659,4 +712,5 @@ def _with_match_view(view: InstanceView, match: int) -> InstanceView:
                         view.num_free_blocks, view.num_total_blocks,
                         view.num_waiting_prompt_blocks, view.num_outstanding_tokens,
                         view.what_if_ttft_s, view.what_if_e2e_s,
-                        view.what_if_delay_to_others_s, match, view.what_if_queueing_s)
+                        view.what_if_delay_to_others_s, match, view.what_if_queueing_s,
+                        view.throughput_rps, view.what_if_preemptions, view.block_size)

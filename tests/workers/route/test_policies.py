@@ -21,7 +21,7 @@ from workers.route.policies import (
     prepare_published,
     target_shortfall,
 )
-from workers.sim import InstanceConfig, InstanceSnapshot, SimRequest
+from workers.sim import ExecModel, InstanceConfig, InstanceSnapshot, SimRequest
 
 REQUEST = RequestView("req_1", num_prompt_tokens=10, predicted_output_tokens=20, max_tokens=64)
 
@@ -180,7 +180,8 @@ def test_ties_are_broken_at_random() -> None:
 
 
 def test_unknown_policy_names_the_known_ones_and_empty_fleet_raises() -> None:
-    with pytest.raises(ValueError, match="block, block_affinity, block_harm, block_ttft, infaas"):
+    with pytest.raises(ValueError, match="block, block_affinity, block_harm, block_ttft, "
+                                         "capacity_weighted, infaas"):
         decide("fastest", REQUEST, [_inst("gpu.0")], _ctx())
     with pytest.raises(ValueError, match="no candidate"):
         decide("round_robin", REQUEST, [], _ctx())
@@ -330,3 +331,47 @@ def test_the_shortfall_is_the_best_instances_worst_ratio_to_the_targets() -> Non
     assert target_shortfall(TARGETED, fleet) == pytest.approx(1.2)
     assert target_shortfall(REQUEST, fleet) is None  # no target
     assert target_shortfall(TARGETED, [_inst("gpu.0")]) is None  # no what-if
+
+
+# -- fleets of unlike instances -------------------------------------------------------------
+
+def test_capacity_weighted_divides_the_backlog_by_each_instances_throughput() -> None:
+    # gpu.0 is three times as fast: three times the backlog still drains sooner.
+    fleet = [_inst("gpu.0", num_outstanding_tokens=2_500, throughput_rps=9.0),
+             _inst("gpu.1", num_outstanding_tokens=900, throughput_rps=3.0)]
+    decision = decide("capacity_weighted", REQUEST, fleet, _ctx())
+    assert decision.instance_id == "gpu.0"
+    own = REQUEST.num_prompt_tokens + REQUEST.predicted_output_tokens
+    assert decision.scores == {"gpu.0": pytest.approx((2_500 + own) / 9.0),
+                               "gpu.1": pytest.approx((900 + own) / 3.0)}
+    # Without throughputs every instance weighs the same: least outstanding tokens.
+    plain = [_inst("gpu.0", num_outstanding_tokens=2_500), _inst("gpu.1",
+                                                                 num_outstanding_tokens=900)]
+    assert decide("capacity_weighted", REQUEST, plain, _ctx()).instance_id == "gpu.1"
+
+
+def test_capacity_weighted_avoids_an_instance_whose_kv_cache_would_not_hold_the_request() -> None:
+    # gpu.0 drains sooner but its free blocks are all claimed by its waiting requests.
+    fleet = [_inst("gpu.0", free=10, num_waiting_prompt_blocks=10, num_outstanding_tokens=1_000,
+                   throughput_rps=6.0),
+             _inst("gpu.1", free=50, num_outstanding_tokens=1_000, throughput_rps=4.0)]
+    assert decide("capacity_weighted", REQUEST, fleet, _ctx()).instance_id == "gpu.1"
+    fleet[0] = _inst("gpu.0", free=10, num_outstanding_tokens=1_000, throughput_rps=6.0)
+    assert decide("capacity_weighted", REQUEST, fleet, _ctx()).instance_id == "gpu.0"
+
+
+def test_ledger_simulates_each_instance_on_its_own_model_and_keeps_its_throughput(
+        toy_model) -> None:  # type: ignore[no-untyped-def]
+    fast = ExecModel("fast", toy_model.token_knots,
+                     {k: v / 2 for k, v in toy_model.coefficients_ms.items()})
+    ledger = FleetLedger()
+    for instance_id in ("gpu.0", "gpu.1"):
+        ledger.publish(instance_id, _snapshot(free=CONFIG.num_usable_blocks), 0.0)
+    ledger.set_throughput("gpu.0", 8.0)
+    request = SimRequest("r1", 200, predicted_output_tokens=100)
+    views = ledger.views(request, {"gpu.0": fast, "gpu.1": toy_model})
+    assert views[0].what_if_e2e_s == pytest.approx(views[1].what_if_e2e_s / 2)
+    assert (views[0].throughput_rps, views[1].throughput_rps) == (8.0, None)
+    # A new publication keeps the instance's throughput.
+    ledger.publish("gpu.0", _snapshot(free=CONFIG.num_usable_blocks), 1.0)
+    assert ledger.views()[0].throughput_rps == 8.0
