@@ -48,7 +48,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     services.prompts.warm_up()
     errors.init_app(app)
     held.init_app(app, settings, services.fleet.redis)
-    auth.init_app(app, settings)
+    auth.init_app(app, settings, services.fleet.redis.connection_pool)
     request_text.init_app(app)  # after auth: a caller without a key learns nothing more
     for blueprint in (requests.bp, instances.bp, health.bp, openai.bp, files.bp, batches.bp,
                       admin.bp, metrics.bp, openapi.bp):

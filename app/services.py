@@ -14,8 +14,20 @@ from app.fleet import Fleet
 from app.outbox import Outbox
 from app.prompts import PromptCodec
 from app.settings import Settings
+from app.stream_hub import HUB_BLOCK_MS, StreamHub
 
-__all__ = ["Services"]
+__all__ = ["Services", "shared_redis_pool"]
+
+#: How long a call waits for a free connection of the shared pool before it counts as a Redis
+#: outage (503).
+POOL_WAIT_S = 5.0
+
+
+def shared_redis_pool(settings: Settings) -> redis.BlockingConnectionPool:
+    """At most `api_redis_connections` connections, however many calls an API worker serves at
+    once (under gevent, thousands): a call waits for a free one."""
+    return redis.BlockingConnectionPool.from_url(
+        settings.redis_url, max_connections=settings.api_redis_connections, timeout=POOL_WAIT_S)
 
 
 @dataclass(frozen=True)
@@ -27,20 +39,27 @@ class Services:
     # Used only to send tasks by name (see app.dispatch); worker code is never imported.
     celery: Celery
     outbox: Outbox
+    # The one reader of the output streams that held completions wait on (app/stream_hub.py).
+    streams: StreamHub
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
         db = Database(settings.resolved_database_url,
                       hide_parameters=not settings.log_request_content)
         celery = create_celery(settings)
+        shared = redis.Redis(connection_pool=shared_redis_pool(settings))
         return cls(
             settings=settings,
             db=db,
-            fleet=Fleet(
-                redis.Redis.from_url(settings.redis_url), heartbeat_ttl_s=settings.heartbeat_ttl_s
-            ),
+            fleet=Fleet(shared, heartbeat_ttl_s=settings.heartbeat_ttl_s),
             prompts=PromptCodec(settings.resolved_model_path),
             celery=celery,
             outbox=Outbox(db, celery),
+            # NOTE: the hub's reader has a connection of its own, whose reads time out a little
+            # after the hub's longest XREAD: a Redis that vanished without closing the
+            # connection is noticed.
+            streams=StreamHub(
+                redis.Redis.from_url(settings.redis_url, socket_timeout=HUB_BLOCK_MS / 1000 + 5,
+                                     socket_connect_timeout=2),
+                shared),
         )
-

@@ -71,9 +71,10 @@ class Settings(BaseSettings):
     api_host: str = Field("127.0.0.1", description="Address the API binds to.")
     api_port: int = Field(8000, gt=0, lt=65536, description="Port the API listens on.")
     api_workers: int = Field(2, gt=0, description="Gunicorn worker processes for the API.")
-    api_threads: int = Field(
-        32, gt=0, description="Threads per API worker: each open stream or waiting "
-        "(non-streamed) OpenAI completion holds one.",
+    api_connections: int = Field(
+        4096, gt=0, description="Connections each API worker serves at once (gunicorn's gevent "
+        "worker_connections): an open stream or a waiting (non-streamed) OpenAI completion holds "
+        "one connection and no thread, so one worker holds thousands.",
     )
     api_keepalive_s: int = Field(
         75, gt=0, description="Seconds the API keeps an idle HTTP/1.1 connection open for the "
@@ -85,11 +86,16 @@ class Settings(BaseSettings):
         600.0, gt=0, description="Longest an OpenAI-compatible completion waits for its "
         "request to finish (504 after; the request goes on).",
     )
-    api_reserved_threads: int = Field(
-        4, gt=0, description="Threads of each API worker that sync and streamed OpenAI "
+    api_reserved_connections: int = Field(
+        64, gt=0, description="Connections of each API worker that sync and streamed OpenAI "
         "completions never take, so that /healthz, /readyz and short calls are always served: "
-        "a worker holds at most api_threads - api_reserved_threads such connections (more get "
-        "503). Must be below api_threads.",
+        "a worker holds at most api_connections - api_reserved_connections such completions "
+        "(more get 503). Must be below api_connections.",
+    )
+    api_redis_connections: int = Field(
+        32, gt=0, description="Redis connections each API worker shares between all its calls "
+        "(a call waits for a free one): thousands of held connections must not each open one. "
+        "The stream hub, which every held completion waits on, has one more of its own.",
     )
     held_connections_per_team: int = Field(
         32, gt=0, description="Sync and streamed OpenAI completions one team may have open at "

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import redis
 
-__all__ = ["StreamWriter", "StreamEvent", "read_stream", "stream_key", "close_stream"]
+__all__ = ["StreamWriter", "StreamEvent", "read_stream", "parse_event", "stream_key", "close_stream"]
 
 #: How long a finished stream stays readable.
 RETAIN_S = 600
@@ -172,10 +172,11 @@ def read_stream(client: redis.Redis, request_id: str, *, block_ms: int = 1000
             continue
         for entry_id, fields in reply[0][1]:
             last_id = entry_id
-            yield _event(fields)
+            yield parse_event(fields)
 
 
-def _event(fields: dict[bytes, bytes]) -> StreamEvent:
+def parse_event(fields: dict[bytes, bytes]) -> StreamEvent:
+    """The event of one stream entry."""
     attempt = int(fields.get(b"a", b"0"))
     if b"t" in fields:
         return StreamEvent("text", fields[b"t"].decode(), attempt)

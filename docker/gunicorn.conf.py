@@ -6,9 +6,11 @@ _settings = Settings.load()
 
 bind = f"{_settings.api_host}:{_settings.api_port}"
 workers = _settings.api_workers
-# NOTE: each sync or streamed OpenAI completion holds a thread while it waits; the API keeps
-# api_reserved_threads of them for /healthz, /readyz and short calls (app/api/held.py).
-threads = _settings.api_threads
+# NOTE: gevent: each sync or streamed OpenAI completion holds a connection (a greenlet, no
+# thread) while it waits; the API keeps api_reserved_connections of them for /healthz, /readyz
+# and short calls (app/api/held.py).
+worker_class = "gevent"
+worker_connections = _settings.api_connections
 keepalive = _settings.api_keepalive_s
 graceful_timeout = 10
 # NOTE: no control socket (gunicorn 27 opens one at a fixed per-user path); blockq uses none.

@@ -262,7 +262,7 @@ def run_config(args: argparse.Namespace, headroom_ttft_s: float) -> dict[str, An
             # NOTE: every interactive request holds its connection until it ends (tens of
             # seconds with ShareGPT lengths): room for the whole stream, so that no tenant cap
             # (429) or thread limit (503) decides which requests are measured.
-            api_threads=HELD_CONNECTIONS // 2 + 8, held_connections_per_team=HELD_CONNECTIONS,
+            held_connections_per_team=HELD_CONNECTIONS,
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKQ_")}
         stack = Stack(settings, env={**env, **settings.as_env()})

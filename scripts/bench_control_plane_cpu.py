@@ -78,7 +78,7 @@ def settings_of(args: argparse.Namespace, data_dir: Path) -> Settings:
         emulated_output_lengths="max_tokens", length_predictor=args.predictor,
         routing_policy=args.policy, route_in_predict=True, max_model_len=2048,
         learn_retrain_interval_s=0, learn_refit_interval_s=0,
-        held_connections_team_caps={"local": 256}, api_threads=64, log_format="text")
+        held_connections_team_caps={"local": 256}, log_format="text")
 
 
 async def send(base_url: str, api_key: str, prompts: list[str], rate: float, endpoint: str,

@@ -622,17 +622,20 @@ def test_gunicorn_config_follows_the_settings(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("BLOCKQ_API_HOST", "0.0.0.0")
     monkeypatch.setenv("BLOCKQ_API_PORT", "8123")
     monkeypatch.setenv("BLOCKQ_API_WORKERS", "3")
-    monkeypatch.setenv("BLOCKQ_API_THREADS", "48")
+    monkeypatch.setenv("BLOCKQ_API_CONNECTIONS", "4800")
     config = runpy.run_path(str(DOCKER / "gunicorn.conf.py"))
-    assert (config["bind"], config["workers"], config["threads"]) == ("0.0.0.0:8123", 3, 48)
+    assert (config["bind"], config["workers"], config["worker_connections"]) == (
+        "0.0.0.0:8123", 3, 4800)
 
 
 def test_gunicorn_config_matches_the_local_stack() -> None:
-    """The image's API runs as `blockq serve` runs it: same workers, threads and grace."""
+    """The image's API runs as `blockq serve` runs it: same workers, worker class, connections
+    and grace."""
     config = runpy.run_path(str(DOCKER / "gunicorn.conf.py"))
     settings = Settings.load()
     api = process_commands(settings)["api"]
-    for flag, key in (("--workers", "workers"), ("--threads", "threads"),
+    for flag, key in (("--workers", "workers"), ("--worker-class", "worker_class"),
+                      ("--worker-connections", "worker_connections"),
                       ("--graceful-timeout", "graceful_timeout"), ("--keep-alive", "keepalive")):
         assert api[api.index(flag) + 1] == str(config[key]), flag
     assert "--no-control-socket" in api and config["control_socket_disable"] is True

@@ -3,6 +3,7 @@ endpoint, the caller's team in `flask.g.principal`, and a per-team request rate 
 
 from __future__ import annotations
 
+import redis
 from flask import Flask, g, request
 from flask_limiter import HeaderNames, Limiter
 
@@ -40,7 +41,7 @@ def _authenticate() -> None:
     g.principal = principal
 
 
-def init_app(app: Flask, settings: Settings) -> Limiter:
+def init_app(app: Flask, settings: Settings, pool: redis.ConnectionPool) -> Limiter:
     """Authenticate first, then count the request against its team's limit (Redis-backed, so
     every API process shares the count).
 
@@ -61,6 +62,7 @@ def init_app(app: Flask, settings: Settings) -> Limiter:
         application_limits=[team_limit],
         application_limits_exempt_when=lambda: g.get("principal") is None,
         storage_uri=settings.redis_url,
+        storage_options={"connection_pool": pool},  # the worker's shared, bounded pool
         strategy="moving-window",
         headers_enabled=True,
         # The limiter would set Retry-After on every response, overwriting the one a 503 or a

@@ -1,13 +1,19 @@
-"""Connections held open: a sync or streamed OpenAI completion holds an API thread until its
-request ends (up to `sync_timeout_s`). Two caps keep such connections from stopping the API:
+"""Connections held open: a sync or streamed OpenAI completion holds an API connection until its
+request ends (up to `sync_timeout_s`). Under gunicorn's gevent worker (`blockq serve`, the API
+image) a held connection is a greenlet waiting on the process's stream hub (app/stream_hub.py):
+no thread, no Redis connection of its own. Two caps keep such connections from stopping the API:
 
 - **Per team, over all API processes**: a slot per held connection in Redis, a sorted set per
   team (member: the slot's id; score: its lease's end, by Redis's clock). The holder renews its
   lease while it waits, so that the slots of a killed API process expire within `LEASE_S`
-  instead of leaking. While Redis is unreachable each process counts its own holders (each
-  allows the team's whole cap, as the rate limiter's fallback does). Over the cap: 429.
-- **Per process**: `api_threads - api_reserved_threads`, so that threads are always left for
-  `/healthz`, `/readyz` and short calls. Over it: 503.
+  instead of leaking. Over the cap: 429. This is the only limit a client meets in normal
+  operation.
+- **Per process**: `api_connections - api_reserved_connections`, so that connections are always
+  left for `/healthz`, `/readyz` and short calls. Over it: 503.
+
+While Redis is unreachable a completion is refused at once with 503 (Retry-After): its request
+could not be routed before Redis is back, and a client holding a connection meanwhile only
+waits longer than one that retries. Asynchronous submissions are still accepted (the outbox).
 
 A `Hold` also notices a client that went away while its request runs: it peeks at the client's
 socket (gunicorn and werkzeug's server put it in the WSGI environ) for the end of the stream.
@@ -21,7 +27,6 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,7 +38,7 @@ from app.errors import BlockqError
 from app.settings import Settings
 
 __all__ = ["init_app", "held_connections", "held_slots", "HeldConnections", "Hold",
-           "TooManyHeld", "ServerBusy", "ClientGone", "client_gone", "LEASE_S"]
+           "TooManyHeld", "ServerBusy", "BrokerUnavailable", "ClientGone", "client_gone", "LEASE_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +84,13 @@ class ServerBusy(BlockqError):
     type = "server_error"
 
 
+class BrokerUnavailable(BlockqError):
+    """Redis, which every held completion needs to be routed and answered, is unreachable."""
+
+    status = 503
+    type = "server_error"
+
+
 class ClientGone(BlockqError):
     """The client closed its connection while its completion ran (nobody reads the answer)."""
 
@@ -96,7 +108,7 @@ def client_gone(sock: socket.socket | None) -> bool:
     if sock is None:
         return False
     try:
-        poller = select.poll()
+        poller = _poll()
         poller.register(sock, select.POLLIN)
         if not poller.poll(0):
             return False  # open, nothing to read
@@ -107,6 +119,18 @@ def client_gone(sock: socket.socket | None) -> bool:
         return False
     except OSError:  # reset by the peer
         return True
+
+
+def _poll() -> Any:
+    """A `select.poll` object. gevent's monkey patching removes `select.poll` (it cannot make
+    it cooperative); a poll with a zero timeout never blocks, so the original one serves. Unlike
+    `select.select`, poll has no limit on descriptor numbers (thousands of sockets are open)."""
+    poll = getattr(select, "poll", None)
+    if poll is None:
+        from gevent import monkey  # noqa: PLC0415 - only where gevent patched select
+
+        poll = monkey.get_original("select", "poll")
+    return poll()
 
 
 def _key(team_id: str) -> str:
@@ -120,30 +144,28 @@ def held_slots(client: redis.Redis, team_id: str) -> int:
 
 
 class _TeamSlots:
-    """Slots per team in Redis, counted in this process while Redis is unreachable."""
+    """Slots per team in Redis."""
 
     def __init__(self, client: redis.Redis, lease_s: float) -> None:
         self.redis = client
         self.lease_ms = int(lease_s * 1000)
         self._take = client.register_script(_TAKE)
         self._renew = client.register_script(_RENEW)
-        self._lock = threading.Lock()
-        self._local: Counter[str] = Counter()
 
-    def take(self, team_id: str, cap: int) -> tuple[str, bool] | None:
-        """A new slot (its id, and whether it is counted in Redis); None when the team is full."""
+    def take(self, team_id: str, cap: int) -> str | None:
+        """A new slot's id; None when the team is full. Raises BrokerUnavailable when Redis
+        cannot be reached."""
         slot = uuid.uuid4().hex
         try:
             taken = self._take(keys=[_key(team_id)], args=[cap, self.lease_ms, slot])
-            return (slot, True) if taken else None
         except redis.RedisError as exc:
-            logger.warning("held connections uncountable in Redis (%s): counting in this "
-                           "process", type(exc).__name__)
-        with self._lock:
-            if self._local[team_id] >= cap:
-                return None
-            self._local[team_id] += 1
-        return slot, False
+            logger.warning("held completion refused: Redis unreachable (%s)",
+                           type(exc).__name__)
+            raise BrokerUnavailable(
+                "The message broker is unreachable, so the completion could not be served; "
+                "retry shortly, or submit with POST /v1/requests (accepted while the broker is "
+                "down) and poll GET /v1/requests/<id>.", code="service_unavailable") from None
+        return slot if taken else None
 
     def renew(self, team_id: str, slot: str) -> None:
         try:
@@ -151,13 +173,7 @@ class _TeamSlots:
         except redis.RedisError:
             pass  # the lease runs out; tried again at the next renewal
 
-    def give_back(self, team_id: str, slot: str, in_redis: bool) -> None:
-        if not in_redis:
-            with self._lock:
-                self._local[team_id] -= 1
-                if self._local[team_id] <= 0:
-                    del self._local[team_id]
-            return
+    def give_back(self, team_id: str, slot: str) -> None:
         try:
             self.redis.zrem(_key(team_id), slot)
         except redis.RedisError:
@@ -171,9 +187,9 @@ class Hold:
     """One held connection: its team slot and process slot until `release`; `alive` renews the
     lease when due and says whether the client is still there."""
 
-    def __init__(self, owner: HeldConnections, team_id: str, slot: str, in_redis: bool,
+    def __init__(self, owner: HeldConnections, team_id: str, slot: str,
                  sock: socket.socket | None) -> None:
-        self.owner, self.team_id, self.slot, self.in_redis = owner, team_id, slot, in_redis
+        self.owner, self.team_id, self.slot = owner, team_id, slot
         self.sock = sock
         self.renewed_at = time.monotonic()
         self._released = False
@@ -181,7 +197,7 @@ class Hold:
 
     def alive(self) -> bool:
         now = time.monotonic()
-        if self.in_redis and now - self.renewed_at >= self.owner.lease_s / 3:
+        if now - self.renewed_at >= self.owner.lease_s / 3:
             self.renewed_at = now
             self.owner.slots.renew(self.team_id, self.slot)
         return not client_gone(self.sock)
@@ -193,7 +209,7 @@ class Hold:
             if self._released:
                 return
             self._released = True
-        self.owner.slots.give_back(self.team_id, self.slot, self.in_redis)
+        self.owner.slots.give_back(self.team_id, self.slot)
         self.owner.process_slots.release()
 
 
@@ -202,11 +218,11 @@ class HeldConnections:
 
     def __init__(self, settings: Settings, client: redis.Redis, *, lease_s: float | None = None
                  ) -> None:
-        if settings.api_reserved_threads >= settings.api_threads:
+        if settings.api_reserved_connections >= settings.api_connections:
             raise ValueError(
-                f"api_reserved_threads ({settings.api_reserved_threads}) must be below "
-                f"api_threads ({settings.api_threads}): completions would get no thread.")
-        self.per_process = settings.api_threads - settings.api_reserved_threads
+                f"api_reserved_connections ({settings.api_reserved_connections}) must be below "
+                f"api_connections ({settings.api_connections}): completions would get none.")
+        self.per_process = settings.api_connections - settings.api_reserved_connections
         self.per_team = settings.held_connections_per_team
         self.team_caps = settings.held_connections_team_caps
         self.lease_s = lease_s or LEASE_S
@@ -217,7 +233,8 @@ class HeldConnections:
         return self.team_caps.get(team_name, self.per_team)
 
     def hold(self, team_id: str, team_name: str, environ: Mapping[str, Any]) -> Hold:
-        """Take a slot for a connection about to be held, or refuse it (503, 429)."""
+        """Take a slot for a connection about to be held, or refuse it (503, 429, or 503 when
+        Redis is unreachable)."""
         if not self.process_slots.acquire(blocking=False):
             raise ServerBusy(
                 f"This API process already holds {self.per_process} open completions (sync or "
@@ -225,17 +242,17 @@ class HeldConnections:
                 "poll GET /v1/requests/<id>.", code="server_busy")
         cap = self.cap_of(team_name)
         try:
-            taken = self.slots.take(team_id, cap)
+            slot = self.slots.take(team_id, cap)
         except BaseException:
             self.process_slots.release()
             raise
-        if taken is None:
+        if slot is None:
             self.process_slots.release()
             raise TooManyHeld(
                 f"Your team already has {cap} completions open at once (sync or streamed), its "
                 "cap on held connections; retry when one has ended, or submit with POST "
                 "/v1/requests and poll GET /v1/requests/<id>.", code="concurrency_limit_exceeded")
-        return Hold(self, team_id, *taken, _client_socket(environ))
+        return Hold(self, team_id, slot, _client_socket(environ))
 
 
 def _client_socket(environ: Mapping[str, Any]) -> socket.socket | None:
@@ -246,7 +263,7 @@ def _client_socket(environ: Mapping[str, Any]) -> socket.socket | None:
     return None
 
 
-def _handle_refusal(error: TooManyHeld | ServerBusy) -> ResponseReturnValue:
+def _handle_refusal(error: TooManyHeld | ServerBusy | BrokerUnavailable) -> ResponseReturnValue:
     return jsonify(error.to_dict()), error.status, {"Retry-After": str(RETRY_AFTER_S)}
 
 
@@ -258,3 +275,4 @@ def init_app(app: Flask, settings: Settings, client: redis.Redis) -> None:
     app.extensions[_EXTENSION] = HeldConnections(settings, client)
     app.register_error_handler(TooManyHeld, _handle_refusal)
     app.register_error_handler(ServerBusy, _handle_refusal)
+    app.register_error_handler(BrokerUnavailable, _handle_refusal)

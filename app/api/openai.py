@@ -39,7 +39,7 @@ from app.schemas import parse_body
 from app.services import Services
 from app.sessions import session_from_headers
 from app.slo import SloMissAction, SloUnmeetable, merge_header_targets
-from app.streams import read_stream
+from app.stream_hub import Subscription
 
 logger = logging.getLogger(__name__)
 
@@ -178,21 +178,9 @@ def _wait_until_finished(svc: Services, request_id: str, hold: Hold, deadline: f
     first (a choice that finished while an earlier one was waited for)."""
     if may_be_finished and (row := _terminal_row(svc, request_id)) is not None:
         return _succeeded_or_raise(row)
-    check_in_s = ROW_CHECK_FIRST_S
-    next_check = time.monotonic() + check_in_s
     try:
-        for event in read_stream(svc.fleet.redis, request_id):
-            row = None
-            if event is not None and event.kind != "text":
-                row = _terminal_row(svc, request_id)
-            elif event is None and time.monotonic() >= next_check:
-                check_in_s = min(check_in_s * 2, ROW_CHECK_MAX_S)
-                next_check = time.monotonic() + check_in_s
-                row = _terminal_row(svc, request_id)
-            if row is not None:
-                return _succeeded_or_raise(row)
-            _check_deadline(svc, request_id, deadline)
-            _check_client(svc, request_id, hold)
+        with svc.streams.subscribe(request_id) as subscription:
+            return _await_end(svc, subscription, request_id, hold, deadline)
     except redis.RedisError as exc:
         logger.warning("stream of %s unreadable (%s): polling its row", request_id,
                        type(exc).__name__)
@@ -201,6 +189,27 @@ def _wait_until_finished(svc: Services, request_id: str, hold: Hold, deadline: f
         _check_client(svc, request_id, hold)
         time.sleep(ROW_POLL_S)
     return _succeeded_or_raise(row)
+
+
+def _await_end(svc: Services, subscription: Subscription, request_id: str, hold: Hold,
+               deadline: float) -> InferenceRequest:
+    """Wait on the request's stream for its end; read its row at the end entry, and now and
+    then while the stream is quiet (see ROW_CHECK_FIRST_S)."""
+    check_in_s = ROW_CHECK_FIRST_S
+    next_check = time.monotonic() + check_in_s
+    for event in subscription.events():
+        row = None
+        if event is not None and event.kind != "text":
+            row = _terminal_row(svc, request_id)
+        elif event is None and time.monotonic() >= next_check:
+            check_in_s = min(check_in_s * 2, ROW_CHECK_MAX_S)
+            next_check = time.monotonic() + check_in_s
+            row = _terminal_row(svc, request_id)
+        if row is not None:
+            return _succeeded_or_raise(row)
+        _check_deadline(svc, request_id, deadline)
+        _check_client(svc, request_id, hold)
+    raise AssertionError("unreachable: a subscription's events never end")
 
 
 def _check_client(svc: Services, request_id: str, hold: Hold) -> None:
@@ -297,29 +306,11 @@ class _Relay:
         if self.kind == fmt.KIND_CHAT:
             yield self._chunk({"role": "assistant", "content": ""}, None)
         deadline = time.monotonic() + self.svc.settings.sync_timeout_s
-        attempt: int | None = None
         sent: list[str] = []
         try:
-            for event in read_stream(self.svc.fleet.redis, self.request.id):
-                if event is not None and event.kind == "text":
-                    if attempt is not None and event.attempt != attempt:
-                        yield from self._error("The request was restarted on another instance; "
-                                               "the stream cannot continue.", "stream_interrupted")
-                        return
-                    attempt = event.attempt
-                    sent.append(event.value)
-                    yield self._chunk(self._delta(event.value), None)
-                    continue
-                row = _terminal_row(self.svc, self.request.id)
-                if row is not None:
-                    yield from self._finish(row, "".join(sent))
-                    return
-                if time.monotonic() > deadline:
-                    yield from self._error("The request did not finish in time.", "timeout")
-                    return
-                if self._client_left():
-                    return
-                yield from self._keep_alive()
+            with self.svc.streams.subscribe(self.request.id) as subscription:
+                yield from self._relay(subscription, deadline, sent)
+                return
         except redis.RedisError as exc:
             logger.warning("stream of %s unreadable (%s): polling its row", self.request.id,
                            type(exc).__name__)
@@ -332,6 +323,32 @@ class _Relay:
             yield from self._keep_alive()
             time.sleep(ROW_POLL_S)
         yield from self._finish(row, "".join(sent))
+
+    def _relay(self, subscription: Subscription, deadline: float, sent: list[str]
+               ) -> Iterator[str]:
+        """The events of the request's stream, until its end; the text relayed is kept in
+        `sent`. Raises RedisError when the stream cannot be read (the caller polls the row)."""
+        attempt: int | None = None
+        for event in subscription.events():
+            if event is not None and event.kind == "text":
+                if attempt is not None and event.attempt != attempt:
+                    yield from self._error("The request was restarted on another instance; "
+                                           "the stream cannot continue.", "stream_interrupted")
+                    return
+                attempt = event.attempt
+                sent.append(event.value)
+                yield self._chunk(self._delta(event.value), None)
+                continue
+            row = _terminal_row(self.svc, self.request.id)
+            if row is not None:
+                yield from self._finish(row, "".join(sent))
+                return
+            if time.monotonic() > deadline:
+                yield from self._error("The request did not finish in time.", "timeout")
+                return
+            if self._client_left():
+                return
+            yield from self._keep_alive()
 
     def _client_left(self) -> bool:
         """Renew the hold's lease; cancel the request if its client has gone (seen on its

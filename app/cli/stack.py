@@ -138,8 +138,12 @@ def process_commands(settings: Settings) -> dict[str, list[str]]:
             f"{settings.api_host}:{settings.api_port}",
             "--workers",
             str(settings.api_workers),
-            "--threads",
-            str(settings.api_threads),
+            # NOTE: gevent: a held completion (a stream, a waiting sync call) is a greenlet
+            # waiting on the stream hub, not a thread; thousands fit in one worker.
+            "--worker-class",
+            "gevent",
+            "--worker-connections",
+            str(settings.api_connections),
             "--graceful-timeout",
             "10",
             "--keep-alive",

@@ -38,7 +38,6 @@ def stack_settings(config: RunConfig, services: OwnServices, data_dir: Path) -> 
         webhook_allowed_networks="127.0.0.0/8",  # the run's receiver
         # Every client may hold a completion open: the run measures delivery, not the caps.
         held_connections_per_team=config.clients,
-        api_threads=config.clients + 8,  # above the 4 threads kept for the probes
     )
 
 

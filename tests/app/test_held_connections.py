@@ -1,5 +1,5 @@
 """Connections held open (sync and streamed OpenAI completions) must not stop the API: a per-team
-cap over all API processes (429), a per-process cap that leaves threads for /healthz (503), SSE
+cap over all API processes (429), a per-process cap that leaves connections for /healthz (503), SSE
 keep-alive comments, and a client that leaves has its request cancelled and its slot freed.
 
 The app is served by werkzeug's threaded server on 127.0.0.1 and called by real clients (raw
@@ -17,6 +17,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,7 +102,7 @@ def serve(settings: Settings) -> Iterator[Api]:
 def api(fresh_services: Settings) -> Iterator[Api]:
     """Two held completions per team, three per process; sync waits of 20 s."""
     yield from serve(fresh_services.model_copy(update={
-        "held_connections_per_team": 2, "api_threads": 5, "api_reserved_threads": 2,
+        "held_connections_per_team": 2, "api_connections": 5, "api_reserved_connections": 2,
         "sync_timeout_s": 20.0, "sse_keepalive_s": 0.5}))
 
 
@@ -248,18 +249,15 @@ def test_a_renewed_slot_outlives_its_first_lease(settings: Settings) -> None:
     assert caps.slots.held("team_1") == 0
 
 
-def test_the_cap_is_counted_in_the_process_while_redis_is_down(settings: Settings) -> None:
+def test_redis_down_refuses_a_hold_and_keeps_no_process_slot(settings: Settings) -> None:
+    """Without Redis nothing held could be routed or answered: refused at once (503), and the
+    refusal gives its process slot back."""
     down = redis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0")
-    caps = HeldConnections(settings, down)
-    holds = [caps.hold("team_1", "t", {}) for _ in range(2)]
-    with pytest.raises(TooManyHeld):
-        caps.hold("team_1", "t", {})
-    caps.hold("team_2", "u", {}).release()  # another team is counted apart
-    holds[0].release()
-    holds[0].release()  # once only
-    caps.hold("team_1", "t", {})
-    with pytest.raises(TooManyHeld):
-        caps.hold("team_1", "t", {})
+    caps = HeldConnections(settings.model_copy(update={
+        "api_connections": 2, "api_reserved_connections": 1}), down)
+    for _ in range(3):  # more than the one process slot: each refusal gave it back
+        with pytest.raises(held.BrokerUnavailable):
+            caps.hold("team_1", "t", {})
 
 
 def test_a_team_named_in_the_caps_gets_its_own(settings: Settings) -> None:
@@ -281,7 +279,7 @@ def test_team_caps_reach_the_processes_of_the_local_stack(monkeypatch: pytest.Mo
 
 def test_the_process_cap_leaves_the_reserved_threads(settings: Settings) -> None:
     caps = HeldConnections(
-        settings.model_copy(update={"api_threads": 3, "api_reserved_threads": 1,
+        settings.model_copy(update={"api_connections": 3, "api_reserved_connections": 1,
                                     "held_connections_per_team": 10}),
         redis.Redis.from_url(TEST_REDIS_URL))
     holds = [caps.hold(f"team_{k}", "t", {}) for k in range(2)]
@@ -293,8 +291,8 @@ def test_the_process_cap_leaves_the_reserved_threads(settings: Settings) -> None
 
 
 def test_reserved_threads_must_leave_some_for_completions(settings: Settings) -> None:
-    with pytest.raises(ValueError, match="api_reserved_threads"):
-        HeldConnections(settings.model_copy(update={"api_threads": 4}),
+    with pytest.raises(ValueError, match="api_reserved_connections"):
+        HeldConnections(settings.model_copy(update={"api_connections": 4}),
                         redis.Redis.from_url(TEST_REDIS_URL))
 
 
@@ -335,21 +333,18 @@ def test_a_live_client_on_a_socket_with_a_timeout_is_not_gone() -> None:
 # --- under gunicorn, as `blockq serve` and the API image run it --------------------------------
 
 
-@pytest.fixture
-def gunicorn_api(fresh_services: Settings, tmp_path: Path) -> Iterator[Api]:
-    """The API under gunicorn (the local stack's command line): one worker of three threads,
-    one of them reserved, so two completions fill it."""
-    settings = fresh_services.model_copy(update={
-        "api_workers": 1, "api_threads": 3, "api_reserved_threads": 1, "sync_timeout_s": 30.0})
+@contextmanager
+def under_gunicorn(settings: Settings, log_path: Path) -> Iterator[Api]:
+    """The API under gunicorn, as `blockq serve` runs it (the gevent worker)."""
     services = Services.build(settings)
     api = api_of(settings, services)
-    with (tmp_path / "gunicorn.log").open("wb") as log:
+    with log_path.open("wb") as log:
         process = subprocess.Popen(process_commands(settings)["api"], cwd=ROOT, stdout=log,
                                    stderr=subprocess.STDOUT,
                                    env={**os.environ, **settings.as_env()})
     try:
         eventually(lambda: _answers(f"{api.url}/healthz") or process.poll() is not None, 60)
-        assert process.poll() is None, (tmp_path / "gunicorn.log").read_text()
+        assert process.poll() is None, log_path.read_text()
         yield api
     finally:
         process.terminate()
@@ -359,6 +354,16 @@ def gunicorn_api(fresh_services: Settings, tmp_path: Path) -> Iterator[Api]:
             process.kill()
             process.wait()
         services.db.dispose()
+
+
+@pytest.fixture
+def gunicorn_api(fresh_services: Settings, tmp_path: Path) -> Iterator[Api]:
+    """One gunicorn worker of three connections, one of them reserved, so two completions
+    fill it."""
+    with under_gunicorn(fresh_services.model_copy(update={
+            "api_workers": 1, "api_connections": 3, "api_reserved_connections": 1,
+            "sync_timeout_s": 30.0}), tmp_path / "gunicorn.log") as api:
+        yield api
 
 
 def _answers(url: str) -> bool:
@@ -407,3 +412,43 @@ def test_under_gunicorn_an_idle_connection_outlives_the_clients_own_reuse_window
         assert conn.getresponse().status == 200 and conn.sock is first
     finally:
         conn.close()
+
+
+#: Streams one gunicorn worker is made to hold at once below (more than the thread-per-
+#: connection worker held, 28; scripts/bench_held_connections.py measures 2,000).
+MANY_STREAMS = 300
+
+
+def _clients_on(client: redis.Redis, db: int) -> int:
+    return sum(1 for entry in client.client_list() if int(entry.get("db", -1)) == db)
+
+
+@pytest.mark.slow  # gunicorn loads the app (tokenizer) in its worker; 300 connections
+def test_one_worker_holds_hundreds_of_streams_on_a_few_redis_connections(
+    fresh_services: Settings, tmp_path: Path
+) -> None:
+    """Each held stream is a greenlet waiting on the worker's stream hub: one gunicorn worker
+    holds far more than it has threads, every one is counted against its team's cap (the only
+    limit met), /healthz still answers, and the worker's Redis connections do not grow with the
+    streams. Closing them cancels their requests and frees every slot."""
+    settings = fresh_services.model_copy(update={
+        "api_workers": 1, "held_connections_team_caps": {"a": MANY_STREAMS},
+        "sync_timeout_s": 120.0})
+    db = int(redis.Redis.from_url(settings.redis_url).connection_pool.connection_kwargs["db"])
+    with under_gunicorn(settings, tmp_path / "gunicorn.log") as api:
+        observer = redis.Redis.from_url(settings.redis_url)
+        before = _clients_on(observer, db)
+        streams = [api.open_completion("a", {**CHAT, "stream": True})
+                   for _ in range(MANY_STREAMS)]
+        eventually(lambda: api.held("a") == MANY_STREAMS, 60)
+        status, _, body = answer_of(api.open_completion("a", {**CHAT, "stream": True}))
+        assert status == 429 and body["error"]["code"] == "concurrency_limit_exceeded"
+        assert httpx.get(f"{api.url}/healthz", timeout=10).status_code == 200
+        # Not one per stream: the worker's shared pool, Celery's producer pool (10 kombu
+        # connections, two Redis connections each) and the hub's reader.
+        assert _clients_on(observer, db) - before <= settings.api_redis_connections + 2 * 10 + 1
+        for sock in streams:
+            sock.close()
+        eventually(lambda: api.held("a") == 0, 60)
+        eventually(lambda: all(r.status == RequestStatus.CANCELLED
+                               for r in api.requests_of("a")), 60)
