@@ -25,6 +25,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from workers.sim.fleet_spec import InstanceSpec, parse_fleet
+
 __all__ = ["Settings", "EngineKind", "describe_invalid"]
 
 EngineKind = Literal["vllm", "emulated"]
@@ -64,7 +66,19 @@ class Settings(BaseSettings):
         description="Local Hugging Face model directory served by the engines. Unset: the tiny "
         "test model that `scripts/build_tiny_model.py` builds in data_dir/models/tiny-llama.",
     )
-    model_name: str = Field("tiny-llama", description="Name under which the model is served.")
+    model_name: str = Field("tiny-llama", description="Name under which the model is served "
+                            "(with fleet set: the model of a native request that names none is "
+                            "the first entry's).")
+    fleet: Annotated[tuple[InstanceSpec, ...], NoDecode] = Field(
+        (), description="The local stack's engine instances as a JSON list of objects: `model` "
+        "(required), `count` (default 1), `model_path` (default: model_path for model_name, "
+        "else data_dir/models/<model>), `engine` (\"vllm\" or \"emulated\"; default "
+        "engine_kind) and `exec_model` (an emulated instance's hardware, a bundled "
+        "execution-time model such as llama-2-7b-a100; default emulated_exec_model), e.g. "
+        "'[{\"model\": \"tiny-llama\", \"count\": 2}, {\"model\": \"tiny-qwen\"}]'. Instance k "
+        "(in this order, counts expanded) consumes queue gpu.<k>. Unset: num_instances "
+        "instances of model_name.",
+    )
     max_model_len: int = Field(2048, gt=0, description="Context length: prompt + output tokens.")
 
     # --- API -----------------------------------------------------------------------------------
@@ -446,6 +460,13 @@ class Settings(BaseSettings):
         "long events still carry a signature made with the old one as well.",
     )
 
+    @field_validator("fleet", mode="before")
+    @classmethod
+    def _fleet_json(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(parse_fleet(value)) if value.strip() else ()
+        return value
+
     @field_validator("webhook_allowed_networks", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
@@ -631,6 +652,12 @@ class Settings(BaseSettings):
                 value = value.get_secret_value()
             elif isinstance(value, Path):
                 value = value.resolve()
+            elif name == "fleet":
+                if not value:
+                    continue
+                value = json.dumps([spec.model_dump(mode="json", exclude_none=True) | (
+                    {"model_path": str(spec.model_path.resolve())} if spec.model_path else {})
+                    for spec in value])
             elif isinstance(value, tuple):
                 value = ",".join(map(str, value))
             elif isinstance(value, dict):
@@ -657,9 +684,38 @@ class Settings(BaseSettings):
         return self.files_dir or self.data_dir / "files"
 
     @property
+    def instances(self) -> list[InstanceSpec]:
+        """The local stack's instances in queue order (instance k is gpu.<k>), every field
+        filled in: `fleet`, else num_instances instances of model_name."""
+        declared = self.fleet or (InstanceSpec(model=self.model_name),) * self.num_instances
+        return [spec.model_copy(update={
+            "model_path": (spec.model_path or (self.resolved_model_path
+                                               if spec.model == self.model_name
+                                               else self.data_dir / "models" / spec.model)),
+            "engine": spec.engine or self.engine_kind,
+            "exec_model": spec.exec_model or self.emulated_exec_model,
+        }) for spec in declared]
+
+    @property
     def instance_ids(self) -> list[str]:
         """Instance ids of the local stack; each is also the name of its Celery queue."""
-        return [f"gpu.{k}" for k in range(self.num_instances)]
+        return [f"gpu.{k}" for k in range(len(self.instances))]
+
+    @property
+    def default_model(self) -> str:
+        """The model of a native request that names none: the first instance's."""
+        return self.instances[0].model
+
+    def for_instance(self, instance_id: str) -> Settings:
+        """These settings as engine instance `instance_id` (gpu.<k>) of the fleet runs them:
+        its model's name and path, engine kind and emulated hardware."""
+        ids = self.instance_ids
+        if instance_id not in ids:
+            raise ValueError(f"{instance_id} is not an instance of the fleet ({', '.join(ids)})")
+        spec = self.instances[ids.index(instance_id)]
+        return self.model_copy(update={
+            "model_name": spec.model, "model_path": spec.model_path,
+            "engine_kind": spec.engine, "emulated_exec_model": spec.exec_model})
 
 
 def describe_invalid(error: ValidationError) -> str:

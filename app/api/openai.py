@@ -19,20 +19,19 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy.orm import Session
 
 from app import openai_format as fmt
-from app import store
+from app import served_models, store
 from app.api.auth import current_principal
 from app.api.held import ClientGone, Hold, held_connections
 from app.api.json_body import json_body
 from app.api.services import services
 from app.commands import cancel_request, submit_together
 from app.db import TRANSIENT_ERRORS
-from app.errors import BlockqError, NotFound
+from app.errors import BlockqError
 from app.models import InferenceRequest, RequestStatus
 from app.openai_schemas import (
     ChatCompletionBody,
     CompletionBody,
     OpenAIBody,
-    check_model,
     native_bodies,
 )
 from app.schemas import parse_body
@@ -75,22 +74,18 @@ class GenerationFailed(BlockqError):
 
 @bp.get("/models")
 def list_models() -> ResponseReturnValue:
-    return jsonify(object="list", data=[_model_object(services())])
+    """Each model a live instance serves."""
+    svc = services()
+    return jsonify(object="list", data=served_models.listed(svc.fleet, svc.db))
 
 
 @bp.get("/models/<path:model_id>")
 def show_model(model_id: str) -> ResponseReturnValue:
-    model = _model_object(services())
-    if model_id != model["id"]:
-        raise NotFound(f"The model '{model_id}' does not exist.", param="model",
-                       code="model_not_found")
-    return jsonify(model)
-
-
-def _model_object(svc: Services) -> dict[str, Any]:
-    created = int(svc.settings.resolved_model_path.stat().st_mtime)
-    return {"id": svc.settings.model_name, "object": "model", "created": created,
-            "owned_by": "blockq"}
+    svc = services()
+    for model in served_models.listed(svc.fleet, svc.db):
+        if model["id"] == model_id:
+            return jsonify(model)
+    raise served_models.not_found(model_id)
 
 
 @bp.post("/completions")
@@ -112,7 +107,8 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
     # The conversation: the x-session-id header, else OpenAI's `user` (app/sessions.py).
     session_id = session_from_headers(request.headers) or parsed.user or None
     svc = services()
-    check_model(parsed, svc.settings.model_name)
+    # 404 for a model never served; 503 while every instance of it is down (a held call).
+    served_models.check(svc.fleet, svc.db, svc.settings, parsed.model, held=True)
     principal = current_principal()
     team_id = principal.team_id
     # NOTE: the connection is held (a thread, a team slot) from here until the answer is sent:
@@ -142,7 +138,7 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
         if not handed_over:
             hold.release()
     render = fmt.chat_completion_object if kind == fmt.KIND_CHAT else fmt.completion_object
-    return (jsonify(render(finished, svc.settings.model_name, n=parsed.n)),
+    return (jsonify(render(finished, parsed.model, n=parsed.n)),
             {REQUEST_ID_HEADER: ", ".join(choice.id for choice in finished)})
 
 
@@ -288,7 +284,7 @@ class _Relay:
         self.svc, self.request, self.kind = svc, submitted, kind
         self.team_id, self.include_usage = team_id, include_usage
         self.hold = hold
-        self.model = svc.settings.model_name
+        self.model = submitted.model or svc.settings.default_model
         self.finished = False
         self.sent_at = time.monotonic()
 

@@ -50,6 +50,7 @@ from workers.serve.engine import (
 )
 from workers.serve.prefixes import PrefixMemory
 from workers.serve.threaded import ThreadedEngine, TrackedRequest
+from workers.sim.batch_rules import is_late_batch_prefill
 from workers.sim.engine_state import EngineState, RequestState
 from workers.sim.exec_model import BatchStats
 from workers.sim.snapshot import (
@@ -150,10 +151,12 @@ class _Tracked(TrackedRequest):
 def _scheduling_order(tracked: _Tracked, batch_prefill_last: bool = False,
                       ) -> tuple[int, int, int]:
     """vLLM's order: running requests as they started (with `batch_prefill_last`, prefilling
-    batch ones after the others), then waiting ones by priority, arrival."""
+    batch ones after the others: `workers.sim.batch_rules.is_late_batch_prefill` on the
+    replay's estimate), then waiting ones by priority, arrival."""
     if tracked.run_seq is not None:
-        late = batch_prefill_last and bool(tracked.request.priority) and not (
-            tracked.num_output_tokens)
+        late = batch_prefill_last and is_late_batch_prefill(
+            tracked.priority, tracked.num_prompt_tokens + tracked.num_output_tokens,
+            tracked.num_computed_tokens)
         return (int(late), tracked.run_seq, 0)
     return (2, tracked.priority, tracked.seq)
 

@@ -9,7 +9,7 @@ answers to end. The classes here change only vLLM's running list at the start of
 the simulator models it:
 
 - batch prefills last (`workers.sim.InstanceConfig.batch_prefill_last`): running batch-class
-  requests (`workers.sim.snapshot.is_late_batch_prefill`: priority of the batch class, more
+  requests (`workers.sim.batch_rules.is_late_batch_prefill`: priority of the batch class, more
   than one token to compute) go after every other running request; while an interactive
   request waits, they sit the step out: out of the running list while vLLM schedules it, with
   the seats they hold taken off vLLM's limits, so that they are neither scheduled nor
@@ -20,7 +20,8 @@ the simulator models it:
   and every seat is taken, the running batch request with the largest priority is preempted
   (vLLM's own recompute preemption) before vLLM schedules the step, one a step.
 
-vLLM loads the class by its dotted path (`scheduler_cls`, which `scheduler_class` names for
+Both rules, and their tie-breaks, are `workers.sim.batch_rules`', which the simulator applies
+too. vLLM loads the class by its dotted path (`scheduler_cls`, which `scheduler_class` names for
 the rules in force); this module imports vLLM, so nothing else imports it.
 """
 
@@ -31,7 +32,12 @@ from typing import Any, ClassVar
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from workers.sim.snapshot import PRIORITY_CLASS_SPAN_MS, is_late_batch_prefill
+from workers.sim.batch_rules import (
+    PRIORITY_CLASS_SPAN_MS,
+    is_late_batch_prefill,
+    put_batch_prefills_last,
+    seat_to_yield,
+)
 
 __all__ = ["BatchRulesScheduler", "scheduler_class"]
 
@@ -66,33 +72,23 @@ class BatchRulesScheduler(Scheduler):
             self.running.extend(aside)
 
     def _put_batch_prefills_last(self) -> list[Any]:
-        """Move running batch prefills behind the other running requests; while an
-        interactive request waits, take them out for this step and return them."""
-        late = [r for r in self.running
-                if is_late_batch_prefill(r.priority, r.num_tokens, r.num_computed_tokens)]
-        if not late:
-            self.sat_out_last_step = False
-            return []
-        late_ids = {id(r) for r in late}
-        self.running[:] = [r for r in self.running if id(r) not in late_ids]
-        if self.sat_out_last_step or not self._interactive_waits():
-            self.sat_out_last_step = False
-            self.running.extend(late)
-            return []
-        self.sat_out_last_step = True
-        return late
+        """Batch prefills last (`batch_rules.put_batch_prefills_last`) on vLLM's running list:
+        those sitting this step out."""
+        aside, self.sat_out_last_step = put_batch_prefills_last(
+            self.running,
+            lambda r: is_late_batch_prefill(r.priority, r.num_tokens, r.num_computed_tokens),
+            self._interactive_waits(), self.sat_out_last_step)
+        return aside
 
     def _yield_a_seat(self, num_aside: int) -> None:
         """An interactive request heads the queue and every seat is taken (`num_aside` by
         batch prefills sitting out): the running batch request with the largest priority
-        gives its seat up, as the simulator's `Scheduler._yield_a_seat` does."""
-        if not self._interactive_waits() or (
-                len(self.running) + num_aside < self.max_num_running_reqs):
+        gives its seat up (`batch_rules.seat_to_yield`, as the simulator's schedulers)."""
+        victim = seat_to_yield(self.running, num_aside, self.max_num_running_reqs,
+                               self._interactive_waits(),
+                               lambda r: (r.priority, r.arrival_time))
+        if victim is None:
             return
-        batch = [r for r in self.running if r.priority >= PRIORITY_CLASS_SPAN_MS]
-        if not batch:
-            return
-        victim = max(batch, key=lambda r: (r.priority, r.arrival_time))
         self.running.remove(victim)
         self._preempt_request(victim, time.monotonic())
 

@@ -51,17 +51,18 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
+from .batch_rules import (
+    PRIORITY_CLASS_SPAN_MS,
+    has_seat,
+    is_late_batch_prefill,
+    put_batch_prefills_last,
+    seat_to_yield,
+)
 from .block_pool import BlockPool
 from .exec_model import ExecModel
 from .future_load import FUTURE_ID_PREFIX, NO_FUTURE_LOAD, FutureLoad
 from .result import WhatIf
-from .snapshot import (
-    PRIORITY_CLASS_SPAN_MS,
-    PreparedInstance,
-    SeqSpec,
-    is_late_batch_prefill,
-    request_priority,
-)
+from .snapshot import PreparedInstance, SeqSpec, request_priority
 
 __all__ = ["FastSim"]
 
@@ -101,6 +102,15 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _is_late(seq: _Seq) -> bool:
+    return is_late_batch_prefill(seq.priority, seq.num_prompt_tokens + seq.num_output_tokens,
+                                 seq.num_computed_tokens)
+
+
+def _priority_key(seq: _Seq) -> tuple[int]:
+    return (seq.priority,)
+
+
 class FastSim:
     """One what-if run: load a prepared instance and the target, run until it finishes."""
 
@@ -125,9 +135,8 @@ class FastSim:
         self.running: list[_Seq] = []
         self.target = _Seq(target)
         self.is_priority = config.is_priority
-        #: Running requests at or above which a batch-class request is not admitted.
-        self.max_batch_running = config.max_num_seqs - (
-            config.num_interactive_seats if config.is_priority else 0)
+        #: Seats kept for interactive requests (`batch_rules.has_seat`).
+        self.num_interactive_seats = config.num_interactive_seats if config.is_priority else 0
         self.batch_prefill_last = config.is_priority and config.batch_prefill_last
         #: Whether batch requests give their seats up to interactive ones (the seat rule).
         self.batch_yields_seats = config.is_priority and config.num_interactive_seats > 0
@@ -447,36 +456,26 @@ class FastSim:
         self._retire_decodes(step)
         self._update_prefills(chunks, step)
 
+    def _interactive_waits(self) -> bool:
+        return bool(self.waiting) and self.waiting[0].priority < PRIORITY_CLASS_SPAN_MS
+
     def _put_batch_prefills_last(self) -> list[_Seq]:
-        """Move prefilling batch requests behind the other prefills (order kept); while an
-        interactive request waits, take them out for this step and return them."""
+        """Batch prefills last (`batch_rules.put_batch_prefills_last`) among the prefills
+        (decodes never move): those sitting this step out."""
         prefills = self.running[self.num_decoding:]
-        late = [s for s in prefills if is_late_batch_prefill(
-            s.priority, s.num_prompt_tokens + s.num_output_tokens, s.num_computed_tokens)]
-        if not late:
-            self.sat_out_last_step = False
-            return []
-        self.running[self.num_decoding:] = [s for s in prefills if not is_late_batch_prefill(
-            s.priority, s.num_prompt_tokens + s.num_output_tokens, s.num_computed_tokens)]
-        if (self.waiting and self.waiting[0].priority < PRIORITY_CLASS_SPAN_MS
-                and not self.sat_out_last_step):
-            self.sat_out_last_step = True
-            return late
-        self.sat_out_last_step = False
-        self.running.extend(late)
-        return []
+        aside, self.sat_out_last_step = put_batch_prefills_last(
+            prefills, _is_late, self._interactive_waits(), self.sat_out_last_step)
+        self.running[self.num_decoding:] = prefills
+        return aside
 
     def _seat_to_yield(self) -> _Seq | None:
         """The running batch request that gives its seat up to the interactive request
-        heading the queue, when every seat is taken (`Scheduler._yield_a_seat`)."""
-        if not (self.batch_yields_seats and self.waiting
-                and self.waiting[0].priority < PRIORITY_CLASS_SPAN_MS
-                and len(self.running) + self.num_aside >= self.max_num_seqs):
+        heading the queue, when every seat is taken (`batch_rules.seat_to_yield`; the
+        snapshot's arrivals are in the priorities, so the key is the priority alone)."""
+        if not self.batch_yields_seats:
             return None
-        batch = [s for s in self.running if s.priority >= PRIORITY_CLASS_SPAN_MS]
-        # NOTE: the first with the largest priority, as max() keeps (Scheduler: by
-        # (priority, arrival), its running list in arrival order within a priority).
-        return max(batch, key=lambda s: s.priority) if batch else None
+        return seat_to_yield(self.running, self.num_aside, self.max_num_seqs,
+                             self._interactive_waits(), _priority_key)
 
     def _cache_pending_units(self, skipped: Sequence[_Seq]) -> None:
         """Register the units restored decodes completed in this step (those that ran)."""
@@ -592,9 +591,8 @@ class FastSim:
     def _has_seat(self, priority: int) -> bool:
         """Whether a seat is free for a request of `priority` (a batch-class one: outside the
         interactive reserve)."""
-        num_running = len(self.running) + self.num_aside
-        return num_running < self.max_num_seqs and (
-            num_running < self.max_batch_running or priority < PRIORITY_CLASS_SPAN_MS)
+        return has_seat(len(self.running) + self.num_aside, self.max_num_seqs,
+                        self.num_interactive_seats, priority)
 
     def _schedule_waiting(self, budget: int, chunks: list[tuple[_Seq, int, int]]) -> None:
         waiting = self.waiting

@@ -34,15 +34,16 @@ from collections import deque
 from dataclasses import dataclass
 from enum import IntEnum
 
+from .batch_rules import (
+    PRIORITY_CLASS_SPAN_MS,
+    has_seat,
+    is_late_batch_prefill,
+    put_batch_prefills_last,
+    seat_to_yield,
+)
 from .block_pool import BlockPool
 from .exec_model import BatchStats
-from .snapshot import (
-    PRIORITY_CLASS_SPAN_MS,
-    InstanceConfig,
-    SeqSpec,
-    is_late_batch_prefill,
-    shared_prefix_blocks,
-)
+from .snapshot import InstanceConfig, SeqSpec, shared_prefix_blocks
 
 __all__ = ["Scheduler", "SchedulerOutput", "SeqState", "SeqStatus", "StepResult"]
 
@@ -125,6 +126,10 @@ class StepResult:
     sampled_ids: tuple[str, ...]
     #: Requests that produced their last token in this step.
     finished_ids: tuple[str, ...]
+
+
+def _is_late(seq: SeqState) -> bool:
+    return is_late_batch_prefill(seq.priority, seq.num_tokens, seq.num_computed_tokens)
 
 
 class Scheduler:
@@ -244,38 +249,26 @@ class Scheduler:
         return StepResult(output, tuple(sampled), tuple(finished))
 
     # -- scheduling helpers -------------------------------------------------------------
+    def _interactive_waits(self) -> bool:
+        return bool(self.waiting) and self.waiting[0].priority < PRIORITY_CLASS_SPAN_MS
+
     def _put_batch_prefills_last(self) -> list[SeqState]:
-        """Move prefilling batch requests behind the other running ones (order kept); while
-        an interactive request waits, take them out for this step and return them."""
-        running = self.running
-        late = [s for s in running
-                if is_late_batch_prefill(s.priority, s.num_tokens, s.num_computed_tokens)]
-        if not late:
-            self.sat_out_last_step = False
-            return []
-        running[:] = [s for s in running if not is_late_batch_prefill(
-            s.priority, s.num_tokens, s.num_computed_tokens)]
-        if (self.waiting and self.waiting[0].priority < PRIORITY_CLASS_SPAN_MS
-                and not self.sat_out_last_step):
-            self.sat_out_last_step = True
-            return late
-        self.sat_out_last_step = False
-        running.extend(late)
-        return []
+        """Batch prefills last (`batch_rules.put_batch_prefills_last`): those sitting this
+        step out."""
+        aside, self.sat_out_last_step = put_batch_prefills_last(
+            self.running, _is_late, self._interactive_waits(), self.sat_out_last_step)
+        return aside
 
     def _yield_a_seat(self, num_aside: int) -> list[SeqState]:
-        """With seats kept for interactive requests: an interactive request heads the queue
-        and every seat is taken, so the running batch request with the largest priority
-        gives its seat up (preempted by recompute, before anything is scheduled); one a
-        step. The preempted one, if any."""
-        if not (self.num_interactive_seats and self.is_priority and self.waiting
-                and self.waiting[0].priority < PRIORITY_CLASS_SPAN_MS
-                and len(self.running) + num_aside >= self.config.max_num_seqs):
+        """With seats kept for interactive requests, the running batch request that gives its
+        seat up (`batch_rules.seat_to_yield`), preempted by recompute before anything is
+        scheduled; one a step. The preempted one, if any."""
+        if not (self.num_interactive_seats and self.is_priority):
             return []
-        batch = [s for s in self.running if s.priority >= PRIORITY_CLASS_SPAN_MS]
-        if not batch:
+        victim = seat_to_yield(self.running, num_aside, self.config.max_num_seqs,
+                               self._interactive_waits(), SeqState.priority_key.fget)
+        if victim is None:
             return []
-        victim = max(batch, key=SeqState.priority_key.fget)
         self.running.remove(victim)
         self._preempt(victim)
         return [victim]
@@ -329,12 +322,13 @@ class Scheduler:
     def _schedule_waiting(self, budget: int, scheduled: dict[str, int],
                           num_aside: int = 0) -> None:
         """Admit waiting requests; `num_aside` running requests sit this step out."""
-        max_num_seqs = self.config.max_num_seqs - num_aside
-        max_batch_running = max_num_seqs - (self.num_interactive_seats if self.is_priority else 0)
-        while budget > 0 and self.waiting and len(self.running) < max_num_seqs:
+        max_num_seqs = self.config.max_num_seqs
+        seats = self.num_interactive_seats if self.is_priority else 0
+        while budget > 0 and self.waiting:
             seq = self.waiting[0]
-            if len(self.running) >= max_batch_running and seq.priority >= PRIORITY_CLASS_SPAN_MS:
-                break  # held for the interactive seats (every batch request waits behind)
+            # NOTE: a batch request held for the interactive seats holds every one behind it.
+            if not has_seat(len(self.running) + num_aside, max_num_seqs, seats, seq.priority):
+                break
             num_new = self._try_admit(seq, budget)
             if not num_new:
                 break

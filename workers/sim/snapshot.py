@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from .batch_rules import PRIORITY_CLASS_SPAN_MS, is_batch_priority, is_late_batch_prefill
 from .block_pool import chain_prefix_hashes
 
 #: vLLM v1's scheduling policies: first come first served, or lowest priority value first.
@@ -17,14 +18,12 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 #: Predicted-shortest-first's aging weight (see `request_priority`): a request predicted one
 #: token longer than another is served as if it had arrived this many ms later.
 DEFAULT_PRIORITY_MS_PER_TOKEN = 2.0
-#: Engines put a request's class (0 interactive, 1 batch) above its predicted-shortest-first
-#: priority: a class's priorities span less than this many ms (about 30,000 years).
-PRIORITY_CLASS_SPAN_MS = 10**15
 #: Live engines hash prompts in units of at least this many tokens (`live_prefix_unit_tokens`):
 #: coarser than vLLM's block, so what an engine publishes of its cache stays small.
 LIVE_PREFIX_UNIT_MIN_TOKENS = 64
 
 __all__ = [
+    "PRIORITY_CLASS_SPAN_MS",
     "InstanceConfig",
     "InstanceSnapshot",
     "OverrunPolicy",
@@ -154,17 +153,6 @@ def request_priority(arrival_s: float, predicted_output_tokens: int | None,
     it, so it ages: nothing waits forever. vLLM priorities are integers (ms here).
     """
     return round(arrival_s * 1000.0) + round(ms_per_token * max(predicted_output_tokens or 0, 0))
-
-
-def is_batch_priority(priority: int) -> bool:
-    """Whether an engine priority (`engine_priority`) is of the batch class."""
-    return priority >= PRIORITY_CLASS_SPAN_MS
-
-
-def is_late_batch_prefill(priority: int, num_tokens: int, num_computed_tokens: int) -> bool:
-    """Whether a running request goes last under `InstanceConfig.batch_prefill_last`: a batch
-    one with more than one token still to compute."""
-    return priority >= PRIORITY_CLASS_SPAN_MS and num_tokens - num_computed_tokens > 1
 
 
 def engine_priority(class_priority: int, arrival_s: float, predicted_output_tokens: int | None,
