@@ -12,16 +12,16 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from app import batch_input, dispatch
+from app import batch_input, batch_models, dispatch, served_models
 from app.errors import Conflict, InvalidRequest, NotFound
 from app.models import (
     Batch,
@@ -115,6 +115,7 @@ def create_batch(services: Services, body: Any, *, team_id: str) -> Batch:
     batch_input.check_input_file(services.settings,
                                  lambda: store.open(parsed.input_file_id),
                                  size_bytes=size_bytes, param="input_file_id")
+    model = _checked_model(services, lambda: store.open(parsed.input_file_id))
     expiry = parsed.output_expires_after
     now = utcnow()
     with services.outbox.transaction() as tx:
@@ -123,6 +124,7 @@ def create_batch(services: Services, body: Any, *, team_id: str) -> Batch:
         batch = Batch(id=new_batch_id(), team_id=team_id, status=BatchStatus.VALIDATING,
                       endpoint=parsed.endpoint, input_file_id=parsed.input_file_id,
                       completion_window=parsed.completion_window, batch_metadata=parsed.metadata,
+                      model=model,
                       output_expires_after_s=None if expiry is None else expiry.seconds,
                       created_at=now, updated_at=now,
                       expires_at=now + timedelta(
@@ -130,6 +132,23 @@ def create_batch(services: Services, body: Any, *, team_id: str) -> Batch:
         session.add(batch)
         tx.post(dispatch.batch_task(dispatch.TASK_BATCH_EXPAND, batch.id))
     return batch
+
+
+def _checked_model(services: Services, open_file: Callable[[], IO[bytes]]) -> str | None:
+    """The batch's model (its lines name one served model), or a 400 naming the line."""
+
+    def is_served(model: str) -> bool:
+        try:
+            served_models.check(services.fleet, services.db, services.settings, model,
+                                held=False)
+        except NotFound:
+            return False
+        return True
+
+    try:
+        return batch_models.batch_model(open_file, is_served)
+    except FileNotFoundError:
+        return None  # expansion fails the batch with file_not_found
 
 
 def _check_input_file(session: Session, file_id: str, *, team_id: str) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from app import dispatch, logs, store
+from app import dispatch, logs, served_models, store
 from app.errors import Conflict, InvalidRequest, Unprocessable
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
 from app.prompts import PromptCodec
@@ -43,6 +43,9 @@ def submit_request(
         )
     parsed = parse_body(CreateRequest, body)
     fields = request_fields(services, parsed)
+    # 404 for a model never served; an accepted request waits out an outage of its instances.
+    served_models.check(services.fleet, services.db, services.settings, fields["model"],
+                        held=False)
     fields.update(body_sha256=store.body_digest(body), team_id=team_id, stream=stream,
                   session_key=session_key(team_id, parsed.session_id or session_id))
     _with_miss_action(fields, slo_miss_action)
@@ -138,6 +141,7 @@ def request_fields(services: PromptContext, parsed: CreateRequest) -> dict[str, 
     targets = ({"slo_ttft_ms": parsed.slo.ttft_ms, "slo_e2e_ms": parsed.slo.e2e_ms}
                if parsed.slo is not None else {})
     return {
+        "model": parsed.model or settings.default_model,
         "priority": parsed.priority,
         "prompt": prompt,
         "messages": messages,

@@ -2,6 +2,7 @@
 
 Key layout (all under one prefix):
   <p>:instances                  set of instance ids that ever registered
+  <p>:instance_models            hash instance id -> the model it last declared it serves
   <p>:instance:<id>:state        latest published state, JSON (kept after death, for the API)
   <p>:instance:<id>:alive        heartbeat, expires after heartbeat_ttl_s
   <p>:instance:<id>:assigned     hash request_id -> routed time: routed, not yet in the engine
@@ -55,6 +56,7 @@ class Fleet:
             if shown:
                 pipe.hdel(self._key("instance", instance_id, "assigned"), *shown)
             pipe.sadd(self._key("instances"), instance_id)
+            pipe.hset(self._key("instance_models"), instance_id, state.model)
             pipe.set(self._key("instance", instance_id, "state"), payload)
             pipe.set(
                 self._key("instance", instance_id, "alive"),
@@ -160,9 +162,33 @@ class Fleet:
             statuses.append(status)
         return statuses
 
-    def routable(self) -> list[InstanceStatus]:
-        """Instances with a fresh heartbeat that accept new requests: routing candidates."""
-        return [status for status in self.statuses() if status.alive and status.accepting]
+    def model_instances(self) -> dict[str, dict[str, bool]]:
+        """Model -> {instance id: whether its heartbeat is fresh} over every instance that has
+        declared a model (two round trips, no state read: what the API checks a request's
+        model against)."""
+        declared = {_text(k): _text(v)
+                    for k, v in self.redis.hgetall(self._key("instance_models")).items()}
+        if not declared:
+            return {}
+        ids = sorted(declared)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for instance_id in ids:
+                pipe.exists(self._key("instance", instance_id, "alive"))
+            alive = pipe.execute()
+        models: dict[str, dict[str, bool]] = {}
+        for instance_id, up in zip(ids, alive, strict=True):
+            models.setdefault(declared[instance_id], {})[instance_id] = bool(up)
+        return models
+
+    def live_models(self) -> list[str]:
+        """The models an instance with a fresh heartbeat serves, sorted."""
+        return sorted(m for m, ids in self.model_instances().items() if any(ids.values()))
+
+    def routable(self, model: str | None = None) -> list[InstanceStatus]:
+        """Instances with a fresh heartbeat that accept new requests: routing candidates (of
+        `model` only, when given)."""
+        return [status for status in self.statuses() if status.alive and status.accepting
+                and (model is None or status.model == model)]
 
     def ping(self) -> bool:
         return bool(self.redis.ping())

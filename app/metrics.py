@@ -145,17 +145,17 @@ SESSION_AFFINITY = Counter(
 ENGINE_GENERATED_TOKENS = Counter(
     "blockq_engine_generated_tokens_total",
     "Output tokens an engine decoded (the decode tokens of its steps).",
-    ["instance_id", "engine_kind"],
+    ["instance_id", "engine_kind", "model"],
 )
 ENGINE_PROMPT_TOKENS = Counter(
     "blockq_engine_prompt_tokens_total",
     "Prompt tokens an engine prefilled (the prefill tokens of its steps).",
-    ["instance_id", "engine_kind"],
+    ["instance_id", "engine_kind", "model"],
 )
 ENGINE_STEP_DURATION = Histogram(
     "blockq_engine_step_duration_seconds",
     "Wall time of one engine step (one forward pass of the running batch).",
-    ["instance_id", "engine_kind"], buckets=_STEP_BUCKETS_S,
+    ["instance_id", "engine_kind", "model"], buckets=_STEP_BUCKETS_S,
 )
 
 
@@ -233,10 +233,11 @@ class EngineStepMetrics:
     """The step metrics of one engine, labels bound once: `observe` runs on the engine's
     thread between two steps, so it does no more than three in-memory writes."""
 
-    def __init__(self, instance_id: str, engine_kind: str) -> None:
-        self._generated = ENGINE_GENERATED_TOKENS.labels(instance_id, engine_kind)
-        self._prompt = ENGINE_PROMPT_TOKENS.labels(instance_id, engine_kind)
-        self._duration = ENGINE_STEP_DURATION.labels(instance_id, engine_kind)
+    def __init__(self, instance_id: str, engine_kind: str, *, model: str = "") -> None:
+        labels = (instance_id, engine_kind, model)  # model: the one the instance serves
+        self._generated = ENGINE_GENERATED_TOKENS.labels(*labels)
+        self._prompt = ENGINE_PROMPT_TOKENS.labels(*labels)
+        self._duration = ENGINE_STEP_DURATION.labels(*labels)
 
     def observe(self, sample: _Step) -> None:
         self._duration.observe(sample.duration_ms / 1000)
@@ -335,13 +336,15 @@ class QueueDepthCollector:
 
 class FleetCollector:
     """Each instance's published engine state: alive and heartbeat age for every registered
-    instance; running, waiting, assigned and KV-cache usage for the alive ones."""
+    instance; running, waiting, assigned and KV-cache usage for the alive ones. Labelled with
+    the model each serves and its hardware (the device kind, or an emulated instance's
+    execution-time model)."""
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
 
     def collect(self) -> Iterator[Metric]:
-        labels = ["instance_id", "engine_kind"]
+        labels = ["instance_id", "engine_kind", "model", "hardware"]
 
         def gauge(name: str, documentation: str) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, documentation, labels=labels)
@@ -358,7 +361,8 @@ class FleetCollector:
                          "Share of the engine's KV-cache blocks in use, 0 to 1.")
         for status in self.fleet.statuses():
             state = status.state
-            values = [status.instance_id, state.engine_kind if state else "unknown"]
+            values = [status.instance_id, state.engine_kind if state else "unknown",
+                      state.model if state else "", _hardware(state)]
             alive.add_metric(values, 1 if status.alive else 0)
             if status.heartbeat_age_s is not None:
                 age.add_metric(values, status.heartbeat_age_s)
@@ -370,6 +374,13 @@ class FleetCollector:
             if state is not None and state.num_total_blocks > 0:
                 kv_usage.add_metric(values, 1 - state.num_free_blocks / state.num_total_blocks)
         yield from (alive, age, running, waiting, assigned, kv_usage)
+
+
+def _hardware(state: Any) -> str:
+    """An instance's hardware label: an emulated one's execution-time model, else its device."""
+    if state is None:
+        return ""
+    return state.exec_model or state.hardware
 
 
 class FallbackCollector:

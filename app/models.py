@@ -134,6 +134,9 @@ class InferenceRequest(Base):
     team_id: Mapped[str | None] = mapped_column(ForeignKey("teams.id"))
     status: Mapped[str] = mapped_column(String(16), default=RequestStatus.QUEUED)
     priority: Mapped[str] = mapped_column(String(16), default=Priority.INTERACTIVE)
+    # The served model asked for (OpenAI's `model`): only its instances run it. None: a
+    # request made before models were recorded (the default model's).
+    model: Mapped[str | None] = mapped_column(String(255))
     # The text handed to the engine (chat messages rendered with the model's template).
     prompt: Mapped[str] = mapped_column(Text)
     messages: Mapped[list[Any] | None]
@@ -241,6 +244,19 @@ class Instance(Base):
     config: Mapped[dict[str, Any]]
     started_at: Mapped[Timestamp]
     last_seen_at: Mapped[Timestamp]
+
+
+class ServedModel(Base):
+    """A model some instance has declared it serves, ever (app/served_models.py): a request
+    for it is accepted while its instances are down, one for any other model is a 404."""
+
+    __tablename__ = "served_models"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    # The model directory its last instance loaded (the API's tokenizer for it).
+    model_path: Mapped[str] = mapped_column(Text)
+    first_declared_at: Mapped[Timestamp]
+    last_declared_at: Mapped[Timestamp]
 
 
 class EngineStepSample(Base):

@@ -185,6 +185,7 @@ def native_bodies(body: OpenAIBody, *, priority: str = "interactive") -> list[di
     """The native requests (POST /v1/requests bodies) that run this OpenAI request: one per
     choice, in OpenAI's choice order (prompt by prompt, n choices each)."""
     common: dict[str, Any] = {
+        "model": body.model,
         "temperature": body.temperature,
         "top_p": body.top_p,
         "priority": priority,

@@ -65,6 +65,11 @@ class CreateRequest(SamplingFields):
 
     model_config = ConfigDict(extra="forbid")
 
+    model: str | None = Field(
+        None, min_length=1, description="The served model to run it (GET /v1/models lists "
+        "those up). Unset: the first model of the fleet (BLOCKQ_FLEET, else BLOCKQ_MODEL_NAME). "
+        "A model no instance has ever served is a 404; while every instance of it is down, the "
+        "request waits for one.")
     prompt: Annotated[str, Field(min_length=1)] | Annotated[
         list[TokenId], Field(min_length=1)] | None = Field(
         None, description="The prompt text, or its token ids (handed to the engine as they are).")

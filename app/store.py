@@ -413,6 +413,7 @@ def request_to_dict(request: InferenceRequest, *, include_events: bool = True) -
         "id": request.id,
         "object": "request",
         "status": request.status,
+        "model": request.model,
         "priority": request.priority,
         "prompt_tokens": request.prompt_tokens,
         "output_tokens": request.output_tokens,

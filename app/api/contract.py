@@ -85,6 +85,7 @@ class RequestObject(_Strict):
     id: str
     object: Literal["request"]
     status: RequestStatus
+    model: str | None = Field(description="The served model that runs it.")
     priority: Priority
     prompt_tokens: int
     output_tokens: int | None
@@ -371,7 +372,12 @@ class InstanceDetail(_Strict):
     accepting: bool
     control: str | None
     engine_kind: str | None
-    model: str | None
+    model: str | None = Field(description="The model the instance serves (requests name it).")
+    model_path: str | None = Field(description="The model directory its engine loaded.")
+    hardware: str | None = Field(description="Its device: a CUDA device name, `cpu` (vLLM on "
+                                 "CPUs) or `emulated`.")
+    exec_model: str | None = Field(description="An emulated instance's hardware: the "
+                                   "execution-time model it runs on (e.g. llama-2-7b-a100).")
     running: int
     waiting: int
     assigned: int

@@ -24,6 +24,9 @@ RETRY_AFTER_S = 2
 
 
 def _handle_blockq_error(error: BlockqError) -> ResponseReturnValue:
+    retry_after_s = getattr(error, "retry_after_s", None)  # e.g. a model with no instance up
+    if retry_after_s is not None:
+        return jsonify(error.to_dict()), error.status, {"Retry-After": str(retry_after_s)}
     return jsonify(error.to_dict()), error.status
 
 

@@ -36,11 +36,13 @@ def _prepare(settings: Settings) -> dict[str, str]:
     """
     configure_logs(settings, role="supervisor")
     model = settings.resolved_model_path
-    if not (model / "config.json").exists():
-        raise click.ClickException(
-            f"no model at {model}: build the tiny test model with "
-            f"`python scripts/build_tiny_model.py --out {model}` or set BLOCKQ_MODEL_PATH"
-        )
+    for path in {model, *(spec.model_path for spec in settings.instances)}:
+        if path is not None and not (path / "config.json").exists():
+            raise click.ClickException(
+                f"no model at {path}: build the tiny test models with "
+                f"`python scripts/build_tiny_model.py --out {path}`, or set BLOCKQ_MODEL_PATH "
+                "(BLOCKQ_FLEET's model_path)"
+            )
     private_dir(settings.data_dir)  # the SQLite database, logs, secrets, files: 0700
     upgrade(settings.resolved_database_url)
     return {**os.environ, **settings.as_env(), "BLOCKQ_MODEL_PATH": str(model.resolve())}
@@ -91,13 +93,13 @@ def _sample_job(settings: Settings, num_requests: int) -> None:
     """The sample job on the real vLLM engines (the tiny test model)."""
     stack = Stack(settings, env=_prepare(settings))
     console.print(
-        f"starting the local stack ({settings.num_instances} engine workers, "
+        f"starting the local stack ({len(settings.instance_ids)} engine workers, "
         f"database {'PostgreSQL' if settings.database_url else 'embedded SQLite'})"
     )
     try:
         stack.start()
         stack.supervise()
-        stack.wait_ready(num_instances=settings.num_instances)
+        stack.wait_ready(num_instances=len(settings.instance_ids))
         key = stack.issue_api_key("demo")
         console.print(f"stack ready at {stack.api_url}; API key of team 'demo': {key}")
         console.print(f"sending {num_requests} requests")
@@ -138,7 +140,7 @@ def serve() -> None:
     try:
         stack.start()
         stack.supervise()
-        stack.wait_ready(num_instances=settings.num_instances)
+        stack.wait_ready(num_instances=len(settings.instance_ids))
         console.print(f"blockq serving at {stack.api_url} (logs in {stack.log_dir}); Ctrl-C stops")
         console.print("API keys: `blockq teams create NAME` makes a team and prints its key")
         console.print(f"Flower at {stack.flower_url} (basic auth: BLOCKQ_FLOWER_BASIC_AUTH, or "

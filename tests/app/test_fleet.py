@@ -35,7 +35,7 @@ def test_the_state_is_stored_as_the_engines_json_and_read_back_typed(fleet: Flee
         "num_free_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
         "max_model_len", "requests", "taken_at", "instance_id", "accepting", "published_at",
         "scheduling_policy", "priority_ms_per_token", "prefix_unit_tokens", "cached_prefixes",
-        "num_interactive_seats", "batch_prefill_last"]
+        "num_interactive_seats", "batch_prefill_last", "model_path", "hardware", "exec_model"]
     assert stored["requests"] == [{
         "request_id": "r1", "num_prompt_tokens": 10, "num_computed_tokens": 0,
         "num_output_tokens": 0, "predicted_output_tokens": 5, "is_running": False,
@@ -118,3 +118,16 @@ def test_recent_routing_gives_each_instance_its_expected_future_load(
     plain.assign("gpu.1", "req_9", num_prompt_tokens=100, predicted_output_tokens=10)
     assert not any(s.future_load.active for s in plain.statuses())
     assert not empty_redis.exists("blockq:instance:gpu.1:recent")
+
+
+def test_each_instance_declares_its_model_and_routers_choose_among_that_models_only(
+        fleet: Fleet) -> None:
+    for instance_id, model in (("gpu.0", "big"), ("gpu.1", "small"), ("gpu.2", "big")):
+        fleet.publish(instance_id, engine_state().published(instance_id, model, accepting=True))
+    assert [s.instance_id for s in fleet.routable("big")] == ["gpu.0", "gpu.2"]
+    assert [s.instance_id for s in fleet.routable("small")] == ["gpu.1"]
+    assert fleet.routable("other") == [] and len(fleet.routable()) == 3
+    fleet.mark_stopped("gpu.1")
+    assert fleet.model_instances() == {"big": {"gpu.0": True, "gpu.2": True},
+                                       "small": {"gpu.1": False}}
+    assert fleet.live_models() == ["big"]

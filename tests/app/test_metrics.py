@@ -112,8 +112,10 @@ def test_fleet_collector_reports_published_states(client: redis.Redis) -> None:
     fleet.mark_stopped("gpu.1")
     fleet.assign("gpu.0", "req_a", num_prompt_tokens=5, predicted_output_tokens=7)
     got = samples(FleetCollector(fleet))
-    gpu0 = (("engine_kind", "emulated"), ("instance_id", "gpu.0"))
-    gpu1 = (("engine_kind", "emulated"), ("instance_id", "gpu.1"))
+    gpu0 = (("engine_kind", "emulated"), ("hardware", ""), ("instance_id", "gpu.0"),
+            ("model", "emulated/qwen2-7b-a30"))
+    gpu1 = (("engine_kind", "emulated"), ("hardware", ""), ("instance_id", "gpu.1"),
+            ("model", "emulated/qwen2-7b-a30"))
     assert got[("blockq_engine_alive", gpu0)] == 1 and got[("blockq_engine_alive", gpu1)] == 0
     assert got[("blockq_engine_running_requests", gpu0)] == 3
     assert got[("blockq_engine_waiting_requests", gpu0)] == 2
@@ -176,14 +178,14 @@ def test_a_worker_serves_its_own_metrics_when_given_a_port() -> None:
     server = serve_process_metrics(settings)
     assert server is not None
     try:
-        EngineStepMetrics("gpu.test", "emulated").observe(
+        EngineStepMetrics("gpu.test", "emulated", model="tiny").observe(
             SimpleNamespace(duration_ms=12.0, num_prefill_tokens=30, num_decode_tokens=4))
         text = httpx.get(f"http://127.0.0.1:{settings.metrics_port}/metrics", timeout=5).text
     finally:
         server.shutdown()
         server.server_close()
     got = parse(text)
-    labels = (("engine_kind", "emulated"), ("instance_id", "gpu.test"))
+    labels = (("engine_kind", "emulated"), ("instance_id", "gpu.test"), ("model", "tiny"))
     assert got[("blockq_engine_generated_tokens_total", labels)] >= 4
     assert got[("blockq_engine_step_duration_seconds_count", labels)] >= 1
 

@@ -186,7 +186,8 @@ def test_instances_lists_published_state_and_heartbeat_age(client: FlaskClient) 
         "gpu.0",
         engine_state(engine_kind="vllm", model="tiny-llama", num_running=3, num_waiting=1,
                      num_free_blocks=90, num_total_blocks=100, max_num_seqs=48,
-                     max_num_batched_tokens=512, block_size=16, max_model_len=2048),
+                     max_num_batched_tokens=512, block_size=16, max_model_len=2048,
+                     model_path="/models/tiny-llama", hardware="cpu"),
     )
     data = client.get("/v1/instances").get_json()["data"]
     assert len(data) == 1
@@ -194,7 +195,8 @@ def test_instances_lists_published_state_and_heartbeat_age(client: FlaskClient) 
     assert 0 <= inst.pop("seconds_since_heartbeat") < 5
     assert inst == {
         "id": "gpu.0", "object": "instance", "alive": True, "accepting": True, "control": None,
-        "engine_kind": "vllm", "model": "tiny-llama", "running": 3, "waiting": 1, "assigned": 0,
+        "engine_kind": "vllm", "model": "tiny-llama", "model_path": "/models/tiny-llama",
+        "hardware": "cpu", "exec_model": None, "running": 3, "waiting": 1, "assigned": 0,
         "free_kv_blocks": 90, "total_kv_blocks": 100,
         "config": {"max_num_seqs": 48, "max_num_batched_tokens": 512, "block_size": 16,
                    "max_model_len": 2048},

@@ -114,7 +114,7 @@ def _start(settings: Settings, inherited_env: dict[str, str], test: str,
     STARTED.append(record)
     try:
         stack.start()
-        stack.wait_ready(num_instances=settings.num_instances)
+        stack.wait_ready(num_instances=len(settings.instance_ids))
     except BaseException:
         _stop(stack, record)
         raise
@@ -199,7 +199,7 @@ def _healthy(stack: Stack, timeout_s: float = 30.0) -> bool:
                 return False
             except (httpx.HTTPError, KeyError, ValueError):
                 instances = []
-            if sum(1 for i in instances if i["alive"]) == stack.settings.num_instances:
+            if sum(1 for i in instances if i["alive"]) == len(stack.settings.instance_ids):
                 return True
             if time.monotonic() > deadline:
                 return False

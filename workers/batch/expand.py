@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from sqlalchemy import delete, insert, update
+from sqlalchemy import delete, func, insert, update
 
 from app import dispatch
 from app.batches import EVENT_TYPES
@@ -82,7 +82,7 @@ def _read(rt: Runtime, batch: Batch) -> _Tally | list[dict[str, Any]]:
     except FileNotFoundError:
         return [_batch_error("file_not_found", f"The input file {batch.input_file_id} no "
                              "longer exists.", param="input_file_id")]
-    checker = LineChecker(batch.endpoint, rt)
+    checker = LineChecker(batch.endpoint, rt, batch.model)
     tally, chunk = _Tally(), []
     with handle:
         for number, raw in enumerate(physical_lines(handle, settings.max_request_bytes), 1):
@@ -189,7 +189,8 @@ def _start(rt: Runtime, batch_id: str, tally: _Tally) -> Expansion:
             update(Batch)
             .where(Batch.id == batch_id, Batch.status == BatchStatus.VALIDATING)
             .values(status=BatchStatus.IN_PROGRESS, num_lines=tally.num_lines,
-                    model=rt.settings.model_name, in_progress_at=now, updated_at=now)
+                    model=func.coalesce(Batch.model, rt.settings.default_model),
+                    in_progress_at=now, updated_at=now)
             .execution_options(synchronize_session=False)
         ).rowcount  # type: ignore[attr-defined]
     return Expansion.STARTED if started else Expansion.STOPPED

@@ -7,6 +7,12 @@ completion window's end; the oldest on ties): a team's batches run in deadline o
 every team has work waiting, their in-flight counts converge to their shares' proportions, and
 so do their completion rates; a team alone gets every slot. A team over its share (it had the
 slots to itself a moment ago) gets nothing until it is back under.
+
+With several models on the fleet, each model's instances are a pool of their own: the free slots
+go first to the pools (one at a time, to the pool with the least work in flight per unit of its
+weight, e.g. its live instances' seats, among pools with lines waiting), then to the teams
+within each pool by the rule above. Team fair share holds within each model's pool, and a
+model's batches never take slots whose work would run on another model's instances.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = ["Flow", "allocate"]
@@ -30,6 +36,7 @@ class Flow:
     num_in_flight: int  # released and not finished
     num_pending: int  # not released yet
     deadline: float = math.inf  # when its completion window ends (epoch s)
+    model: str = ""  # the served model its lines run on: its pool
 
 
 @dataclass(slots=True)
@@ -43,12 +50,43 @@ class _Queue:
     deadline: float
 
 
-def allocate(flows: Sequence[Flow], num_free: int) -> dict[str, int]:
+def allocate(flows: Sequence[Flow], num_free: int,
+             pool_weights: Mapping[str, float] | None = None) -> dict[str, int]:
     """Lines to release now per batch id (batches getting none are absent).
 
     `flows` in creation order (the oldest first wins ties). Every batch of a team must carry
-    the same share.
+    the same share. `pool_weights`: model -> its pool's weight (absent: 1).
     """
+    pools: dict[str, list[Flow]] = defaultdict(list)
+    for flow in flows:
+        pools[flow.model].append(flow)
+    if len(pools) <= 1:
+        return _allocate_teams(flows, num_free)
+    weights = pool_weights or {}
+    in_flight = {model: sum(f.num_in_flight for f in pool) for model, pool in pools.items()}
+    pending = {model: sum(f.num_pending for f in pool) for model, pool in pools.items()}
+    weight = {model: max(weights.get(model, 1.0), 1e-9) for model in pools}
+    heap = [(in_flight[m] / weight[m], m) for m in pools if pending[m] > 0]
+    heapq.heapify(heap)
+    slots: dict[str, int] = defaultdict(int)
+    for _ in range(max(num_free, 0)):
+        if not heap:
+            break
+        _, model = heapq.heappop(heap)
+        slots[model] += 1
+        in_flight[model] += 1
+        pending[model] -= 1
+        if pending[model] > 0:
+            heapq.heappush(heap, (in_flight[model] / weight[model], model))
+    grants: dict[str, int] = {}
+    for model, count in slots.items():
+        grants.update(_allocate_teams(pools[model], count))
+    return grants
+
+
+def _allocate_teams(flows: Sequence[Flow], num_free: int) -> dict[str, int]:
+    """`allocate` within one pool: slots to teams by share, then to each team's batches by
+    deadline."""
     team_in_flight: dict[str, int] = defaultdict(int)
     team_share: dict[str, int] = {}
     queues: dict[str, list[_Queue]] = defaultdict(list)

@@ -106,7 +106,7 @@ def _write(rt: Runtime, batch: Batch, final: BatchStatus) -> list[_Written]:
     files = file_store(rt.settings, rt.db)
     output_id, error_id = new_file_id(), new_file_id()
     num_lines = {True: 0, False: 0}
-    model = batch.model or rt.settings.model_name
+    model = batch.model or rt.settings.default_model
     with (files.writer(output_id) as output, files.writer(error_id) as errors,
           rt.db.session() as session):
         rows = session.execute(

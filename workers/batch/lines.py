@@ -91,8 +91,11 @@ class LineChecker:
     line with a custom_id owns it, later ones are duplicates) as 16-byte digests, so memory stays
     small however long the ids are: about 5 MB for 50,000 lines."""
 
-    def __init__(self, endpoint: str, context: PromptContext) -> None:
+    def __init__(self, endpoint: str, context: PromptContext, model: str | None = None) -> None:
+        """`model`: the batch's (checked at creation); every line must name it. None: the
+        default model."""
         self.endpoint = endpoint
+        self.model = model or context.settings.default_model
         self._codec = _LastTokenIds(context.prompts)
         self.context: PromptContext = _Context(context.settings, self._codec)
         self._keyed = context.settings.engine_prefix_caching
@@ -161,7 +164,7 @@ class LineChecker:
         if parsed.stream:
             raise InvalidRequest("Streaming is not available in a batch.", param="stream",
                                  code="invalid_value")
-        check_model(parsed, self.context.settings.model_name)
+        check_model(parsed, self.model)
         native = parse_body(CreateRequest, native_body(parsed, priority=str(Priority.BATCH)))
         fields = request_fields(self.context, native)
         fields.update(body_sha256=store.body_digest(body), stream=False)

@@ -14,6 +14,7 @@ engines' prefix cache can serve them (workers.batch.prefix_groups).
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -69,7 +70,7 @@ def release(rt: Runtime) -> ReleaseReport:
             return report
         with rt.db.session() as session:
             flows, num_in_flight = _flows(session)
-        grants = allocate(flows, batch_window(rt) - num_in_flight)
+        grants = allocate(flows, batch_window(rt) - num_in_flight, _pool_weights(rt))
         teams = {f.batch_id: f.team_id for f in flows}
         for batch_id, count in grants.items():
             report.released += _release_batch(rt, batch_id, teams[batch_id], count)
@@ -154,7 +155,7 @@ def _flows(session: Session) -> tuple[list[Flow], int]:
         .group_by(InferenceRequest.batch_id)
     ).all())
     active = session.execute(
-        select(Batch.id, Batch.team_id, Team.share, Batch.expires_at)
+        select(Batch.id, Batch.team_id, Team.share, Batch.expires_at, Batch.model)
         .join(Team, Team.id == Batch.team_id)
         .where(Batch.status == BatchStatus.IN_PROGRESS)
         .order_by(Batch.created_at, Batch.id)
@@ -167,9 +168,19 @@ def _flows(session: Session) -> tuple[list[Flow], int]:
     ).all()) if active else {}
     flows = [Flow(batch_id=row.id, team_id=row.team_id, share=row.share,
                   num_in_flight=in_flight.get(row.id, 0), num_pending=pending.get(row.id, 0),
-                  deadline=row.expires_at.timestamp())
+                  deadline=row.expires_at.timestamp(), model=row.model or "")
              for row in active]
     return flows, sum(in_flight.values())
+
+
+def _pool_weights(rt: Runtime) -> dict[str, float]:
+    """Each model's pool weight for the fair share: the seats (max_num_seqs) of its live
+    instances."""
+    weights: dict[str, float] = defaultdict(float)
+    for status in rt.fleet.statuses():
+        if status.alive and status.state is not None:
+            weights[status.state.model] += status.state.max_num_seqs
+    return dict(weights)
 
 
 def _claim(session: Session, batch_id: str, team_id: str, count: int, *,

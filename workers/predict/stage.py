@@ -48,6 +48,7 @@ class LengthQuery:
     prompt: Prompt
     max_tokens: int
     priority: int = 0  # Priority.rank: interactive (0) before batch (1) in the micro-batcher
+    model: str = ""  # the served model it runs on ("": the configured default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +76,11 @@ class BaselineLengths:
     model = RunningMeanPredictor()
 
     def __init__(self, rt: Runtime) -> None:
-        self.history = LengthHistory(rt.redis, model=rt.settings.model_name)
+        self.redis, self.default_model = rt.redis, rt.settings.default_model
 
     def predict(self, query: LengthQuery) -> LengthAnswer:
-        tokens = self.model.predict(self.history.stats(), max_tokens=query.max_tokens)
+        history = LengthHistory(self.redis, model=query.model or self.default_model)
+        tokens = self.model.predict(history.stats(), max_tokens=query.max_tokens)
         return LengthAnswer(tokens, None, self.model.name)
 
 
@@ -160,16 +162,21 @@ class LearnedLengths:
         return answers
 
     def _predict_learned(self, queries: Sequence[LengthQuery]) -> list[LengthAnswer]:
-        model_name = self.rt.settings.model_name
+        """Each query for its own served model (one pass per model in the batch)."""
         predictor = self.active.get()
-        predictions = predictor.predict_batch(
-            [q.prompt for q in queries], model_name, [q.max_tokens for q in queries])
-        factor = self.rt.bias_watch.correction(model_name)
-        return [
-            LengthAnswer(_scaled(p.tokens, factor, q.max_tokens),
-                         _scaled(p.p90_tokens, factor, q.max_tokens), predictor.name)
-            for p, q in zip(predictions, queries, strict=True)
-        ]
+        default = self.rt.settings.default_model
+        answers: dict[int, LengthAnswer] = {}
+        for model_name in {q.model or default for q in queries}:
+            mine = [i for i, q in enumerate(queries) if (q.model or default) == model_name]
+            predictions = predictor.predict_batch(
+                [queries[i].prompt for i in mine], model_name,
+                [queries[i].max_tokens for i in mine])
+            factor = self.rt.bias_watch.correction(model_name)
+            for i, p in zip(mine, predictions, strict=True):
+                cap = queries[i].max_tokens
+                answers[i] = LengthAnswer(_scaled(p.tokens, factor, cap),
+                                          _scaled(p.p90_tokens, factor, cap), predictor.name)
+        return [answers[i] for i in range(len(queries))]
 
 
 def length_predictor(rt: Runtime) -> LengthPredictorStage:
@@ -225,7 +232,7 @@ def start(db: Database, request_id: str) -> Started | None:
         if request is None:
             return None
         query = LengthQuery(request.messages or request.prompt, request.max_tokens,
-                            Priority(request.priority).rank)
+                            Priority(request.priority).rank, request.model or "")
         return Started(query, request.prompt_tokens, request.attempt, RequestTargets.of(
             request.slo_ttft_ms, request.slo_e2e_ms, request.slo_miss_action,
             request.created_at), request.prompt, request.prompt_token_ids, request.session_key)
@@ -237,7 +244,8 @@ _STARTED_COLUMNS = (InferenceRequest.messages, InferenceRequest.prompt,
                     InferenceRequest.prompt_tokens, InferenceRequest.attempt,
                     InferenceRequest.slo_ttft_ms, InferenceRequest.slo_e2e_ms,
                     InferenceRequest.slo_miss_action, InferenceRequest.created_at,
-                    InferenceRequest.prompt_token_ids, InferenceRequest.session_key)
+                    InferenceRequest.prompt_token_ids, InferenceRequest.session_key,
+                    InferenceRequest.model)
 
 
 def prediction_columns(answer: LengthAnswer) -> dict[str, Any]:

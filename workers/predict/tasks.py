@@ -43,7 +43,8 @@ def annotate(request_id: str) -> None:
                                  rt, started.prompt, started.prompt_token_ids),
                              priority_class=query.priority),
             priority=query.priority, status=RequestStatus.PREDICTING, instance_id=None,
-            attempt=started.attempt, targets=started.targets, session_key=started.session_key)
+            attempt=started.attempt, targets=started.targets, session_key=started.session_key,
+            model=query.model or None)
         if route_tasks.route_request(rt, request, timing, predicted_at,
                                      allowed_from={RequestStatus.PREDICTING},
                                      columns=stage.prediction_columns(answer)):

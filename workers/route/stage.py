@@ -9,7 +9,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -59,17 +59,28 @@ class ExecModels:
             return bundled_model(name)
         return ExecModel.load(Path(name))
 
-    def of(self, instance_ids: Iterable[str]) -> dict[str, ExecModel]:
-        return {i: self._active(i).get() for i in instance_ids}
+    def of(self, instance_ids: Iterable[str],
+           declared: Mapping[str, str | None] | None = None) -> dict[str, ExecModel]:
+        """`declared`: instance -> the execution-time model it declares (an emulated
+        instance's hardware), its default until a refit of its own is active."""
+        declared = declared or {}
+        return {i: self._active(i, declared.get(i)).get() for i in instance_ids}
 
-    def _active(self, instance_id: str) -> ActiveModel[ExecModel]:
+    def _active(self, instance_id: str, declared: str | None = None) -> ActiveModel[ExecModel]:
         with self._lock:
             if instance_id not in self._by_instance:
+                default = (self._bundled(declared) if declared in bundled_model_names()
+                           and self.settings.routing_exec_model is None else None)
                 self._by_instance[instance_id] = ActiveModel(
                     self.db, model_registry.KIND_EXEC, instance_id, load=_exec_model_of,
-                    default=lambda: self.default,
+                    default=(lambda: self.default) if default is None else default,
                     interval_s=self.settings.model_reload_interval_s)
             return self._by_instance[instance_id]
+
+    @staticmethod
+    def _bundled(name: str) -> Callable[[], ExecModel]:
+        model = bundled_model(name)
+        return lambda: model
 
 
 def exec_models(rt: Runtime) -> ExecModels:
@@ -89,6 +100,9 @@ class RouteInput:
     targets: RequestTargets | None = None
     # Its session (app/sessions.py): the router prefers the instance of its previous turn.
     session_key: str | None = None
+    # The served model it asked for: only that model's instances are candidates (None: a
+    # request stored before models were recorded, the default model's).
+    model: str | None = None
 
 
 def load(db: Database, request_id: str) -> RouteInput | None:
@@ -113,6 +127,7 @@ def load(db: Database, request_id: str) -> RouteInput | None:
             targets=RequestTargets.of(request.slo_ttft_ms, request.slo_e2e_ms,
                                       request.slo_miss_action, request.created_at),
             session_key=request.session_key,
+            model=request.model,
         )
 
 

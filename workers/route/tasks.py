@@ -233,13 +233,17 @@ def _decide(rt: runtime.Runtime, request: stage.RouteInput, hold: LateBinding | 
     affinity = None
     with _deciding:
         started = time.perf_counter()
-        candidates = rt.fleet.routable()
+        # NOTE: only the instances of the request's model (a row from before models were
+        # recorded: any); none up: it waits (route retry) until one returns.
+        candidates = rt.fleet.routable(request.model)
         if not candidates:
             return None
         fallback = rt.bias_watch.fallback()
         policy = FALLBACK_POLICY if fallback else stage.policy_in_force(rt.fleet, rt.settings)
-        exec_models = (stage.exec_models(rt).of(c.instance_id for c in candidates)
-                       if needs_what_if(policy) else None)
+        exec_models = (stage.exec_models(rt).of(
+            (c.instance_id for c in candidates),
+            {c.instance_id: c.state.exec_model for c in candidates if c.state is not None})
+            if needs_what_if(policy) else None)
         view = targets.budgeted(request.view, request.targets, utcnow())
         # NOTE: only round robin reads the fleet-wide ticket: no Redis INCR for the others.
         ticket = rt.fleet.next_round_robin() if policy == ROUND_ROBIN else 0

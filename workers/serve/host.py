@@ -27,7 +27,7 @@ import redis
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as SqlTimeoutError
 
-from app import dispatch, metrics
+from app import dispatch, metrics, served_models
 from app.models import Instance, utcnow
 from app.streams import StreamWriter
 from workers.runtime import Runtime
@@ -43,6 +43,7 @@ from workers.serve.ownership import Attempts, OwnershipCheck
 from workers.serve.publisher import StatePublisher
 from workers.serve.request_records import RequestRecords, storable
 from workers.serve.step_samples import StepSampleSink
+from workers.sim.engine_state import Declared
 
 __all__ = ["EngineHost"]
 
@@ -58,18 +59,22 @@ class EngineHost(EngineListener):
     """Owns the engine of one instance and the parts around it (it is the engine's listener)."""
 
     def __init__(
-        self, instance_id: str, make_engine: Callable[[EngineListener], Engine], runtime: Runtime
+        self, instance_id: str, make_engine: Callable[[EngineListener], Engine], runtime: Runtime,
+        declared: Declared | None = None,
     ) -> None:
+        """`declared`: what the instance serves (default: the runtime's model, by name)."""
         self.instance_id = instance_id
         self.engine = make_engine(self)
         self.rt = runtime
         settings = runtime.settings
-        self._step_metrics = metrics.EngineStepMetrics(instance_id, settings.engine_kind)
+        self.declared = declared or Declared(model=settings.model_name)
+        self._step_metrics = metrics.EngineStepMetrics(instance_id, settings.engine_kind,
+                                                       model=self.model_name)
         self.streams = StreamWriter(runtime.redis)
         feedback = LengthFeedback(runtime.redis, runtime.bias_watch, self.model_name)
         self.records = RequestRecords(instance_id, self.model_name, runtime.outbox,
                                       self.streams, feedback)
-        self.publisher = StatePublisher(instance_id, self.model_name, self.engine,
+        self.publisher = StatePublisher(instance_id, self.declared, self.engine,
                                         runtime.fleet, settings.state_publish_interval_s,
                                         on_room=self._release_held if settings.routing_hold
                                         else None)
@@ -81,7 +86,7 @@ class EngineHost(EngineListener):
 
     @property
     def model_name(self) -> str:
-        return self.rt.settings.model_name
+        return self.declared.model
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -191,9 +196,13 @@ class EngineHost(EngineListener):
         dispatch.release_held().send(self.rt.celery, retry=False)
 
     def _register(self) -> None:
-        """Record the instance and its engine's config in the database."""
+        """Record the instance and its engine's config in the database, and its model among
+        those ever served."""
         snapshot = self.engine.snapshot()
         config = {
+            "model_path": self.declared.model_path,
+            "hardware": self.declared.hardware,
+            "exec_model": self.declared.exec_model,
             "max_num_seqs": snapshot.max_num_seqs,
             "max_num_batched_tokens": snapshot.max_num_batched_tokens,
             "block_size": snapshot.block_size,
@@ -212,3 +221,4 @@ class EngineHost(EngineListener):
                     last_seen_at=now,
                 )
             )
+            served_models.declare(session, self.declared.model, self.declared.model_path)

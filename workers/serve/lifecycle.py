@@ -69,8 +69,10 @@ def _start_engine(sender: Any = None, instance: Any = None, **_: Any) -> None:
     from workers import runtime  # noqa: PLC0415 - the lifecycle module must stay light
     from workers.serve.factory import build_engine_host  # noqa: PLC0415 - idem
 
-    settings: Settings = runtime.get().settings
     try:
+        # NOTE: everything in an engine worker is about its instance: its runtime runs on the
+        # instance's settings (its model, path, engine kind and hardware from the fleet).
+        settings: Settings = runtime.configure(runtime.get().settings.for_instance(_queue)).settings
         _host = build_engine_host(_queue, settings)
         _host.start()
     except Exception as exc:

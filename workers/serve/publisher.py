@@ -14,7 +14,7 @@ from collections.abc import Callable
 from app.fleet import Fleet
 from workers.serve.engine import Engine
 from workers.serve.periodic import Periodic
-from workers.sim.engine_state import EngineState
+from workers.sim.engine_state import Declared, EngineState
 
 __all__ = ["StatePublisher"]
 
@@ -27,12 +27,12 @@ JOIN_TIMEOUT_S = 5.0
 class StatePublisher:
     """Publishes what the engine holds so that routers see it, and aborts what was cancelled."""
 
-    def __init__(self, instance_id: str, model_name: str, engine: Engine, fleet: Fleet,
+    def __init__(self, instance_id: str, declared: Declared, engine: Engine, fleet: Fleet,
                  interval_s: float, on_room: Callable[[], None] | None = None) -> None:
         """`on_room`: called after a publication that shows room (nothing waiting, seats
         free) while the router holds requests (late binding: it sends the release task)."""
         self.instance_id = instance_id
-        self.model_name = model_name
+        self.declared = declared  # what the instance serves, in every state it publishes
         self.engine = engine
         self.fleet = fleet
         self.on_room = on_room
@@ -63,7 +63,7 @@ class StatePublisher:
         if not self.engine.alive:
             self._drop_heartbeat()
             return
-        state = self.engine.snapshot().published(self.instance_id, self.model_name,
+        state = self.engine.snapshot().published(self.instance_id, self.declared,
                                                  accepting=self.accepting)
         num_held = self.fleet.publish(self.instance_id, state)
         in_flight = [r.request_id for r in state.requests]

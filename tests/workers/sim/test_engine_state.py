@@ -9,6 +9,7 @@ import pytest
 
 from workers.sim import ExecModel, SimRequest, predict_what_if
 from workers.sim.engine_state import (
+    Declared,
     EngineState,
     RequestState,
     pack_prefix_keys,
@@ -35,7 +36,8 @@ PUBLISHED = {
     "taken_at": 1700000000.5, "instance_id": "gpu.0", "accepting": False,
     "published_at": 1700000000.75, "scheduling_policy": "fcfs", "priority_ms_per_token": 2.0,
     "prefix_unit_tokens": 0, "cached_prefixes": "", "num_interactive_seats": 0,
-    "batch_prefill_last": False,
+    "batch_prefill_last": False, "model_path": "/models/qwen2-7b", "hardware": "emulated",
+    "exec_model": "qwen2-7b-a30",
 }
 
 
@@ -54,6 +56,16 @@ def test_an_engine_snapshot_is_published_with_its_instance() -> None:
     assert (published.instance_id, published.model, published.accepting) == (
         "gpu.3", "served-model", False)
     assert published.requests == snapshot.requests and snapshot.instance_id is None
+
+
+def test_an_instance_declares_its_model_path_and_hardware_with_every_state() -> None:
+    declared = Declared("tiny-qwen", "/models/tiny-qwen", "emulated", "llama-2-7b-a100")
+    published = EngineState.from_json(PUBLISHED).published("gpu.1", declared, accepting=True)
+    read_back = EngineState.from_json(json.loads(json.dumps(published.to_json())))
+    assert read_back.declared == declared and read_back.model == "tiny-qwen"
+    older = {k: v for k, v in PUBLISHED.items()
+             if k not in ("model_path", "hardware", "exec_model")}
+    assert EngineState.from_json(older).declared == Declared("qwen2-7b")
 
 
 def test_states_published_before_the_host_set_them_read_as_accepting() -> None:

@@ -1,0 +1,99 @@
+"""Which models the fleet serves: the live ones (a fresh heartbeat, from the states instances
+publish in Redis) and every one ever served (the `served_models` table).
+
+Why a table and not a Redis set: "ever served" must outlive Redis. A Redis restarted empty (its
+data is a cache of live state here: heartbeats, states, streams) would otherwise turn every
+accepted request's model into a 404 while its instances come back; the database is the record
+that survives, and a row per model costs nothing. Each engine worker writes its model's row
+when it registers; the API reads it only for a model no live instance serves.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.db import Database
+from app.errors import BlockqError, NotFound
+from app.fleet import Fleet
+from app.models import ServedModel, utcnow
+from app.settings import Settings
+
+__all__ = ["ModelUnavailable", "check", "declare", "ever_served", "listed", "not_found",
+           "unavailable"]
+
+#: Seconds a held completion for a model whose instances are all down is told to wait.
+RETRY_AFTER_S = 5
+
+
+class ModelUnavailable(BlockqError):
+    """503: the model is served, but no instance of it is up now."""
+
+    status = 503
+    type = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 retry_after_s: int = RETRY_AFTER_S) -> None:
+        super().__init__(message, param=param, code=code)
+        self.retry_after_s = retry_after_s  # the Retry-After header (app/api/errors.py)
+
+
+def declare(session: Session, model: str, model_path: str) -> None:
+    """Record that an instance serves `model` (loaded from `model_path`)."""
+    now = utcnow()
+    row = session.get(ServedModel, model)
+    if row is None:
+        session.add(ServedModel(name=model, model_path=model_path, first_declared_at=now,
+                                last_declared_at=now))
+    else:
+        row.model_path, row.last_declared_at = model_path, now
+
+
+def ever_served(session: Session, model: str) -> bool:
+    return session.get(ServedModel, model) is not None
+
+
+def not_found(model: str) -> NotFound:
+    return NotFound(f"The model '{model}' does not exist.", param="model",
+                    code="model_not_found")
+
+
+def check(fleet: Fleet, db: Database, settings: Settings, model: str, *, held: bool) -> None:
+    """Whether a request may name `model`: a 404 `model_not_found` for a model no instance has
+    ever served (nor the configured fleet declares); for a held call (sync or streamed
+    completion), a 503 with Retry-After when every instance that serves the model is down. An
+    asynchronous request for such a model is accepted: it waits for an instance."""
+    instances = fleet.model_instances().get(model)
+    if instances is not None:
+        if held and not any(instances.values()):
+            raise unavailable(model)
+        return
+    if model in {spec.model for spec in settings.instances}:
+        return  # declared by the operator; its instances have not published yet
+    with db.session() as session:
+        if not ever_served(session, model):
+            raise not_found(model)
+    # NOTE: served before, but no instance of it has published since Redis started: a held
+    # call is told to come back, as when its instances are down.
+    if held:
+        raise unavailable(model)
+
+
+def listed(fleet: Fleet, db: Database) -> list[dict[str, object]]:
+    """OpenAI model objects of the models a live instance serves, sorted by name."""
+    live = fleet.live_models()
+    if not live:
+        return []
+    with db.session() as session:
+        rows = {row.name: row for row in session.scalars(
+            select(ServedModel).where(ServedModel.name.in_(live)))}
+    return [{"id": name, "object": "model",
+             "created": int(rows[name].first_declared_at.timestamp()) if name in rows else 0,
+             "owned_by": "blockq"} for name in live]
+
+
+def unavailable(model: str) -> ModelUnavailable:
+    return ModelUnavailable(
+        f"No instance of the model '{model}' is up now; retry in {RETRY_AFTER_S} s (an "
+        "asynchronous request, POST /v1/requests or a batch, waits for one instead).",
+        param="model", code="model_unavailable")
