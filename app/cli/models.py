@@ -1,6 +1,11 @@
-"""`blockq models ...`: the model registry by hand (list, retrain, refit, roll back)."""
+"""`blockq models ...`: the model registry by hand (list, retrain, refit, roll back), and the
+length model on files (length-train, length-predict, length-info), which needs no service."""
 
 from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -96,3 +101,80 @@ def rollback(kind: str, scope: str | None) -> None:
         rt.bias_watch.reset(scope)
     console.print(f"{kind} model of {scope} rolled back: {now} is active; workers reload it "
                   f"within {rt.settings.model_reload_interval_s:g} s")
+
+
+def _fail(message: str) -> None:
+    """A one-line error and exit status 2 (bad input), no traceback."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+@models.command("length-train")
+@click.option("--data", "data", type=click.Path(path_type=Path), required=True,
+              help='TRAIN JSONL: {"prompt": text or chat messages, "model", "output_tokens"}.')
+@click.option("--out", "out", type=click.Path(path_type=Path), required=True,
+              help="Artifact to write (.npz; a readable .json summary is written beside it).")
+@click.option("--source-name", default=None, help="Name of the rows' source (default: the file).")
+@click.option("--licence", default=None, help="Licence of the rows, recorded in the artifact.")
+def length_train(data: Path, out: Path, source_name: str | None, licence: str | None) -> None:
+    """Train the output-length model on your own rows (no service needed)."""
+    from workers.predict.commands import train_file  # noqa: PLC0415
+    from workers.predict.dataset import InputError  # noqa: PLC0415
+
+    try:
+        head, metrics = train_file(data, out, source_name=source_name, licence=licence)
+    except InputError as error:
+        _fail(str(error))
+    except ValueError as error:  # e.g. no row with an answer
+        _fail(f"{data}: {error}")
+    console.print(f"{head.name}: {metrics['num_rows']} rows, {metrics['num_prompts']} prompts, "
+                  f"{metrics['num_models']} models; out-of-fold MAE "
+                  f"{metrics['mae_tokens']:.1f} tokens ({metrics['num_folds']} folds by prompt)"
+                  f"; wrote {out}")
+
+
+@models.command("length-predict")
+@click.option("--artifact", type=click.Path(path_type=Path), required=True,
+              help="A length-model artifact (from length-train, or the shipped one).")
+@click.option("--data", "data", type=click.Path(path_type=Path), required=True,
+              help='TEST JSONL: {"prompt", "model"[, "max_tokens"]} per line.')
+def length_predict(artifact: Path, data: Path) -> None:
+    """Print {"predicted_tokens": n} per TEST line, in order (unknown models: zero-shot)."""
+    from workers.predict.commands import predict_file  # noqa: PLC0415
+    from workers.predict.dataset import InputError  # noqa: PLC0415
+
+    if not artifact.is_file():
+        _fail(f"{artifact}: no such artifact")
+    try:
+        lines = [json.dumps(p) for p in predict_file(artifact, data)]
+    except InputError as error:
+        _fail(str(error))
+    except (ValueError, KeyError, OSError) as error:
+        _fail(f"{artifact}: not a length-model artifact ({error})")
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+@models.command("length-info")
+@click.option("--artifact", type=click.Path(path_type=Path), default=None,
+              help="Default: BLOCKQ_LENGTH_MODEL_PATH, else the shipped artifact.")
+def length_info(artifact: Path | None) -> None:
+    """The length model's artifact: version, encoder, training sources and their licences."""
+    from workers.predict.commands import artifact_summary  # noqa: PLC0415
+    from workers.predict.length_model import BOOTSTRAP_ARTIFACT  # noqa: PLC0415
+
+    path = artifact or Settings.load().length_model_path or BOOTSTRAP_ARTIFACT
+    try:
+        summary = artifact_summary(path)
+    except (ValueError, KeyError, OSError) as error:
+        _fail(f"{path}: not a length-model artifact ({error})")
+    table = Table(title=f"length model {summary['version']} ({summary['artifact']})")
+    table.add_column("training source")
+    table.add_column("licence")
+    table.add_column("rows", justify="right")
+    for source in summary["sources"] or [{"name": "not recorded", "licence": "unknown"}]:
+        table.add_row(str(source.get("name")), str(source.get("licence")),
+                      str(source.get("rows", "-")))
+    console.print(table)
+    console.print(f"encoder {summary['encoder']}; {summary['serving_models']} serving models "
+                  f"known; trained {summary['trained_at']} on {summary['rows']} rows "
+                  f"({summary['prompts']} prompts), method {summary['method']}")

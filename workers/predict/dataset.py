@@ -30,8 +30,12 @@ from pathlib import Path
 from workers.predict.features import TokenCounter
 
 __all__ = [
+    "ALPACA_EVAL_LICENCE",
+    "InputError",
     "LengthRow",
     "build_rows",
+    "read_length_jsonl",
+    "read_many_models",
     "load_benchmark_prompts",
     "load_prompts_only",
     "prompt_id_of",
@@ -157,6 +161,91 @@ def split_by_prompt(rows: Sequence[LengthRow], *, test_share: float = 0.2,
         bucket = int.from_bytes(digest[:8], "big") / 2**64
         (test if bucket < test_share else train).append(row)
     return train, test
+
+
+#: The licence of the AlpacaEval model outputs (``lengths/README.md`` in the data folder).
+ALPACA_EVAL_LICENCE = "CC BY-NC 4.0"
+#: Where ``lengths/alpaca_eval_many_models.jsonl`` comes from.
+ALPACA_EVAL_SOURCE = ("AlpacaEval model outputs (github.com/tatsu-lab/alpaca_eval, "
+                      "results/<model>/model_outputs.json), lengths in Qwen tokens")
+MANY_MODELS = Path("lengths/alpaca_eval_many_models.jsonl")
+
+
+def read_many_models(path: Path) -> list[LengthRow]:
+    """One row per (prompt, model) answer of ``alpaca_eval_many_models.jsonl`` (one line per
+    prompt with its answers' lengths by model); the prompt id is the file's."""
+    rows = []
+    for record in _read_jsonl(Path(path)):
+        for model, tokens in record["answers"].items():
+            rows.append(LengthRow(str(record["prompt_id"]), str(record["prompt"]), str(model),
+                                  int(tokens), "alpaca_eval"))
+    return rows
+
+
+class InputError(ValueError):
+    """A bad input file or line; the message names the file and, for a line, its number."""
+
+
+def _check_prompt(prompt: object) -> str | None:
+    """Why `prompt` is not a text or a list of chat messages, or None."""
+    if isinstance(prompt, str):
+        return None if prompt.strip() else "prompt is empty"
+    if not isinstance(prompt, list) or not prompt:
+        return "prompt must be a text or a non-empty list of chat messages"
+    for message in prompt:
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str | list):
+            return "each chat message must be an object with a content"
+        if not isinstance(message.get("role", "user"), str):
+            return "a chat message's role must be a text"
+    return None
+
+
+def read_length_jsonl(path: Path | str, *, need_tokens: bool) -> list[dict]:
+    """Rows of a length-model JSONL file: {"prompt", "model"[, "output_tokens"]} per line.
+
+    `prompt` is a text or chat messages, `model` the serving model's name, `output_tokens` (when
+    `need_tokens`) an integer >= 0. Blank lines are skipped. Raises `InputError` naming the
+    file and the line for a missing file, a line that is not JSON, or a missing or bad field.
+    """
+    path = Path(path)
+    try:
+        handle = open(path, encoding="utf-8")
+    except OSError as error:
+        raise InputError(f"{path}: cannot read ({error.strerror or error})") from None
+    rows: list[dict] = []
+    with handle:
+        try:
+            lines = list(handle)
+        except UnicodeDecodeError:
+            raise InputError(f"{path}: not UTF-8 text") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise InputError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+        if not isinstance(raw, dict):
+            raise InputError(f"{path}:{number}: a line must be a JSON object")
+        for key in ("prompt", "model", *(("output_tokens",) if need_tokens else ())):
+            if key not in raw:
+                raise InputError(f"{path}:{number}: missing field {key!r}")
+        problem = _check_prompt(raw["prompt"])
+        if problem:
+            raise InputError(f"{path}:{number}: {problem}")
+        if not isinstance(raw["model"], str) or not raw["model"].strip():
+            raise InputError(f"{path}:{number}: model must be a non-empty text")
+        row = {"prompt": raw["prompt"], "model": raw["model"]}
+        if need_tokens:
+            tokens = raw["output_tokens"]
+            if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+                raise InputError(f"{path}:{number}: output_tokens must be an integer >= 0, "
+                                 f"got {tokens!r}")
+            row["output_tokens"] = tokens
+        rows.append(row)
+    if not rows:
+        raise InputError(f"{path}: no rows")
+    return rows
 
 
 def read_rows(path: Path) -> list[LengthRow]:

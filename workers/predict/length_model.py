@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workers.predict.effects import EffectsConfig, fit_effects
 from workers.predict.encoder import DEFAULT_ENCODER, Encoder, EncoderConfig
 from workers.predict.features import (
     FEATURE_NAMES,
@@ -47,9 +48,22 @@ from workers.predict.features import (
     extract,
     full_text,
 )
+from workers.predict.static_encoder import (
+    STATIC_ARTIFACT,
+    STATIC_ENCODER,
+    StaticEncoder,
+    StaticEncoderConfig,
+)
+
+#: Either encoder: both embed texts into unit-norm rows and carry a name and a dim.
+AnyEncoder = Encoder | StaticEncoder
 
 __all__ = [
     "BOOTSTRAP_ARTIFACT",
+    "AnyEncoder",
+    "build_encoder",
+    "default_encoder",
+    "fit_effects_head",
     "Design",
     "LengthHead",
     "LengthPrediction",
@@ -67,9 +81,9 @@ __all__ = [
 
 #: The model shipped with the package, trained on ../shared/data/conversations.
 BOOTSTRAP_ARTIFACT = Path(__file__).resolve().parent / "models" / "length_bootstrap.npz"
-ARTIFACT_FORMAT = 2
-#: Formats `LengthHead.from_bytes` reads (1: no per-model corrections).
-_READABLE_FORMATS = (1, 2)
+ARTIFACT_FORMAT = 3
+#: Formats `LengthHead.from_bytes` reads (1: no per-model corrections; 2: no effects fit).
+_READABLE_FORMATS = (1, 2, 3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +97,11 @@ class LengthPrediction:
 
 @dataclass(frozen=True, slots=True)
 class TrainConfig:
-    """How `fit_head` chooses and fits the head."""
+    """How `train` chooses and fits the head."""
 
-    #: Ridge penalties tried by grouped cross-validation (the best out-of-fold MAE wins).
-    alphas: tuple[float, ...] = (30.0, 100.0, 300.0, 1000.0, 3000.0)
+    #: Ridge penalties tried by grouped cross-validation (the best out-of-fold MAE wins);
+    #: None: the method's defaults (`penalties`).
+    alphas: tuple[float, ...] | None = None
     #: Folds of the grouped cross-validation (groups = prompts); fewer if there are few prompts.
     num_folds: int = 5
     #: Quantile reported as the uncertainty.
@@ -108,12 +123,27 @@ class TrainConfig:
     loss: str = "absolute"
     #: Reweighting rounds of the absolute loss (one weighted ridge solve per penalty each).
     irls_iterations: int = 3
+    #: "effects" (default): model effect + prompt effect + interactions, fitted on many answers
+    #: per prompt (`workers.predict.effects`); "ridge": the per-answer ridge head of `fit_head`.
+    method: str = "effects"
+    #: The effects fit's other settings (its penalties are `penalties`, its folds `num_folds`).
+    effects: EffectsConfig = EffectsConfig()
 
     def __post_init__(self) -> None:
         if self.loss not in ("absolute", "squared"):
             raise ValueError(f"loss must be 'absolute' or 'squared', got {self.loss!r}")
         if self.irls_iterations < 0:
             raise ValueError(f"irls_iterations must be >= 0, got {self.irls_iterations}")
+        if self.method not in ("effects", "ridge"):
+            raise ValueError(f"method must be 'effects' or 'ridge', got {self.method!r}")
+
+    @property
+    def penalties(self) -> tuple[float, ...]:
+        if self.alphas is not None:
+            return tuple(self.alphas)
+        # NOTE: "ridge" penalises per answer row, "effects" per prompt (one row each).
+        return (30.0, 100.0, 300.0, 1000.0, 3000.0) if self.method == "ridge" else (
+            1.0, 3.0, 10.0, 30.0, 100.0, 300.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +238,19 @@ class LengthHead:
     trained_at: str = ""                # UTC ISO timestamp
     #: Per-serving-model corrections learned online (`workers.learn`), applied after the head.
     corrections: Mapping[str, ModelCorrection] = field(default_factory=dict)
+    #: Effects fit (`workers.predict.effects`, format 3): each model's sensitivity to the prompt
+    #: effect (None: 1 for every model), the prompt effect's bias, and the reduced-rank
+    #: interaction: (inputs @ factor_weights) . model_factors[model].
+    model_scales: np.ndarray | None = None
+    pooled_scale: float = 1.0
+    prompt_bias: float = 0.0
+    factor_weights: np.ndarray | None = None    # (num inputs, rank)
+    model_factors: np.ndarray | None = None     # (num models, rank)
+    #: Answers of a new serving model that weigh as much as the population prior of its effect
+    #: (noise variance of one answer over the variance of model effects); None: not estimated.
+    prior_rows: float | None = None
+    #: Where the training rows came from and under which licence: [{"name", "licence", "rows"}].
+    sources: tuple[Mapping[str, object], ...] = ()
 
     def __post_init__(self) -> None:
         if tuple(self.feature_names) != FEATURE_NAMES:
@@ -235,11 +278,17 @@ class LengthHead:
         index = {name: i for i, name in enumerate(self.model_names)}
         slots = np.array([index.get(m, -1) for m in design.models], dtype=np.int64)
         known = slots >= 0
-        intercept = np.where(known, self.model_intercepts[np.maximum(slots, 0)],
-                             self.pooled_intercept)
-        log_q = np.where(known, self.model_log_q[np.maximum(slots, 0)], self.pooled_log_q)
+        safe = np.maximum(slots, 0)
+        intercept = np.where(known, self.model_intercepts[safe], self.pooled_intercept)
+        log_q = np.where(known, self.model_log_q[safe], self.pooled_log_q)
         inputs = self._inputs(design)
-        log_point = inputs @ self.weights + intercept + self.log_offset
+        prompt = inputs @ self.weights + self.prompt_bias
+        if self.model_scales is not None:
+            prompt = prompt * np.where(known, self.model_scales[safe], self.pooled_scale)
+        log_point = prompt + intercept + self.log_offset
+        if self.factor_weights is not None and self.factor_weights.shape[1]:
+            loadings = np.where(known[:, None], self.model_factors[safe], 0.0)
+            log_point = log_point + ((inputs @ self.factor_weights) * loadings).sum(1)
         if corrected and self.corrections:
             models = np.asarray(design.models, dtype=object)
             for model, correction in self.corrections.items():
@@ -297,7 +346,14 @@ class LengthHead:
             "encoder": self.encoder,
             "metrics": self.metrics,
             "corrections": {m: c.to_meta() for m, c in self.corrections.items()},
+            "pooled_scale": self.pooled_scale,
+            "prompt_bias": self.prompt_bias,
+            "prior_rows": self.prior_rows,
+            "sources": [dict(source) for source in self.sources],
         }
+        effects = {name: np.asarray(value, np.float32) for name, value in (
+            ("model_scales", self.model_scales), ("factor_weights", self.factor_weights),
+            ("model_factors", self.model_factors)) if value is not None}
         correction_weights = {f"correction_weights_{i}": np.asarray(c.weights, np.float32)
                               for i, c in enumerate(self.corrections.values())
                               if c.weights is not None}
@@ -311,6 +367,7 @@ class LengthHead:
             model_intercepts=self.model_intercepts.astype(np.float64),
             model_log_q=self.model_log_q.astype(np.float64),
             **correction_weights,
+            **effects,
         )
         return buffer.getvalue()
 
@@ -343,6 +400,13 @@ class LengthHead:
                 version=str(meta["version"]),
                 trained_at=str(meta["trained_at"]),
                 corrections=corrections,
+                model_scales=_optional(arrays, "model_scales"),
+                pooled_scale=float(meta.get("pooled_scale", 1.0)),
+                prompt_bias=float(meta.get("prompt_bias", 0.0)),
+                factor_weights=_optional(arrays, "factor_weights"),
+                model_factors=_optional(arrays, "model_factors"),
+                prior_rows=None if meta.get("prior_rows") is None else float(meta["prior_rows"]),
+                sources=tuple(meta.get("sources", ())),
             )
 
     def save(self, path: Path | str) -> Path:
@@ -351,6 +415,7 @@ class LengthHead:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(self.to_bytes())
         summary = {"version": self.version, "trained_at": self.trained_at,
+                   "sources": [dict(source) for source in self.sources],
                    "quantile": self.quantile, "model_names": list(self.model_names),
                    "encoder": self.encoder, "metrics": self.metrics}
         path.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -361,6 +426,10 @@ class LengthHead:
         return cls.from_bytes(Path(path).read_bytes())
 
 
+def _optional(arrays, name: str) -> np.ndarray | None:
+    return arrays[name].astype(np.float64) if name in arrays.files else None
+
+
 def _clip_tokens(log_tokens: np.ndarray, cap: np.ndarray) -> np.ndarray:
     # NOTE: clip in log space first so exp never overflows on a wild extrapolation.
     return np.clip(np.rint(np.exp(np.clip(log_tokens, 0.0, 20.0))), 1, cap).astype(np.int64)
@@ -369,7 +438,7 @@ def _clip_tokens(log_tokens: np.ndarray, cap: np.ndarray) -> np.ndarray:
 class LengthPredictor:
     """Encoder + token counter + head: the object a predictor worker loads once and keeps."""
 
-    def __init__(self, head: LengthHead, *, encoder: Encoder, counter: TokenCounter) -> None:
+    def __init__(self, head: LengthHead, *, encoder: AnyEncoder, counter: TokenCounter) -> None:
         if encoder.dim != head.encoder["dim"] or encoder.name != head.encoder["name"]:
             raise ValueError(
                 f"head was trained on {head.encoder['name']} ({head.encoder['dim']} dims), "
@@ -389,16 +458,16 @@ class LengthPredictor:
              batch_size: int = 8) -> LengthPredictor:
         """Load an artifact and the encoder it was trained with (the packaged one by default).
 
-        A head trained on another encoder needs `encoder_path`, the local directory of it.
+        A head trained on another encoder needs `encoder_path`: the local directory of that
+        transformer, or the file of that static matrix.
         """
         head = LengthHead.load(path)
-        if head.encoder["name"] != DEFAULT_ENCODER and encoder_path is None:
-            raise ValueError(f"{path} was trained on encoder {head.encoder['name']!r}; "
-                             "pass encoder_path= the local directory of that encoder")
-        return cls(head, encoder=Encoder(encoder_config_for(head, encoder_path, dtype=dtype,
-                                                            num_threads=num_threads,
-                                                            batch_size=batch_size)),
-                   counter=TokenCounter())
+        if head.encoder.get("kind") == "static":
+            encoder = build_encoder(head.encoder, encoder_path)
+        else:
+            encoder = build_encoder(head.encoder, encoder_path, dtype=dtype,
+                                    num_threads=num_threads, batch_size=batch_size)
+        return cls(head, encoder=encoder, counter=TokenCounter())
 
     def with_head(self, head: LengthHead) -> LengthPredictor:
         """The same encoder and counter with another head: a hot reload costs no encoder load."""
@@ -570,7 +639,7 @@ def fit_head(design: Design, output_tokens: Sequence[int] | np.ndarray,
     # Grouped cross-validation: choose the penalty, collect out-of-fold log residuals.
     num_groups = len(np.unique(groups))
     num_folds = min(config.num_folds, num_groups)
-    alphas = tuple(config.alphas)
+    alphas = replace(config, method="ridge").penalties
     num_models = len(model_names)
     if num_folds >= 2:
         folds = _fold_of_groups(groups, num_folds, config.seed)
@@ -653,33 +722,161 @@ def _row_fields(row) -> tuple[str, str, int, str]:
     return prompt, str(model), int(tokens), str(group or full_text(prompt))
 
 
-def train(rows: Iterable, *, encoder: Encoder | None = None,
-          counter: TokenCounter | None = None,
-          config: TrainConfig = TrainConfig()) -> tuple[LengthPredictor, dict]:
+def train(rows: Iterable, *, encoder: AnyEncoder | None = None,
+          counter: TokenCounter | None = None, config: TrainConfig = TrainConfig(),
+          sources: Sequence[Mapping[str, object]] = ()) -> tuple[LengthPredictor, dict]:
     """Train a predictor from rows of (prompt, model, output_tokens[, prompt_id]).
 
     Rows are `dataset.LengthRow` objects or mappings with those keys (e.g. exported from the
     PostgreSQL request history; prompts may be chat message lists). Rows without a prompt_id are
-    grouped by prompt text; rows with no output token are skipped. Returns the predictor and
-    its out-of-fold metrics (MAE in tokens, median relative error, share within 25%, Spearman,
-    p90 coverage, chosen penalty, row and prompt counts).
+    grouped by prompt text; rows with no output token are skipped. `encoder` defaults to the
+    shipped static encoder; `sources` ({"name", "licence", "rows"}) are recorded in the artifact.
+    Returns the predictor and its out-of-fold metrics (MAE in tokens, median relative error,
+    share within 25%, Spearman, p90 coverage, chosen penalty, row and prompt counts).
+
+    This is what the shipped artifact, `blockq models length-train` and the online loop's
+    refit all call.
     """
     fields = [_row_fields(row) for row in rows]
     fields = [f for f in fields if f[2] >= 1]
-    encoder = encoder or Encoder()
+    if not fields:
+        raise ValueError("no training row with output_tokens >= 1")
+    encoder = encoder or default_encoder()
     counter = counter or TokenCounter()
-    design = design_matrix([f[0] for f in fields], [f[1] for f in fields],
-                           encoder=encoder, counter=counter)
-    head, metrics = fit_head(design, [f[2] for f in fields], [f[3] for f in fields],
-                             encoder_info=encoder_info(encoder), config=config)
+    if config.method == "ridge":
+        design = design_matrix([f[0] for f in fields], [f[1] for f in fields],
+                               encoder=encoder, counter=counter)
+        head, metrics = fit_head(design, [f[2] for f in fields], [f[3] for f in fields],
+                                 encoder_info=encoder_info(encoder), config=config)
+    else:
+        head, metrics = fit_effects_head(fields, encoder=encoder, counter=counter,
+                                         config=config)
+    head = replace(head, sources=tuple(dict(s) for s in sources))
     return LengthPredictor(head, encoder=encoder, counter=counter), metrics
 
 
-def encoder_info(encoder: Encoder) -> dict:
+def fit_effects_head(fields: Sequence[tuple[Prompt, str, int, str]], *, encoder: AnyEncoder,
+                     counter: TokenCounter, config: TrainConfig = TrainConfig()
+                     ) -> tuple[LengthHead, dict]:
+    """The effects fit (`workers.predict.effects`) as a `LengthHead`: each distinct prompt is
+    embedded and featurised once; rows are (prompt, model, output tokens, prompt group)."""
+    group_of: dict[str, int] = {}
+    first: list[int] = []
+    prompt_index = np.empty(len(fields), dtype=np.int64)
+    for i, (_, _, _, group) in enumerate(fields):
+        if group not in group_of:
+            group_of[group] = len(first)
+            first.append(i)
+        prompt_index[i] = group_of[group]
+    prompts = [fields[i][0] for i in first]
+    embeddings = encoder.embed([embedding_text(p) for p in prompts])
+    features = np.stack([extract(p, num_prompt_tokens=counter(full_text(p))) for p in prompts])
+    feature_mean = features.mean(0)
+    feature_scale = features.std(0)
+    feature_scale = np.where(feature_scale > 1e-6, feature_scale, 1.0)
+    info = encoder_info(encoder)
+    num_blocks = max(len(info.get("layers") or [0]), 1)
+    embedding_scale = config.embedding_weight * math.sqrt(embeddings.shape[1] / num_blocks)
+    x = np.hstack([embeddings * embedding_scale, (features - feature_mean) / feature_scale])
+    model_names = tuple(sorted({f[1] for f in fields}))
+    slot = {name: i for i, name in enumerate(model_names)}
+    models = np.array([slot[f[1]] for f in fields], dtype=np.int64)
+    tokens = np.array([f[2] for f in fields], dtype=np.float64)
+    effects = replace(config.effects, alphas=config.penalties, num_folds=config.num_folds,
+                      seed=config.seed)
+    fit = fit_effects(x, prompt_index, models, tokens, len(model_names), effects,
+                      max_tokens=config.max_tokens)
+    y = np.log(tokens)
+    residuals = y - fit.oof_log
+    counts = np.bincount(models, minlength=len(model_names))
+    pooled_q = float(np.quantile(residuals, config.quantile))
+    model_q = np.array([
+        float(np.quantile(residuals[models == m], config.quantile))
+        if counts[m] >= config.min_rows_per_model_quantile else pooled_q
+        for m in range(len(model_names))])
+    # An unknown model also misses its own effect: its quantile adds the spread of the effects.
+    unknown_q = float(np.quantile(residuals + fit.model_effects[models] - fit.prior_effect,
+                                  config.quantile))
+    cap = np.int64(config.max_tokens)
+    metrics = length_metrics(_clip_tokens(fit.oof_log, cap), tokens,
+                             p90=_clip_tokens(fit.oof_log + np.maximum(model_q[models], 0), cap))
+    metrics.update({"alpha": fit.alpha, "num_rows": int(len(tokens)),
+                    "num_prompts": len(first), "num_models": len(model_names),
+                    "num_folds": fit.num_folds, "validated": fit.num_folds >= 2,
+                    "method": "effects", "interaction_rank": fit.rank,
+                    "interaction_alpha": fit.interaction_alpha, "prior_rows": fit.prior_rows,
+                    # NOTE: one text (comma-separated), so the metrics stay a flat mapping.
+                    "prompt_insensitive_models": ", ".join(model_names[i]
+                                                           for i in fit.insensitive)})
+    trained_at = datetime.now(UTC).replace(microsecond=0).isoformat()
+    digest = hashlib.sha1(fit.prompt_weights.astype(np.float32).tobytes())
+    digest.update(fit.model_effects.astype(np.float32).tobytes())
+    digest.update(json.dumps([model_names, trained_at]).encode())
+    rank = fit.rank
+    head = LengthHead(
+        weights=fit.prompt_weights.astype(np.float32),
+        feature_mean=feature_mean.astype(np.float32),
+        feature_scale=feature_scale.astype(np.float32),
+        embedding_scale=embedding_scale,
+        model_names=model_names,
+        model_intercepts=fit.model_effects,
+        pooled_intercept=fit.prior_effect,
+        model_log_q=model_q,
+        pooled_log_q=unknown_q,
+        log_offset=0.0,
+        quantile=config.quantile,
+        feature_names=FEATURE_NAMES,
+        encoder=info,
+        metrics={k: _plain(v) for k, v in metrics.items()},
+        version=digest.hexdigest()[:12],
+        trained_at=trained_at,
+        model_scales=fit.sensitivities,
+        pooled_scale=fit.prior_scale,
+        prompt_bias=fit.prompt_bias,
+        factor_weights=fit.factor_weights if rank else None,
+        model_factors=fit.model_factors if rank else None,
+        prior_rows=fit.prior_rows,
+    )
+    return head, metrics
+
+
+def encoder_info(encoder: AnyEncoder) -> dict:
     """What an artifact records about the encoder its head was trained on."""
+    if isinstance(encoder, StaticEncoder):
+        return {"name": encoder.name, "dim": encoder.dim, "max_seq_len": encoder.max_seq_len,
+                "layers": None, "tail_share": encoder.config.tail_share, "num_layers": None,
+                "kind": "static"}
     return {"name": encoder.name, "dim": encoder.dim, "max_seq_len": encoder.max_seq_len,
             "layers": list(encoder.config.layers), "tail_share": encoder.config.tail_share,
             "num_layers": encoder.config.num_layers}
+
+
+def default_encoder() -> StaticEncoder:
+    """The encoder new heads are trained on: the shipped static one (no torch)."""
+    return StaticEncoder.load()
+
+
+def build_encoder(info: Mapping, path: str | None = None, **runtime) -> AnyEncoder:
+    """The encoder a head was trained on (`LengthHead.encoder`), loaded.
+
+    A static encoder loads from `path` (default: the shipped matrix); a transformer from `path`
+    (default: the packaged MiniLM) with runtime-only knobs (dtype, threads, batch size).
+    """
+    if info.get("kind") == "static":
+        if path is None and info["name"] != STATIC_ENCODER:
+            raise ValueError(f"the head was trained on static encoder {info['name']!r}; "
+                             "pass the path of its matrix")
+        return StaticEncoder.load(path or STATIC_ARTIFACT, config=StaticEncoderConfig(
+            max_seq_len=int(info["max_seq_len"]), tail_share=float(info["tail_share"])))
+    if info["name"] != DEFAULT_ENCODER and path is None:
+        raise ValueError(f"the head was trained on encoder {info['name']!r}; "
+                         "pass encoder_path= the local directory of that encoder")
+    num_layers = info.get("num_layers")
+    return Encoder(EncoderConfig(path=path, max_seq_len=int(info["max_seq_len"]),
+                                 tail_share=float(info["tail_share"]),
+                                 layers=tuple(int(i) for i in info["layers"]),
+                                 num_layers=None if num_layers is None else int(num_layers),
+                                 **runtime))
 
 
 def evaluate(predictor: LengthPredictor, rows: Iterable, *, max_tokens: int = 4096) -> dict:
