@@ -4,6 +4,10 @@
 setup:
 	./scripts/setup.sh
 
+# The local stack serves the two tiny test models side by side, each on its own vLLM engine
+# (BLOCKQ_FLEET in the environment overrides it).
+demo serve: export BLOCKQ_FLEET ?= [{"model": "tiny-llama"}, {"model": "tiny-qwen"}]
+
 demo: setup
 	.venv/bin/blockq demo
 

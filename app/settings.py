@@ -708,10 +708,12 @@ class Settings(BaseSettings):
 
     def for_instance(self, instance_id: str) -> Settings:
         """These settings as engine instance `instance_id` (gpu.<k>) of the fleet runs them:
-        its model's name and path, engine kind and emulated hardware."""
+        its model's name and path, engine kind and emulated hardware. An instance the fleet
+        does not list (an engine started by hand on queue gpu.emu0) runs these settings as
+        they are."""
         ids = self.instance_ids
         if instance_id not in ids:
-            raise ValueError(f"{instance_id} is not an instance of the fleet ({', '.join(ids)})")
+            return self
         spec = self.instances[ids.index(instance_id)]
         return self.model_copy(update={
             "model_name": spec.model, "model_path": spec.model_path,

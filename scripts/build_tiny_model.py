@@ -1,15 +1,23 @@
-"""Build the tiny random-weight Llama model that tests and demos serve with vLLM.
+"""Build the tiny random-weight models that tests and demos serve with vLLM.
 
-Nothing can be downloaded from a model hub here, so blockq makes its own model: a 2-layer
-Llama (hidden 128, 4 heads of 32, 2 KV heads) with random weights from a fixed seed and a
-byte-level BPE tokenizer trained on ``app/demo/sample_prompts.jsonl``. The output is an
-ordinary Hugging Face model directory (``config.json``, ``model.safetensors``,
-``generation_config.json``, ``tokenizer.json``, ``tokenizer_config.json``) that vLLM and
-transformers load like any other.
+Nothing can be downloaded from a model hub here, so blockq makes its own models with random
+weights from a fixed seed and a byte-level BPE tokenizer trained on
+``app/demo/sample_prompts.jsonl``:
+
+- ``--arch llama`` (tiny-llama): a 2-layer Llama (hidden 128, 4 heads of 32, 2 KV heads);
+- ``--arch qwen2`` (tiny-qwen): a 3-layer Qwen2 (hidden 96, 3 heads of 32, 1 KV head, biased
+  q/k/v projections, tied embeddings): another architecture and shape, the second model a
+  multi-model fleet serves beside tiny-llama.
+
+Both use the same tokenizer (trained the same way on the same prompts), so a prompt counts the
+same tokens on either. The output is an ordinary Hugging Face model directory
+(``config.json``, ``model.safetensors``, ``generation_config.json``, ``tokenizer.json``,
+``tokenizer_config.json``) that vLLM and transformers load like any other.
 
 Usage::
 
     python scripts/build_tiny_model.py --out .blockq/models/tiny-llama [--force]
+    python scripts/build_tiny_model.py --arch qwen2 --out .blockq/models/tiny-qwen
 
 NOTE: head_dim is 32 because vLLM's CPU attention has no kernel for head size 16.
 """
@@ -59,6 +67,18 @@ MODEL_SHAPE = dict(
     num_key_value_heads=2,
     max_position_embeddings=2048,
 )
+#: Architecture -> (its shape, whether the embeddings are tied to the output layer).
+ARCHITECTURES = {
+    "llama": (MODEL_SHAPE, False),
+    "qwen2": (dict(
+        hidden_size=96,
+        intermediate_size=192,
+        num_hidden_layers=3,
+        num_attention_heads=3,  # head_dim 32
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
+    ), True),
+}
 
 
 def is_complete(out: Path) -> bool:
@@ -88,7 +108,8 @@ def _train_tokenizer(texts: list[str], vocab_size: int):
         show_progress=False,
     )
     # Role markers show up in rendered prompts: train on them so they sit in context.
-    corpus = texts + [f"{role}\n{text}\n" for role, text in zip(ROLE_TOKENS * len(texts), texts)]
+    corpus = texts + [f"{role}\n{text}\n" for role, text in
+              zip(ROLE_TOKENS * len(texts), texts, strict=False)]
     tokenizer.train_from_iterator(corpus, trainer=trainer)
     bos_id = tokenizer.token_to_id(BOS)
     # Like Llama: a BOS in front of every sequence.
@@ -123,35 +144,45 @@ def _make_tokenizer_config_portable(path: Path) -> None:
     path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
-def _write_model(staging: Path, prompts_path: Path, seed: int) -> dict:
+def _write_model(staging: Path, prompts_path: Path, seed: int, arch: str = "llama") -> dict:
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import (
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     tokenizer = _train_tokenizer(_read_prompts(prompts_path), VOCAB_SIZE)
     tokenizer.save_pretrained(staging)
     _make_tokenizer_config_portable(staging / "tokenizer_config.json")
     bos_id, eos_id, pad_id = (tokenizer.convert_tokens_to_ids(t) for t in (BOS, EOS, PAD))
 
-    config = LlamaConfig(
+    shape, tied = ARCHITECTURES[arch]
+    config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM),
+                                 "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
+    config = config_class(
         vocab_size=len(tokenizer),
         bos_token_id=bos_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         torch_dtype="bfloat16",
-        **MODEL_SHAPE,
+        **shape,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    model = model_class(config).to(torch.bfloat16).eval()
     model.save_pretrained(staging, safe_serialization=True)
     GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id).save_pretrained(
         staging
     )
     return {
+        "architecture": arch,
         "seed": seed,
         "vocab_size": len(tokenizer),
         "num_parameters": sum(p.numel() for p in model.parameters()),
-        **MODEL_SHAPE,
+        **shape,
     }
 
 
@@ -161,6 +192,7 @@ def build_tiny_model(
     force: bool = False,
     seed: int = 0,
     prompts_path: Path | str = DEFAULT_PROMPTS,
+    arch: str = "llama",
 ) -> Path:
     """Build the model into ``out`` unless a complete one is there (or ``force``); return ``out``.
 
@@ -173,7 +205,7 @@ def build_tiny_model(
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        info = _write_model(staging, Path(prompts_path), seed)
+        info = _write_model(staging, Path(prompts_path), seed, arch)
         (staging / MARKER_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
         # mkdtemp makes a private directory; the model is meant to be read by other users
         # (containers, workers running under another account).
@@ -192,19 +224,25 @@ def build_tiny_model(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help="model directory (default: .blockq/models/tiny-llama in the repo)")
+    parser.add_argument("--arch", choices=sorted(ARCHITECTURES), default="llama",
+                        help="architecture (default: llama)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="model directory (default: .blockq/models/tiny-llama in the repo, "
+                        "tiny-qwen for --arch qwen2)")
     parser.add_argument("--force", action="store_true", help="rebuild even if complete")
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
     parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
                         help="JSONL with a 'prompt' field to train the tokenizer on")
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = DEFAULT_OUT.parent / ("tiny-qwen" if args.arch == "qwen2" else "tiny-llama")
 
     if is_complete(args.out) and not args.force:
         print(f"tiny model already built at {args.out} (use --force to rebuild)")
         return 0
     started = time.perf_counter()
-    out = build_tiny_model(args.out, force=args.force, seed=args.seed, prompts_path=args.prompts)
+    out = build_tiny_model(args.out, force=args.force, seed=args.seed, prompts_path=args.prompts,
+                           arch=args.arch)
     info = json.loads((out / MARKER_FILE).read_text(encoding="utf-8"))
     print(f"built tiny model at {out} in {time.perf_counter() - started:.1f} s")
     for key, value in info.items():

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything blockq needs on a fresh machine, idempotently:
 # the virtualenv in .venv with blockq installed, the local PostgreSQL and Redis running,
-# and the tiny test model built. Safe and quick to run again.
+# and the tiny test models built. Safe and quick to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,6 +60,8 @@ ensure_chromium() {
 
 ensure_model() {
   "$VENV/bin/python" scripts/build_tiny_model.py --out "$MODEL_DIR"
+  # The second model of another architecture, served beside it (make demo, the tests).
+  "$VENV/bin/python" scripts/build_tiny_model.py --arch qwen2 --out "$(dirname "$MODEL_DIR")/tiny-qwen"
 }
 
 ensure_venv

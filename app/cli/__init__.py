@@ -39,9 +39,9 @@ def _prepare(settings: Settings) -> dict[str, str]:
     for path in {model, *(spec.model_path for spec in settings.instances)}:
         if path is not None and not (path / "config.json").exists():
             raise click.ClickException(
-                f"no model at {path}: build the tiny test models with "
-                f"`python scripts/build_tiny_model.py --out {path}`, or set BLOCKQ_MODEL_PATH "
-                "(BLOCKQ_FLEET's model_path)"
+                f"no model at {path}: build the tiny test models with `python "
+                f"scripts/build_tiny_model.py --out {path}` (add `--arch qwen2` for tiny-qwen), "
+                "or set BLOCKQ_MODEL_PATH (BLOCKQ_FLEET's model_path)"
             )
     private_dir(settings.data_dir)  # the SQLite database, logs, secrets, files: 0700
     upgrade(settings.resolved_database_url)
@@ -104,7 +104,10 @@ def _sample_job(settings: Settings, num_requests: int) -> None:
         console.print(f"stack ready at {stack.api_url}; API key of team 'demo': {key}")
         console.print(f"sending {num_requests} requests")
         started = time.monotonic()
-        results = run_sample_job(stack.client(key), load_sample_prompts(num_requests))
+        models = list(dict.fromkeys(spec.model for spec in settings.instances))
+        console.print(f"models served: {', '.join(models)} (the prompts alternate among them)")
+        results = run_sample_job(stack.client(key), load_sample_prompts(num_requests),
+                                 models=models)
         summarize(JobSummary.of(results, time.monotonic() - started), console)
     except StackError as exc:
         raise click.ClickException(str(exc)) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,17 +36,21 @@ def load_sample_prompts(limit: int | None = None) -> list[dict[str, Any]]:
 
 def run_sample_job(
     client: httpx.Client, prompts: list[dict[str, Any]], *, concurrency: int = 16,
-    timeout_s: float = 900,
+    timeout_s: float = 900, models: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """Submit every prompt, then poll until all are terminal. Returns the final request objects."""
+    """Submit every prompt (prompt i to models[i % len(models)]; none given: the default
+    model), then poll until all are terminal. Returns the final request objects."""
+    named = [models[i % len(models)] if models else None for i in range(len(prompts))]
     with client:
         with ThreadPoolExecutor(concurrency) as pool:
-            ids = list(pool.map(lambda row: _submit(client, row), prompts))
+            ids = list(pool.map(lambda pair: _submit(client, *pair), zip(prompts, named,
+                                                                           strict=True)))
         return _wait_all(client, ids, timeout_s=timeout_s)
 
 
-def _submit(client: httpx.Client, row: dict[str, Any]) -> str:
+def _submit(client: httpx.Client, row: dict[str, Any], model: str | None = None) -> str:
     body = {
+        **({"model": model} if model else {}),
         "prompt": row["prompt"],
         "max_tokens": row["max_tokens"],
         "temperature": 0.8,
@@ -110,7 +115,7 @@ class JobSummary:
         return cls(
             num_requests=len(results),
             statuses=dict(Counter(r["status"] for r in results)),
-            per_instance=dict(sorted(Counter(r["instance_id"] for r in ok).items())),
+            per_instance=dict(sorted(Counter(_instance_label(r) for r in ok).items())),
             ttft_s=[s for r in ok if (s := _seconds(r["first_token_at"], r["created_at"]))],
             e2e_s=[s for r in ok if (s := _seconds(r["finished_at"], r["created_at"]))],
             predicted_tokens=[r["predicted_output_tokens"] for r in natural],
@@ -128,6 +133,12 @@ class JobSummary:
         and predictions are capped at max_tokens: on such requests the error is zero by
         construction (the demo's tiny random-weight model never stops on its own)."""
         return len(self.actual_tokens) >= MIN_NATURAL_ENDS
+
+
+def _instance_label(result: dict[str, Any]) -> str:
+    """'gpu.0', or 'gpu.0 (tiny-llama)' when the request names its model."""
+    model = result.get("model")
+    return f"{result['instance_id']} ({model})" if model else str(result["instance_id"])
 
 
 def _ran_to_cap(result: dict[str, Any]) -> bool:
