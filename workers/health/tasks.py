@@ -1,5 +1,6 @@
 """Periodic tasks of the health worker (run by celery beat): the stranded-request sweep
-(`sweep.py`), the outbox relay (`app/outbox.py`) and the retention purge (`app/retention.py`)."""
+(`sweep.py`) and the rebalance toward returned instances (`rebalance.py`), the outbox relay
+(`app/outbox.py`) and the retention purge (`app/retention.py`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from celery import shared_task
 from app import dispatch, retention
 from app.controls import OperatorControls
 from workers import runtime
+from workers.health.rebalance import Rebalance
 from workers.health.sweep import Sweep
 from workers.health.undelivered import WebhookPolicy
 from workers.locks import held
@@ -46,7 +48,12 @@ def requeue_orphans() -> dict[str, int]:
     if report.rerouted or report.resent or report.webhooks_resent:
         logger.warning("stranded-request sweep: rerouted %d, sent on again %d, webhooks sent "
                        "again %d", report.rerouted, report.resent, report.webhooks_resent)
-    return dataclasses.asdict(report)
+    # A returning instance takes work at once (after a crash, the survivors hold the backlog).
+    rebalanced = Rebalance(rt.outbox, rt.redis).run(rt.fleet.statuses())
+    if rebalanced:
+        logger.warning("rebalance: %d waiting request(s) back to routing for returned "
+                       "instances", rebalanced)
+    return {**dataclasses.asdict(report), "rebalanced": rebalanced}
 
 
 @shared_task(name=dispatch.TASK_RELAY_OUTBOX)

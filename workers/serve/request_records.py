@@ -125,7 +125,10 @@ class RequestRecords:
                            "finish_reason": result.finish_reason})
         metrics.observe_completion(finished)
         self.streams.end(result.request_id, attempt, result.finish_reason)
-        self.feedback.observe(predicted, result.num_output_tokens)
+        # NOTE: a crash is not a prediction error: a request that ran again after its instance
+        # was lost (or it was moved, attempt > 1) teaches the bias watch nothing; its length
+        # still feeds the running mean.
+        self.feedback.observe(predicted if attempt <= 1 else None, result.num_output_tokens)
 
     def fail(self, request_id: str, attempt: int, exc: Exception) -> None:
         """Mark the request FAILED with the engine's error (logged with its traceback), unless it
