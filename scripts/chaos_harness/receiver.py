@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from app.cli.stack import free_port
 from workers.webhooks.signing import verify
 
 
@@ -27,9 +26,9 @@ class Delivery:
 class WebhookReceiver:
     """Records every delivery and checks its signature against `secrets` (the teams' signing
     secrets, added once the teams exist); answers 500 to the first `fail_first` attempts of each
-    event (by webhook-id), 200 after."""
+    event (by webhook-id), 200 after. Listens on `host` (a free port)."""
 
-    def __init__(self, fail_first: int) -> None:
+    def __init__(self, fail_first: int, host: str = "127.0.0.1") -> None:
         self.secrets: list[str] = []
         self.deliveries: list[Delivery] = []
         self.lock = threading.Lock()
@@ -61,8 +60,8 @@ class WebhookReceiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def snapshot(self) -> list[Delivery]:

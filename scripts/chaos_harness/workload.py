@@ -4,6 +4,8 @@ batches, sent at a steady pace from client threads that retry until accepted."""
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import json
 import random
 import re
@@ -57,6 +59,11 @@ class Retry(Exception):
         self.reason = reason
 
 
+#: Transport errors of our HTTP client and of the openai client's (httpx2 since openai 3: its
+#: `Timeout` is httpx2's too, and a stream broken mid-read raises httpx2's errors).
+_HTTP_ERRORS: tuple[type[Exception], ...] = (httpx.HTTPError,) + (
+    (importlib.import_module("httpx2").HTTPError,) if importlib.util.find_spec("httpx2") else ())
+
 _REQUEST_ID = re.compile(r"\b(req_[A-Za-z0-9]+)")
 
 
@@ -106,11 +113,11 @@ class Workload:
         self.lock = threading.Lock()
         self.native = stack.client(timeout=httpx.Timeout(30, connect=5))
         self.openai = openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key=stack.api_key,
-                                    max_retries=0, timeout=httpx.Timeout(
+                                    max_retries=0, timeout=openai.Timeout(
                                         config.sync_timeout_s + 30, connect=5))
         self.team_clients = {
             team: openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key=key, max_retries=0,
-                                timeout=httpx.Timeout(60, connect=5))
+                                timeout=openai.Timeout(60, connect=5))
             for team, key in team_keys.items()}
         self.submitted = 0  # requests (batch lines included) handed to a client so far
 
@@ -216,7 +223,7 @@ class Workload:
                 raise Retry(str(status)) from error
             outcome.note = f"refused {status}: {message[:200]}"
             return
-        if isinstance(error, (openai.APIConnectionError, httpx.HTTPError)):
+        if isinstance(error, (openai.APIConnectionError, *_HTTP_ERRORS)):
             raise Retry(type(error).__name__) from error
         raise error
 
@@ -262,7 +269,7 @@ class Workload:
                 pieces.append((choice.delta.content if kind == "chat" else choice.text) or "")
         except openai.APIError as error:  # an error event in the stream
             outcome.interrupted = str(getattr(error, "code", None) or "error")
-        except (httpx.HTTPError, openai.APIConnectionError) as error:
+        except (*_HTTP_ERRORS, openai.APIConnectionError) as error:
             outcome.interrupted = f"transport: {type(error).__name__}"
         finally:
             outcome.text = "".join(pieces)

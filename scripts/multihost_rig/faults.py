@@ -1,0 +1,100 @@
+"""The host-level faults, injected one after another during the run's traffic.
+
+- `engine-host:kill`: every process of an engine host SIGKILLed at once; the host boots again
+  after `down_s`.
+- `control-host:kill`: the same for the control host that runs beat.
+- `engine-host:partition`: an engine host's packets to and from the data host dropped
+  (iptables in its namespace) for `partition_s`, then allowed again.
+- `redis:restart`: the data host's Redis SIGKILLed and started again, empty.
+
+Each fault's `start` is when it began and `end` when it was healed (the host booted, the link
+restored, Redis answering).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from chaos_harness.faults import Fault
+from chaos_harness.processes import ProcessWatch
+from chaos_harness.services import OwnServices
+
+from multihost_rig import network
+from multihost_rig.hosts import HostStack
+
+KINDS = ("engine-host:kill", "control-host:kill", "engine-host:partition", "redis:restart")
+
+
+@dataclass
+class HostFaults:
+    """What the injector acts on: the hosts' stacks and watches, the data host's services."""
+
+    stacks: dict[str, HostStack]
+    watches: dict[str, ProcessWatch]
+    processes: dict[str, list[str]]  # host -> its process names
+    services: OwnServices
+    data_ip: str
+    engine_hosts: list[str]
+    control_host: str  # the one a control-host fault kills (beat's)
+    down_s: float
+    partition_s: float
+    fleet_back: Callable[[], bool]  # every host's processes up, the API ready, engines alive
+    recover_timeout_s: float
+
+    def inject(self, kind: str, rng: random.Random) -> Fault:
+        start = time.time()
+        if kind == "engine-host:kill":
+            target = rng.choice(self.engine_hosts)
+            self._kill_and_boot(target, kind)
+        elif kind == "control-host:kill":
+            target = self.control_host
+            self._kill_and_boot(target, kind)
+        elif kind == "engine-host:partition":
+            target = rng.choice(self.engine_hosts)
+            network.partition(target, [self.data_ip], cut=True)
+            time.sleep(self.partition_s)
+            network.partition(target, [self.data_ip], cut=False)
+        elif kind == "redis:restart":
+            target = "data"
+            self.services.kill_redis()
+            time.sleep(rng.uniform(0.5, 2.0))
+            self.services.start_redis()
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}; known: {', '.join(KINDS)}")
+        return Fault(kind, target, start, time.time())
+
+    def _kill_and_boot(self, host: str, kind: str) -> None:
+        stack, watch = self.stacks[host], self.watches[host]
+        with watch.lock:
+            watch.signalled.update({p.pid: kind for p in stack.processes.values()})
+        stack.kill_host()
+        time.sleep(self.down_s)
+        stack.boot(self.processes[host])
+
+    def wait_fleet_back(self, fault: Fault) -> float | None:
+        """Seconds from the fault's end until the whole fleet works again; None past the
+        recovery timeout."""
+        deadline = time.monotonic() + self.recover_timeout_s
+        while time.monotonic() < deadline:
+            if self.fleet_back():
+                return round(time.time() - fault.end, 1)
+            time.sleep(0.2)
+        return None
+
+    def run(self, kinds: list[str], first_at: float, gap_s: float, rng: random.Random,
+            faults: list[Fault], stop: threading.Event) -> None:
+        """Each kind in turn: the first at `first_at` (monotonic), each next `gap_s` after the
+        fleet was back from the previous one."""
+        at = first_at
+        for kind in kinds:
+            while time.monotonic() < at:
+                if stop.wait(0.1):
+                    return
+            fault = self.inject(kind, rng)
+            fault.fleet_back_s = self.wait_fleet_back(fault)
+            faults.append(fault)
+            at = time.monotonic() + gap_s

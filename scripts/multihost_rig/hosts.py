@@ -1,0 +1,66 @@
+"""A host's blockq processes: the local stack's (`app.cli.stack.Stack`), each started in the
+host's network namespace under the host's own hostname (a UTS namespace of its own), so that
+Celery's node names (`predict@ctl-a`) and the data directories are the host's.
+
+Killing a host SIGKILLs every process group of it at once and stops its supervisor, as a power
+loss would; starting it again is the host's reboot: the same processes, supervised again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+
+from app.cli.stack import Stack
+from multihost_rig.network import in_namespace
+
+#: Runs the rest of the command line with the hostname given as $0 (in a new UTS namespace).
+_WITH_HOSTNAME = 'hostname "$0" && exec "$@"'
+
+
+def host_command(host: str, command: list[str]) -> list[str]:
+    """`command` as host `host` runs it: in its network namespace, under its hostname."""
+    return [*in_namespace(host), "unshare", "--uts", "--", "sh", "-c", _WITH_HOSTNAME, host,
+            *command]
+
+
+@dataclass
+class HostStack(Stack):
+    """The stack's processes of one host (see the module docstring)."""
+
+    host: str = ""
+
+    def start_process(self, name: str, command: list[str]) -> None:
+        # The supervisor restarts a process from self.commands: keep the plain command there.
+        with self._lock:
+            super().start_process(name, host_command(self.host, command))
+            self.commands[name] = command
+
+    def kill_host(self) -> list[int]:
+        """SIGKILL every process of the host at once, with no restart; their pids."""
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join()
+            self._supervisor = None
+        with self._lock:
+            processes = list(self.processes.values())
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        for process in processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=30)
+        return [p.pid for p in processes]
+
+    def boot(self, names: list[str]) -> None:
+        """Start the host's processes and supervise them (a first start or a reboot)."""
+        self.start(names=names)
+        self.supervise()
+
+    def all_running(self) -> bool:
+        with self._lock:
+            return bool(self.processes) and all(
+                p.poll() is None for p in self.processes.values())

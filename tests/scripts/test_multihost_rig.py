@@ -1,0 +1,77 @@
+"""The multi-host rig's pure parts (scripts/multihost_rig/): the hosts and their processes, the
+command that runs a process as a host, HAProxy's configuration, the summary's counts. The rig
+itself runs in tests/stack/test_multihost.py (root only)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from types import ModuleType
+
+import pytest
+
+from tests.environment import ROOT
+
+
+def _rig(module: str) -> ModuleType:
+    scripts = str(ROOT / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    return importlib.import_module(f"multihost_rig.{module}")
+
+
+def test_every_host_has_its_own_address_and_engine_queues_are_unique() -> None:
+    layout = _rig("layout")
+    addresses = [h.ip for h in layout.ALL]
+    assert len(set(addresses)) == len(addresses)
+    hosts = layout.blockq_hosts()
+    beat = [h.name for h in hosts if "beat" in h.processes]
+    assert beat == ["ctl-a"]  # exactly one beat in the fleet
+    engines = [p for h in hosts for p in h.processes if p.startswith("gpu.")]
+    assert engines == [f"gpu.{k}" for k in range(layout.instance_count())]
+    for host in hosts[:2]:  # both control hosts run every control process
+        assert set(layout.CONTROL_PROCESSES) <= set(host.processes)
+
+
+def test_a_host_command_runs_in_its_namespace_under_its_hostname() -> None:
+    hosts = _rig("hosts")
+    command = hosts.host_command("eng-2", ["celery", "-A", "workers", "worker", "-n", "x@%h"])
+    assert command[:4] == ["ip", "netns", "exec", "bqmh-eng-2"]
+    assert command[4:6] == ["unshare", "--uts"]
+    # sh -c '<script>' <hostname> <command...>: $0 is the hostname, "$@" the command.
+    script_at = command.index("-c") + 1
+    assert command[script_at + 1] == "eng-2"
+    assert command[script_at + 2:] == ["celery", "-A", "workers", "worker", "-n", "x@%h"]
+
+
+def test_haproxy_checks_readiness_and_outlasts_the_longest_answer() -> None:
+    balancer = _rig("balancer")
+    config = balancer.haproxy_config("10.213.0.11:8000", [("ctl-a", "10.213.0.21:8000"),
+                                                          ("ctl-b", "10.213.0.22:8000")],
+                                     timeout_s=150)
+    assert "bind 10.213.0.11:8000" in config
+    assert "option httpchk GET /readyz" in config
+    assert "timeout server 150s" in config and "timeout client 150s" in config
+    assert "server ctl-a 10.213.0.21:8000 check" in config
+    assert "server ctl-b 10.213.0.22:8000 check" in config
+    assert "option redispatch" in config
+
+
+def test_the_summary_adds_up_the_chaos_checks() -> None:
+    summary = _rig("summary").summary
+    findings = {"accepted but no row": {"count": 1}, "completed twice": {"count": 2},
+                "webhooks missing": {"count": 3}, "batch webhooks missing": {"count": 4},
+                "lost (not terminal)": {"count": 5}, "answer mismatches": {"count": 0}}
+    result = summary(requests=300, broker="redis", findings=findings,
+                     settle={"seconds": 12.0, "settled": False}, fault_summary=[], faults=[],
+                     batches_not_terminal=1, extra={})
+    assert (result["requests"], result["lost"], result["completed_twice"],
+            result["missing_webhooks"], result["not_terminal"]) == (300, 1, 2, 7, 6)
+    assert "answer mismatches" not in result["violations"]
+
+
+@pytest.mark.parametrize(("kinds", "at_least"), [(["redis:restart"], 45.0),
+                                                   (["engine-host:partition"], 60.0)])
+def test_traffic_lasts_as_long_as_the_faults(kinds: list[str], at_least: float) -> None:
+    config = _rig("run").RigConfig(kinds=kinds, partition_s=60.0)
+    assert config.traffic_s() >= at_least
