@@ -8,6 +8,13 @@ flush), so that an accepted request costs its sender one transaction, not two. A
 delete is lost (crash, database outage) is sent again by the relay once it is
 `outbox_relay_after_s` old: the same at-least-once delivery as a crash between send and delete.
 
+In the API (`Outbox(..., send_in_background=True)`), the send after the commit is itself off the
+request's path: a daemon thread (a greenlet under gevent) sends what the requests committed, so
+that an accepted request is answered right after its commit whatever the broker does. A broker
+that is down made each accept wait out kombu's connection retries (about 6 s); now the sender
+meets the outage, leaves the entries to the relay, and for `BROKER_DOWN_BACKOFF_S` leaves new
+ones to the relay at once rather than meeting it again for each.
+
 Delivery is at least once (a crash between the send and the delete sends again), so every
 consumer is idempotent: status transitions are conditional, completions check the attempt, and
 webhook events carry one id across every attempt.
@@ -19,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -44,6 +51,9 @@ logger = logging.getLogger(__name__)
 FORGET_LINGER_S = 0.2
 #: Most entries one delete statement takes.
 FORGET_BATCH = 1000
+#: After the background sender met a broker outage, how long it leaves new entries to the relay
+#: without trying.
+BROKER_DOWN_BACKOFF_S = 2.0
 
 
 @dataclass
@@ -74,15 +84,23 @@ class OutboxTransaction:
 class Outbox:
     """Stages messages in transactions of `db` and sends them through `celery`."""
 
-    def __init__(self, db: Database, celery: Celery) -> None:
+    def __init__(self, db: Database, celery: Celery, *, send_in_background: bool = False
+                 ) -> None:
+        """`send_in_background`: committed messages are sent by a thread of the process, not by
+        the committer (the API: see the module docstring)."""
         self.db = db
         self.celery = celery
         self._forgetter = _Forgetter(db)
+        self._sender = _BackgroundSender(self._send_now) if send_in_background else None
 
     def flush(self, timeout_s: float = 10.0) -> bool:
-        """Wait until the entries this process sent are deleted (or their delete failed);
-        whether that happened within `timeout_s`."""
-        return self._forgetter.flush(timeout_s)
+        """Wait until the entries this process committed are sent (or left to the relay) and
+        the sent ones deleted (or their delete failed); whether that happened within
+        `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        if self._sender is not None and not self._sender.flush(timeout_s):
+            return False
+        return self._forgetter.flush(max(0.0, deadline - time.monotonic()))
 
     @contextmanager
     def transaction(self) -> Iterator[OutboxTransaction]:
@@ -96,7 +114,14 @@ class Outbox:
             self._send_committed(staged)
 
     def _send_committed(self, entries: list[tuple[int, Message]]) -> None:
-        """Send now without the broker's publish retries (the relay retries), then delete."""
+        if self._sender is not None:
+            self._sender.add(entries)
+        else:
+            self._send_now(entries)
+
+    def _send_now(self, entries: list[tuple[int, Message]]) -> bool:
+        """Send without the broker's publish retries (the relay retries), then delete; whether
+        every entry was sent."""
         sent: list[int] = []
         for entry_id, message in entries:
             try:
@@ -107,6 +132,7 @@ class Outbox:
                 break
             sent.append(entry_id)
         self._forgetter.add(sent)
+        return len(sent) == len(entries)
 
     def relay(self, *, older_than_s: float, limit: int = 1000) -> int:
         """Send entries staged more than `older_than_s` ago (their own sender crashed or met a
@@ -155,6 +181,56 @@ def _forget_statement(dialect: str) -> Executable:
 def _message(entry: OutboxEntry) -> Message:
     return Message(entry.task, entry.queue, tuple(entry.args), dict(entry.kwargs),
                    entry.priority)
+
+
+class _BackgroundSender:
+    """Sends committed entries from a daemon thread of its own (module docstring)."""
+
+    def __init__(self, send: Callable[[list[tuple[int, Message]]], bool]) -> None:
+        self._send = send
+        self._cond = threading.Condition()
+        # --- guarded by _cond ---
+        self._pending: list[tuple[int, Message]] = []
+        self._busy = False
+        self._down_until = 0.0  # monotonic time before which new entries go to the relay
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def add(self, entries: list[tuple[int, Message]]) -> None:
+        with self._cond:
+            if time.monotonic() < self._down_until:
+                return  # the broker was down a moment ago: the relay sends them
+            self._pending.extend(entries)
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="outbox-send",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def flush(self, timeout_s: float) -> bool:
+        with self._cond:
+            if self._thread is None or self._pid != os.getpid():
+                return True
+            return self._cond.wait_for(lambda: not self._pending and not self._busy, timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._pending))
+                batch, self._pending = self._pending, []
+                self._busy = True
+            try:
+                all_sent = self._send(batch)
+            except Exception:  # noqa: BLE001 - the relay sends what is left
+                logger.exception("outbox sender: unexpected error; the relay sends the rest")
+                all_sent = False
+            with self._cond:
+                self._busy = False
+                if not all_sent:
+                    self._down_until = time.monotonic() + BROKER_DOWN_BACKOFF_S
+                    self._pending.clear()  # staged: the relay sends them
+                self._cond.notify_all()
 
 
 class _Forgetter:

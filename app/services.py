@@ -21,13 +21,17 @@ __all__ = ["Services", "shared_redis_pool"]
 #: How long a call waits for a free connection of the shared pool before it counts as a Redis
 #: outage (503).
 POOL_WAIT_S = 5.0
+#: A Redis that does not answer (cut off, not refusing) counts as an outage after this long,
+#: rather than holding the call for ever.
+REDIS_TIMEOUT_S = 5.0
 
 
 def shared_redis_pool(settings: Settings) -> redis.BlockingConnectionPool:
     """At most `api_redis_connections` connections, however many calls an API worker serves at
     once (under gevent, thousands): a call waits for a free one."""
     return redis.BlockingConnectionPool.from_url(
-        settings.redis_url, max_connections=settings.api_redis_connections, timeout=POOL_WAIT_S)
+        settings.redis_url, max_connections=settings.api_redis_connections, timeout=POOL_WAIT_S,
+        socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S)
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,8 @@ class Services:
             fleet=Fleet(shared, heartbeat_ttl_s=settings.heartbeat_ttl_s),
             prompts=PromptCodec(settings.resolved_model_path),
             celery=celery,
-            outbox=Outbox(db, celery),
+            # NOTE: the API answers right after a commit; its messages follow from a thread.
+            outbox=Outbox(db, celery, send_in_background=True),
             # NOTE: the hub's reader has a connection of its own, whose reads time out a little
             # after the hub's longest XREAD: a Redis that vanished without closing the
             # connection is noticed.

@@ -62,3 +62,16 @@ def test_a_held_completion_is_refused_at_once_while_redis_is_down(
     assert int(response.headers["Retry-After"]) >= 1
     with services_of(client).db.session() as session:
         assert session.scalars(select(InferenceRequest)).all() == []
+
+
+def test_an_accept_does_not_wait_for_the_broker(client: FlaskClient) -> None:
+    """The submission is answered right after its commit, while the API's outbox sender is
+    still meeting the broker's outage (kombu retries its connection for seconds); the message
+    stays staged for the relay."""
+    response = client.post("/v1/requests", json={"prompt": "Hello there", "max_tokens": 8})
+    assert response.status_code == 202, response.get_data(as_text=True)
+    outbox = services_of(client).outbox
+    assert not outbox.flush(timeout_s=0)  # the send is still in flight: nobody waited for it
+    with services_of(client).db.session() as session:
+        staged = session.scalars(select(OutboxEntry)).all()
+        assert [e.args for e in staged] == [[response.get_json()["id"]]]
