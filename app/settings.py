@@ -8,6 +8,7 @@ Nothing else in blockq reads the environment.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from pathlib import Path
@@ -429,9 +430,13 @@ class Settings(BaseSettings):
     )
 
     # --- webhooks ------------------------------------------------------------------------------
+    flower_host: str = Field(
+        "127.0.0.1", description="Address Flower binds to: a loopback address only (its "
+        "/metrics and /healthcheck answer without credentials); reach it by an SSH tunnel.",
+    )
     flower_port: int = Field(
         5555, gt=0, lt=65536, description="Port of Flower, which `blockq serve` starts on "
-        "api_host.",
+        "flower_host.",
     )
     flower_basic_auth: SecretStr | None = Field(
         None, description="Flower's basic auth, 'user:password'. Unset: generated once into "
@@ -465,6 +470,22 @@ class Settings(BaseSettings):
     def _fleet_json(cls, value: Any) -> Any:
         if isinstance(value, str):
             return tuple(parse_fleet(value)) if value.strip() else ()
+        return value
+
+    @field_validator("flower_host")
+    @classmethod
+    def _loopback_only(cls, value: str) -> str:
+        """Flower asks for its basic auth on its UI and API, but not on /metrics and
+        /healthcheck (Flower 2): bound beyond the loopback, they answer anyone who reaches it."""
+        try:
+            loopback = value == "localhost" or ipaddress.ip_address(value).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise ValueError(
+                f"{value!r} is not a loopback address: Flower's /metrics and /healthcheck answer "
+                "without credentials, so it binds to 127.0.0.1 (or ::1) only; reach it through "
+                "an SSH tunnel, or a proxy that asks for credentials on every path")
         return value
 
     @field_validator("webhook_allowed_networks", mode="before")

@@ -168,7 +168,9 @@ def process_commands(settings: Settings) -> dict[str, list[str]]:
         "webhooks": _worker("webhooks", "webhooks", 8),
         "beat": _celery("beat", "-l", "INFO", "-s", str(settings.data_dir / "celerybeat-schedule")),
         # NOTE: basic auth comes from FLOWER_BASIC_AUTH in its environment, not argv (`ps`).
-        "flower": _celery("flower", f"--address={settings.api_host}",
+        # NOTE: on flower_host (loopback only, app/settings.py), never on api_host: its
+        # /metrics and /healthcheck answer without credentials.
+        "flower": _celery("flower", f"--address={settings.flower_host}",
                           f"--port={settings.flower_port}"),
     }
     for instance_id in settings.instance_ids:
@@ -318,7 +320,7 @@ class Stack:
 
     @property
     def flower_url(self) -> str:
-        return f"http://{self.settings.api_host}:{self.settings.flower_port}"
+        return f"http://{self.settings.flower_host}:{self.settings.flower_port}"
 
     @property
     def flower_basic_auth(self) -> str:

@@ -7,6 +7,7 @@ from click.testing import CliRunner
 from pydantic import ValidationError
 
 from app.cli import main
+from app.cli.stack import process_commands
 from app.settings import Settings, describe_invalid
 
 
@@ -66,3 +67,16 @@ def test_an_invalid_secret_or_url_is_named_but_never_shown(field_name: str,
     assert f"{variable}: " in message
     assert "BLOCKQ_MAX_NUM_SEQS: Input should be greater than 0 (got 0)" in message
     assert "hunter2" not in message
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0", "10.0.0.5", "::", "flower.example.com"])
+def test_flower_binds_to_the_loopback_only(address: str) -> None:
+    """Flower's /metrics and /healthcheck answer without its basic auth."""
+    with pytest.raises(ValidationError, match="not a loopback address"):
+        Settings(flower_host=address)
+
+
+def test_flower_stays_on_the_loopback_when_the_api_binds_beyond_it() -> None:
+    settings = Settings(api_host="0.0.0.0", flower_host="::1")
+    assert "--address=::1" in process_commands(settings)["flower"]
+    assert Settings(flower_host="localhost").flower_host == "localhost"

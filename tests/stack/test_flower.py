@@ -48,7 +48,7 @@ def test_flower_shows_every_worker_behind_basic_auth(emulated_stack: Stack) -> N
     assert httpx.get(f"{stack.flower_url}/workers", timeout=5).status_code == 401
     _wait_for_workers(stack, (user, password), {"predict", "route", "gpu.0", "gpu.1"})
 
-    url = f"http://{user}:{password}@{stack.settings.api_host}:{stack.settings.flower_port}"
+    url = f"http://{user}:{password}@{stack.settings.flower_host}:{stack.settings.flower_port}"
     dom = _chromium("--dump-dom", f"{url}/workers")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     screenshot = ARTIFACTS / "flower-workers.png"
