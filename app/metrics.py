@@ -86,12 +86,12 @@ _ERROR_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
 REQUEST_TTFT = Histogram(
     "blockq_request_ttft_seconds",
     "Time to first token of succeeded requests: from creation at the API to the first token.",
-    ["instance_id", "priority"], buckets=_LATENCY_BUCKETS_S,
+    ["instance_id", "priority", "model"], buckets=_LATENCY_BUCKETS_S,
 )
 REQUEST_E2E = Histogram(
     "blockq_request_e2e_seconds",
     "End-to-end latency of succeeded requests: from creation at the API to the last token.",
-    ["instance_id", "priority"], buckets=_LATENCY_BUCKETS_S,
+    ["instance_id", "priority", "model"], buckets=_LATENCY_BUCKETS_S,
 )
 LENGTH_PREDICTION_ERROR = Histogram(
     "blockq_length_prediction_error_ratio",
@@ -190,15 +190,15 @@ def observe_unfinished_targets(status: RequestStatus, kinds: Iterable[str]) -> N
 def observe_completion(request: InferenceRequest) -> None:
     """Latencies, prediction errors and latency-target outcomes of a request that just
     succeeded (after its commit)."""
-    instance_id, priority = request.instance_id or "", request.priority
+    labels = (request.instance_id or "", request.priority, request.model or "")
     finished_at = request.finished_at
     if finished_at is None:
         return
     _observe_targets(request.slo_ttft_met, request.slo_e2e_met)
     if request.first_token_at is not None:
-        REQUEST_TTFT.labels(instance_id, priority).observe(
+        REQUEST_TTFT.labels(*labels).observe(
             _seconds(request.created_at, request.first_token_at))
-    REQUEST_E2E.labels(instance_id, priority).observe(_seconds(request.created_at, finished_at))
+    REQUEST_E2E.labels(*labels).observe(_seconds(request.created_at, finished_at))
     if request.predicted_output_tokens is not None and request.output_tokens is not None:
         LENGTH_PREDICTION_ERROR.observe(
             relative_error(request.predicted_output_tokens, request.output_tokens))

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+import httpx
 import openai
 import pytest
 
@@ -101,3 +102,31 @@ def test_each_model_is_served_only_by_its_own_instances(
     assert len(results) == 6 and all(r["response"]["status_code"] == 200 for r in results)
     ran_on = {_native(stack, r["response"]["request_id"])["instance_id"] for r in results}
     assert ran_on == QWEN_INSTANCES
+
+    # Flower (each engine worker's configuration) and the metrics name each instance's model.
+    assert _flower_models(stack) == {"gpu.0": LLAMA, "gpu.1": LLAMA, "gpu.2": QWEN}
+    with stack.client() as http:
+        metrics = http.get("/metrics").text
+    for instance, model in (("gpu.0", LLAMA), ("gpu.2", QWEN)):
+        assert any(line.startswith("blockq_engine_alive{") and f'instance_id="{instance}"' in line
+                   and f'model="{model}"' in line and 'hardware="cpu"' in line
+                   for line in metrics.splitlines()), (instance, model)
+
+
+def _flower_models(stack: Stack) -> dict[str, str]:
+    """Engine worker name -> the model its configuration declares, as Flower's API shows it."""
+    user, password = stack.flower_basic_auth.split(":", 1)
+    deadline = time.monotonic() + 60
+    models: dict[str, str] = {}
+    with httpx.Client(base_url=stack.flower_url, auth=(user, password), timeout=10) as client:
+        while len(models) < 3 and time.monotonic() < deadline:
+            try:
+                workers = client.get("/api/workers", params={"refresh": "1"}).json()
+            except (httpx.HTTPError, ValueError):
+                workers = {}
+            models = {name.split("@")[0]: info["conf"]["blockq_instance"]["model"]
+                      for name, info in workers.items()
+                      if "blockq_instance" in (info.get("conf") or {})}
+            if len(models) < 3:
+                time.sleep(1)
+    return models

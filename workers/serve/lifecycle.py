@@ -8,6 +8,7 @@ workers on other queues never build an engine.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -75,6 +76,10 @@ def _start_engine(sender: Any = None, instance: Any = None, **_: Any) -> None:
         settings: Settings = runtime.configure(runtime.get().settings.for_instance(_queue)).settings
         _host = build_engine_host(_queue, settings)
         _host.start()
+        # What the instance serves, in the worker's configuration: Flower's worker page shows
+        # it (its Config tab; /api/workers under "conf").
+        instance.app.conf.blockq_instance = {"instance_id": _queue,
+                                             **dataclasses.asdict(_host.declared)}
     except Exception as exc:
         # NOTE: Celery's signal dispatch logs and swallows exceptions; a worker whose engine
         # failed must not go on consuming its queue, so exit instead.
