@@ -155,10 +155,11 @@ LIVE_CONFIGS = ("round_robin", "least_requests", "llumnix", "block", "block@orac
                 "block@mean")
 #: Configurations of a fleet of unlike instances (issue 31).
 FLEET_CONFIGS = ("round_robin", "least_requests", "llumnix", "prefix_affinity",
-                 "capacity_weighted", "block", "block_ttft", "block@oracle", "block_ttft@oracle")
+                 "capacity_weighted", "block", "block_ttft", "block_slo", "block@oracle",
+                 "block_ttft@oracle", "block_slo@oracle")
 #: The policy blockq routes a mixed fleet with by default (app.settings' routing default for a
 #: fleet); the targets table checks it.
-FLEET_DEFAULT_POLICY = "block_ttft"
+FLEET_DEFAULT_POLICY = "block_slo"
 #: Issue 31's targets for it: capacity at least these multiples of each baseline's.
 FLEET_TARGETS = (("least_requests", 1.3), ("llumnix", 1.1), ("capacity_weighted", 1.05))
 #: A fleet's capacity search probes no rate over this multiple of its ceiling.

@@ -129,8 +129,9 @@ def test_block_policies_refuse_views_without_what_ifs() -> None:
 
 def test_which_policies_need_what_ifs() -> None:
     simulating = {n for n in POLICIES.names() if needs_what_if(n)}
-    assert simulating == {"block", "block_ttft", "block_harm", "block_affinity",
-                          *(f"po{k}_{p}" for k in PROBE_COUNTS for p in ("block", "block_ttft"))}
+    assert simulating == {"block", "block_ttft", "block_harm", "block_affinity", "block_slo",
+                          *(f"po{k}_{p}" for k in PROBE_COUNTS
+                            for p in ("block", "block_ttft", "block_slo"))}
 
 
 # -- power of k -------------------------------------------------------------------------------
@@ -162,7 +163,8 @@ def test_every_scoring_policy_has_power_of_k_variants() -> None:
 def test_every_policy_scores_every_candidate_it_considers(name: str) -> None:
     fleet = [_inst(f"gpu.{i}", running=i, free=100 - i, num_outstanding_tokens=10 * i,
                    what_if_ttft_s=0.1 * i, what_if_e2e_s=1.0 + i,
-                   what_if_delay_to_others_s=0.5 * i) for i in range(5)]
+                   what_if_delay_to_others_s=0.5 * i, what_if_preemptions=i % 2)
+             for i in range(5)]
     decision = decide(name, REQUEST, fleet, _ctx(ticket=3, seed=1))
     assert decision.policy == name
     assert decision.instance_id in decision.scores
@@ -180,8 +182,8 @@ def test_ties_are_broken_at_random() -> None:
 
 
 def test_unknown_policy_names_the_known_ones_and_empty_fleet_raises() -> None:
-    with pytest.raises(ValueError, match="block, block_affinity, block_harm, block_ttft, "
-                                         "capacity_weighted, infaas"):
+    with pytest.raises(ValueError, match="block, block_affinity, block_harm, block_slo, "
+                                         "block_ttft, capacity_weighted, infaas"):
         decide("fastest", REQUEST, [_inst("gpu.0")], _ctx())
     with pytest.raises(ValueError, match="no candidate"):
         decide("round_robin", REQUEST, [], _ctx())
@@ -375,3 +377,26 @@ def test_ledger_simulates_each_instance_on_its_own_model_and_keeps_its_throughpu
     # A new publication keeps the instance's throughput.
     ledger.publish("gpu.0", _snapshot(free=CONFIG.num_usable_blocks), 1.0)
     assert ledger.views()[0].throughput_rps == 8.0
+
+
+def test_block_slo_charges_the_preemptions_the_what_if_runs_into() -> None:
+    # gpu.0 starts the request sooner, but its KV cache runs out while it decodes.
+    fleet = [_inst("gpu.0", what_if_ttft_s=0.05, what_if_e2e_s=9.0, what_if_preemptions=2),
+             _inst("gpu.1", what_if_ttft_s=0.30, what_if_e2e_s=6.0, what_if_preemptions=0)]
+    decision = decide("block_slo", REQUEST, fleet, _ctx())
+    assert decision.instance_id == "gpu.1"
+    assert decision.scores["gpu.0"] == pytest.approx(0.05 + 2 * 1.0)
+    assert decide("block_ttft", REQUEST, fleet, _ctx()).instance_id == "gpu.0"
+    # Without preemptions anywhere it is block_ttft.
+    calm = [_inst("gpu.0", what_if_ttft_s=0.05, what_if_e2e_s=9.0, what_if_preemptions=0),
+            _inst("gpu.1", what_if_ttft_s=0.30, what_if_e2e_s=6.0, what_if_preemptions=0)]
+    assert decide("block_slo", REQUEST, calm, _ctx()).instance_id == "gpu.0"
+    with pytest.raises(ValueError, match="what_if_preemptions"):
+        decide("block_slo", REQUEST, [_inst("gpu.0", what_if_ttft_s=0.1)], _ctx())
+
+
+def test_the_ledger_hands_the_what_ifs_preemptions_to_the_policies(toy_model) -> None:  # type: ignore[no-untyped-def]
+    ledger = FleetLedger()
+    ledger.publish("gpu.0", _snapshot(free=CONFIG.num_usable_blocks), 0.0)
+    (view,) = ledger.views(SimRequest("r1", 200, predicted_output_tokens=100), toy_model)
+    assert view.what_if_preemptions == 0
