@@ -111,7 +111,7 @@ def request_fields(services: PromptContext, parsed: CreateRequest) -> dict[str, 
     prompt_ids = parsed.prompt if isinstance(parsed.prompt, list) else None
     if prompt_ids is not None:  # token ids go to the engine as they are; the text is for show
         _check_prompt_ids(prompt_ids, services.prompts.vocab_size)
-        prompt: str | None = services.prompts.decode(prompt_ids).replace("\x00", "\ufffd")
+        prompt: str | None = services.prompts.decode(prompt_ids)
         num_prompt_tokens = len(prompt_ids)
     else:
         prompt = services.prompts.render(messages) if messages else parsed.prompt

@@ -2,8 +2,10 @@
 will store, or refused with a 400 that names the problem and, where there is one, its path.
 
 Python's `json` accepts more than PostgreSQL stores: `NaN`/`Infinity` (and numbers such as 1e400
-that overflow to infinity; the `json` type refuses them), `\\u0000` in a string or key (`text`
-refuses NUL) and lone surrogates such as `\\ud800` (not encodable as UTF-8). Its parser also
+that overflow to infinity; the `json` type refuses them) and lone surrogates such as `\\ud800`
+(not encodable as UTF-8). NUL (`\\u0000`) is accepted, as vLLM's server accepts it: the `json`
+type keeps it escaped, and the text columns that hold prompts and answers store it escaped
+(`app.models.ExactText`). Its parser also
 recurses once per nesting level, so 100,000 nested arrays raise RecursionError. Here the depth is
 measured first, by a scan that does not recurse, and every string, key and number of the parsed
 document is checked, so such input is refused before anything is written.
@@ -32,6 +34,8 @@ _TOKENS = re.compile(r'"(?:[^"\\]++|\\.)*+"?|[\[\]{}]', re.DOTALL)
 #: What PostgreSQL cannot store in text: NUL, and UTF-16 surrogates (lone: a valid pair in JSON
 #: decodes to one code point above U+FFFF).
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+#: What no JSON value of a body may hold: surrogates (NUL is stored escaped, see above).
+_UNENCODABLE = re.compile("[\ud800-\udfff]")
 #: Longest `param` an error names (a key may be as long as the body).
 _MAX_PARAM_CHARS = 200
 
@@ -124,9 +128,9 @@ def _decode(raw: bytes, subject: str) -> str:
                              code="invalid_json") from None
 
 
-def text_problem(text: str) -> str | None:
+def text_problem(text: str, unstorable: re.Pattern[str] = _UNSTORABLE) -> str | None:
     """What in `text` PostgreSQL cannot store ("the NUL character (\\u0000), ..."), or None."""
-    found = _UNSTORABLE.search(text)
+    found = unstorable.search(text)
     if found is None:
         return None
     char = found.group()
@@ -135,7 +139,7 @@ def text_problem(text: str) -> str | None:
 
 
 def _check_text(text: str, path: tuple[str, ...], kind: str) -> None:
-    what = text_problem(text)
+    what = text_problem(text, _UNENCODABLE)
     if what is not None:
         where = (*path, text) if kind == "key" else path
         raise _at(where, f"the {kind} contains {what}")

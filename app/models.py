@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -54,6 +55,39 @@ __all__ = [
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+#: Starts a stored text that was escaped (`ExactText`): U+0001, then a tag no text of ours starts
+#: with by chance.
+_ESCAPED_MARK = "\x01blockq-escaped:"
+_UNESCAPE = re.compile(r"\\([\\0])")
+
+
+class ExactText(TypeDecorator[str]):
+    """Text that round-trips exactly, NUL included, on every backend.
+
+    PostgreSQL text cannot hold NUL (U+0000), which prompts and answers may contain (vLLM's
+    server takes them). A value with a NUL, or one that starts with the mark, is stored as the
+    mark followed by the value with backslashes doubled and each NUL written as a backslash and
+    a zero; any other value (almost all) is stored as it is, so rows written before this type
+    read back unchanged and stay readable by SQL."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Any) -> str | None:
+        if value is None or ("\x00" not in value and not value.startswith(_ESCAPED_MARK)):
+            return value
+        return _ESCAPED_MARK + value.replace("\\", "\\\\").replace("\x00", "\\0")
+
+    def process_result_value(self, value: str | None, dialect: Any) -> str | None:
+        if value is None or not value.startswith(_ESCAPED_MARK):
+            return value
+        return _UNESCAPE.sub(_unescaped, value[len(_ESCAPED_MARK):])
+
+
+def _unescaped(found: re.Match[str]) -> str:
+    return "\x00" if found.group(1) == "0" else "\\"
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -138,7 +172,7 @@ class InferenceRequest(Base):
     # request made before models were recorded (the default model's).
     model: Mapped[str | None] = mapped_column(String(255))
     # The text handed to the engine (chat messages rendered with the model's template).
-    prompt: Mapped[str] = mapped_column(Text)
+    prompt: Mapped[str] = mapped_column(ExactText)
     messages: Mapped[list[Any] | None]
     max_tokens: Mapped[int]
     temperature: Mapped[float]
@@ -186,10 +220,10 @@ class InferenceRequest(Base):
     # Set when the request runs one line of a batch (/v1/batches): the batch, the line's
     # custom_id and its 1-based line number in the input file.
     batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id"))
-    custom_id: Mapped[str | None] = mapped_column(Text)
+    custom_id: Mapped[str | None] = mapped_column(ExactText)
     batch_line: Mapped[int | None]
 
-    output_text: Mapped[str | None] = mapped_column(Text)
+    output_text: Mapped[str | None] = mapped_column(ExactText)
     output_tokens: Mapped[int | None]
     finish_reason: Mapped[str | None] = mapped_column(String(16))
     error: Mapped[dict[str, Any] | None]
@@ -331,7 +365,7 @@ class RequestOutcome(Base):
     instance_id: Mapped[str] = mapped_column(String(64))
     policy: Mapped[str | None] = mapped_column(String(32))
     predictor: Mapped[str | None] = mapped_column(String(64))
-    prompt: Mapped[str] = mapped_column(Text)
+    prompt: Mapped[str] = mapped_column(ExactText)
     messages: Mapped[list[Any] | None]
     # Cheap prompt features (workers.predict.features), by name.
     features: Mapped[dict[str, Any]]
@@ -555,7 +589,7 @@ class BatchLine(Base):
         ForeignKey("batches.id", ondelete="CASCADE"), primary_key=True
     )
     line: Mapped[int] = mapped_column(primary_key=True)  # 1-based, in the input file
-    custom_id: Mapped[str | None] = mapped_column(Text)
+    custom_id: Mapped[str | None] = mapped_column(ExactText)
     status: Mapped[str] = mapped_column(String(16))
     request_id: Mapped[str] = mapped_column(String(40))
     # The request's columns (app.commands.request_fields) until release, then None.

@@ -37,7 +37,7 @@ def failing_insert(db: Database, **fields: object) -> None:
             session.add(InferenceRequest(
                 id="req_refused", status="queued", priority="interactive", prompt=PROMPT,
                 max_tokens=8, temperature=1.0, top_p=1.0, body_sha256="0" * 64,
-                prompt_tokens=1, **fields))
+                **{"prompt_tokens": 1, **fields}))
     except SQLAlchemyError:
         logger.exception("could not store the request")
     else:
@@ -62,9 +62,9 @@ def logged(settings: Settings, action: object) -> str:
 
 
 @pytest.mark.parametrize("fields", [
-    {"output_text": "output\x00with a NUL"},  # psycopg refuses NUL in text: DataError
+    {"prompt_tokens": 1 << 40},  # beyond PostgreSQL's integer: DataError
     {"request_metadata": {"note": METADATA, "score": float("nan")}},  # PostgreSQL json: no NaN
-], ids=["nul-in-text", "nan-in-json"])
+], ids=["integer-out-of-range", "nan-in-json"])
 def test_a_failing_statement_does_not_put_request_content_in_the_logs(
         fresh_services: Settings, fields: dict[str, object]) -> None:
     text = logged(fresh_services, lambda db: failing_insert(db, **fields))
@@ -74,7 +74,7 @@ def test_a_failing_statement_does_not_put_request_content_in_the_logs(
 
 def test_the_debug_setting_lets_content_into_the_logs(fresh_services: Settings) -> None:
     debug = fresh_services.model_copy(update={"log_request_content": True})
-    text = logged(debug, lambda db: failing_insert(db, output_text="\x00"))
+    text = logged(debug, lambda db: failing_insert(db, prompt_tokens=1 << 40))
     assert PROMPT in text
 
 

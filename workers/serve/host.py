@@ -41,7 +41,7 @@ from workers.serve.engine import (
 from workers.serve.feedback import LengthFeedback
 from workers.serve.ownership import Attempts, OwnershipCheck
 from workers.serve.publisher import StatePublisher
-from workers.serve.request_records import RequestRecords, storable
+from workers.serve.request_records import RequestRecords
 from workers.serve.step_samples import StepSampleSink
 from workers.sim.engine_state import Declared
 
@@ -121,8 +121,8 @@ class EngineHost(EngineListener):
         self._step_metrics.observe(sample)
 
     def on_tokens(self, request_id: str, delta_text: str) -> None:
-        # Streamed text is what the row will store (NUL made storable), byte for byte.
-        self.streams.add(request_id, storable(delta_text))
+        # Streamed text is what the row will store, NUL included, byte for byte.
+        self.streams.add(request_id, delta_text)
 
     # --- one request ---------------------------------------------------------------------------
     def run(self, request_id: str, attempt: int) -> None:

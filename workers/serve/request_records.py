@@ -19,7 +19,7 @@ from workers.learn import history
 from workers.serve.engine import GenerationRequest, GenerationResult, SamplingOptions
 from workers.serve.feedback import LengthFeedback
 
-__all__ = ["RequestRecords", "storable"]
+__all__ = ["RequestRecords"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class RequestRecords:
                 allowed_from=store.ACTIVE_STATUSES,
                 extra_where=self._ours(attempt),
                 detail=f"finished on {self.instance_id}",
-                output_text=storable(result.output_text),
+                output_text=result.output_text,  # NUL included (app.models.ExactText)
                 output_tokens=result.num_output_tokens,
                 finish_reason=result.finish_reason,
                 logprobs=result.logprobs,
@@ -176,11 +176,6 @@ def _record_targets_met(request: InferenceRequest) -> None:
 # accepts as it accepts RUNNING (the attempt guard decides), and which the sweep leaves alone
 # while this instance publishes that it holds the request. The completion, which the client
 # is told of, keeps the durable commit.
-
-
-def storable(text: str) -> str:
-    """Text as every database stores it: PostgreSQL text cannot hold NUL characters."""
-    return text.replace("\x00", "\ufffd")
 
 
 def _utc(unix_s: float | None) -> datetime | None:

@@ -77,7 +77,7 @@ def test_bad_lines_fail_alone_and_the_other_team_completes(rt: Runtime) -> None:
         _raw_line("nan", "NaN"),
         _raw_line("deep", "[" * 100_000 + "]" * 100_000),
         _raw_line("latin-1", '"caf\xe9"').replace(b"\xc3\xa9", b"\xe9"),
-        f'{{"custom_id": "id{NUL}", "method": "POST", "url": "{CHAT}", "body": {{}}}}'.encode(),
+        _raw_line(f"id{NUL}", '"Yo"'),  # NUL is text like any other (vLLM takes it)
         _raw_line("ok-2", '"Bye"')[:-2] + b', "metadata": {"x": 1e999}}}',
         _raw_line("ok-3", '"\\ud83d\\ude00"'),  # a surrogate pair is one character: fine
     ], end=b"\r\n")
@@ -87,42 +87,42 @@ def test_bad_lines_fail_alone_and_the_other_team_completes(rt: Runtime) -> None:
                 for line in lines_of(rt, bad)}
     assert verdicts == {
         1: ("ok-1", "pending", None, None, None),
-        2: ("nul", "invalid", "invalid_value", "messages.0.content", 400),
+        2: ("nul", "pending", None, None, None),
         3: ("surrogate", "invalid", "invalid_value", "messages.0.content", 400),
         4: ("nan", "invalid", "invalid_value", "messages.0.content", 400),
         5: (None, "invalid", "invalid_json_line", None, None),
         6: (None, "invalid", "invalid_json_line", None, None),
-        7: (None, "invalid", "invalid_value", "custom_id", None),
+        7: ("id\x00", "pending", None, None, None),
         8: ("ok-2", "invalid", "invalid_value", "metadata.x", 400),
         9: ("ok-3", "pending", None, None, None),
     }
     messages = {line.line: (line.error or {}).get("message", "") for line in lines_of(rt, bad)}
     assert "nested deeper than 64" in messages[5] and "not valid UTF-8" in messages[6]
-    assert "NUL character" in messages[2] and "lone surrogate (\\ud800)" in messages[3]
+    assert "lone surrogate (\\ud800)" in messages[3]
 
     _run_to_the_end(rt, bad, good)
     assert [r.status for r in requests_of(rt, good)] == ["succeeded"] * 3
-    assert [r.custom_id for r in requests_of(rt, bad)] == ["ok-1", "ok-3"]
+    passed = ["ok-1", "nul", "id\x00", "ok-3"]
+    assert [r.custom_id for r in requests_of(rt, bad)] == passed
     batch = batch_of(rt, bad)
     assert batch.status == "completed"
-    assert [line["custom_id"] for line in read_jsonl(rt, batch.output_file_id)] == [
-        "ok-1", "ok-3"]
+    assert [line["custom_id"] for line in read_jsonl(rt, batch.output_file_id)] == passed
+    assert [r.prompt for r in requests_of(rt, bad)][1].count("Hi\x00there") == 1
     errors = read_jsonl(rt, batch.error_file_id)
-    assert len(errors) == 7
-    nul = next(e for e in errors if e["custom_id"] == "nul")
-    assert nul["response"]["status_code"] == 400
-    assert "NUL character" in nul["response"]["body"]["error"]["message"]
+    assert len(errors) == 5
 
 
 def test_a_line_the_database_refuses_at_release_fails_alone(
     rt: Runtime, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The bug of issue 13: a pending line holding NUL (from before expansion refused it) made
-    every release round abort, so no team's batch was released again."""
+    """The bug of issue 13: a pending line the database refused (then NUL, before it was stored
+    escaped; here a lone surrogate) made every release round abort, so no team's batch was
+    released again. A line holding NUL is released as any other."""
     bad = make_batch(rt, [chat_line(f"a{i}") for i in range(4)], team="team-a")
     good = make_batch(rt, [chat_line(f"b{i}") for i in range(3)], team="team-b")
     assert expand(rt, bad) is expand(rt, good) is Expansion.STARTED
-    # NOTE: a json column takes both (as escapes); the text column `prompt` takes neither.
+    # NOTE: a json column takes both (as escapes); the text column `prompt` takes NUL only
+    # (escaped by app.models.ExactText).
     poisoned = {2: {"prompt": "Hi\x00there"}, 3: {"prompt": "\ud800"}}
     with rt.db.session() as session:
         for number, change in poisoned.items():
@@ -133,14 +133,15 @@ def test_a_line_the_database_refuses_at_release_fails_alone(
 
     with caplog.at_level(logging.WARNING, logger="workers.batch.release"):
         first = release(rt)
-    assert len(first.released) == 5  # team B's 3 lines and team A's 2 good ones
+    assert len(first.released) == 6  # team B's 3 lines and team A's 3 good ones
     assert [r.custom_id for r in requests_of(rt, good)] == ["b0", "b1", "b2"]
-    assert [r.custom_id for r in requests_of(rt, bad)] == ["a0", "a3"]
+    assert [r.custom_id for r in requests_of(rt, bad)] == ["a0", "a1", "a3"]
+    assert requests_of(rt, bad)[1].prompt == "Hi\x00there"
     failed = {line.line: line.error for line in lines_of(rt, bad) if line.status == "invalid"}
-    assert set(failed) == {2, 3}
+    assert set(failed) == {3}
     assert {(e or {}).get("code") for e in failed.values()} == {"line_refused"}
     refusals = [r for r in caplog.records if "cannot be released and fails" in r.getMessage()]
-    assert len(refusals) == 2  # each bad line logged once
+    assert len(refusals) == 1  # the bad line logged once
 
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="workers.batch.release"):
@@ -149,7 +150,6 @@ def test_a_line_the_database_refuses_at_release_fails_alone(
     _run_to_the_end(rt, bad, good)
     assert batch_of(rt, good).status == batch_of(rt, bad).status == "completed"
     errors = read_jsonl(rt, batch_of(rt, bad).error_file_id)
-    assert [(e["custom_id"], e["response"]["status_code"]) for e in errors] == [
-        ("a1", 500), ("a2", 500)]
-    assert json.dumps(errors).count("line_refused") == 2
+    assert [(e["custom_id"], e["response"]["status_code"]) for e in errors] == [("a2", 500)]
+    assert json.dumps(errors).count("line_refused") == 1
     assert {r.status for r in requests_of(rt, bad)} == {RequestStatus.SUCCEEDED}
