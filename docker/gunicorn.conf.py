@@ -9,7 +9,7 @@ workers = _settings.api_workers
 # NOTE: gevent: each sync or streamed OpenAI completion holds a connection (a greenlet, no
 # thread) while it waits; the API keeps api_reserved_connections of them for /healthz, /readyz
 # and short calls (app/api/held.py).
-worker_class = "gevent"
+worker_class = "app.api.gunicorn_worker.OpenAIErrorsGeventWorker"  # OpenAI-format errors
 worker_connections = _settings.api_connections
 keepalive = _settings.api_keepalive_s
 graceful_timeout = 10

@@ -129,6 +129,10 @@ def set_session_niceness(pid: int, niceness: int) -> bool:
     return True
 
 
+#: The API's gunicorn worker: gevent's, answering gunicorn's own errors in OpenAI's format.
+API_WORKER_CLASS = "app.api.gunicorn_worker.OpenAIErrorsGeventWorker"
+
+
 def process_commands(settings: Settings) -> dict[str, list[str]]:
     """Name -> command line of every process of the local stack."""
     commands = {
@@ -141,7 +145,7 @@ def process_commands(settings: Settings) -> dict[str, list[str]]:
             # NOTE: gevent: a held completion (a stream, a waiting sync call) is a greenlet
             # waiting on the stream hub, not a thread; thousands fit in one worker.
             "--worker-class",
-            "gevent",
+            API_WORKER_CLASS,
             "--worker-connections",
             str(settings.api_connections),
             "--graceful-timeout",

@@ -452,3 +452,32 @@ def test_one_worker_holds_hundreds_of_streams_on_a_few_redis_connections(
         eventually(lambda: api.held("a") == 0, 60)
         eventually(lambda: all(r.status == RequestStatus.CANCELLED
                                for r in api.requests_of("a")), 60)
+
+
+def _raw_answer(port: int, request: bytes) -> tuple[str, dict[str, str], bytes]:
+    """Status line, headers and body of the answer to `request`, sent as it is."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    return status, dict(line.split(": ", 1) for line in lines), body
+
+
+@pytest.mark.slow  # gunicorn loads the app (tokenizer) in its worker
+def test_under_gunicorn_its_own_refusals_are_openai_errors(gunicorn_api: Api) -> None:
+    """What gunicorn refuses before the app sees it (a bare CR in a header, a request line over
+    its limit) is answered in the API's error format, not an HTML page."""
+    cases = {
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Bad: a\rb\r\n\r\n": ("400", "invalid_request"),
+        b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n": ("414", "uri_too_long"),
+    }
+    for request, (status, code) in cases.items():
+        line, headers, body = _raw_answer(gunicorn_api.port, request)
+        assert line.split(" ")[1] == status, (line, body)
+        assert headers["Content-Type"] == "application/json"
+        error = json.loads(body)["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["message"]
+        assert (error["type"], error["code"]) == ("invalid_request_error", code)
