@@ -4,6 +4,7 @@ schedule. The API uses the app it builds to send tasks by name; the workers' ent
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,21 +42,16 @@ def create_celery(settings: Settings, *, include: Sequence[str] = (),
 
     `include`: the task modules a worker imports (none for a process that only sends tasks).
     """
-    celery = Celery("blockq", include=list(include), set_as_current=set_as_current)
+    app_class = _WholeSecondCountdowns if settings.broker_is_rabbitmq else Celery
+    celery = app_class("blockq", include=list(include), set_as_current=set_as_current)
     celery.conf.update(
-        broker_url=settings.redis_url,
+        broker_url=settings.resolved_broker_url,
         broker_connection_retry_on_startup=True,
         # A worker that lost Redis keeps trying to reconnect, however long the outage (Celery's
         # default gives up after 100 tries and ends the worker). Sending tasks is not affected.
         broker_connection_retry=True,
         broker_connection_max_retries=None,
-        broker_transport_options={
-            "visibility_timeout": settings.broker_visibility_timeout_s,
-            # Lower number first: 0 interactive, 1 batch.
-            "queue_order_strategy": "priority",
-            "priority_steps": list(PRIORITY_STEPS),
-            "sep": SEPARATOR,
-        },
+        broker_transport_options=_redis_transport_options(settings),
         task_serializer="json",
         accept_content=["json"],
         task_ignore_result=True,
@@ -76,8 +72,50 @@ def create_celery(settings: Settings, *, include: Sequence[str] = (),
         beat_schedule=_beat_schedule(settings),
         enable_utc=True,
     )
+    if settings.broker_is_rabbitmq:
+        celery.conf.update(_rabbitmq_options())
     celery.conf.blockq_settings = settings
     return celery
+
+
+class _WholeSecondCountdowns(Celery):
+    """Countdowns rounded up to whole seconds: RabbitMQ's native delayed delivery, which Celery
+    uses for quorum queues, counts whole seconds, and Celery (5.7) fails a countdown under one
+    second there ("countdown must be a positive number"). Task.retry sends through here too."""
+
+    def send_task(self, *args: Any, countdown: float | None = None, **options: Any) -> Any:
+        if countdown is not None and countdown > 0:
+            countdown = math.ceil(countdown)
+        return super().send_task(*args, countdown=countdown, **options)
+
+
+def _redis_transport_options(settings: Settings) -> dict[str, Any]:
+    return {
+        "visibility_timeout": settings.broker_visibility_timeout_s,
+        # Lower number first: 0 interactive, 1 batch.
+        "queue_order_strategy": "priority",
+        "priority_steps": list(PRIORITY_STEPS),
+        "sep": SEPARATOR,
+    }
+
+
+def _rabbitmq_options() -> dict[str, Any]:
+    """RabbitMQ with quorum queues (replicated, durable; Celery's recommended setup).
+
+    Every queue, the engines' `gpu.<k>` too, is declared as a quorum queue with a topic
+    exchange: Celery sends countdowns (route retries, webhook backoff) to quorum queues through
+    RabbitMQ's native delayed delivery, which does not work with direct exchanges. Publishes
+    wait for the broker's confirmation. Quorum queues of RabbitMQ before 4.0 ignore message
+    priorities: batch work does not yield to interactive work in the broker (the engines'
+    scheduling still orders it)."""
+    return {
+        "broker_transport_options": {"confirm_publish": True},
+        "task_create_missing_queue_type": "quorum",
+        "task_create_missing_queue_exchange_type": "topic",
+        "task_default_queue_type": "quorum",
+        "task_default_exchange_type": "topic",
+        "worker_detect_quorum_queues": True,
+    }
 
 
 def _beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:

@@ -57,8 +57,13 @@ class Settings(BaseSettings):
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("REDIS_URL", "BLOCKQ_REDIS_URL"),
-        description="Redis URL: the Celery broker and the store of instance states, heartbeats "
-        "and routing assignments.",
+        description="Redis URL: the Celery broker (unless broker_url is set) and the store of "
+        "instance states, heartbeats and routing assignments.",
+    )
+    broker_url: str | None = Field(
+        None, description="The Celery broker when it is not redis_url: `amqp://user:password@"
+        "host:5672/vhost` for RabbitMQ, with quorum queues (docs/multihost.md says when to "
+        "choose it). Unset: redis_url.",
     )
 
     # --- the model served ----------------------------------------------------------------------
@@ -689,6 +694,14 @@ class Settings(BaseSettings):
     @staticmethod
     def env_name(field_name: str) -> str:
         return _ENV_NAMES.get(field_name, f"BLOCKQ_{field_name.upper()}")
+
+    @property
+    def resolved_broker_url(self) -> str:
+        return self.broker_url or self.redis_url
+
+    @property
+    def broker_is_rabbitmq(self) -> bool:
+        return self.resolved_broker_url.startswith(("amqp://", "amqps://", "pyamqp://"))
 
     @property
     def resolved_database_url(self) -> str:

@@ -49,4 +49,5 @@ celery.conf.task_annotations = {task: {"send_events": False} for task in QUIET_T
 # tasks, so Flower showed the GPU queues online with 0 processed. The quiet tasks above stay quiet.
 celery.conf.worker_send_task_events = True
 # NOTE: a lost Redis connection must not end a worker with tasks in flight (workers/broker.py).
-celery.conf.broker_transport = BROKER_TRANSPORT
+if not celery.conf.blockq_settings.broker_is_rabbitmq:
+    celery.conf.broker_transport = BROKER_TRANSPORT

@@ -12,7 +12,9 @@ from multihost_rig.network import in_namespace
 def haproxy_config(bind: str, servers: Sequence[tuple[str, str]], *, timeout_s: int) -> str:
     """Round robin over `servers` (name, address:port), each checked on /readyz every second
     and out after two failures; a request whose connection fails is sent to the other server.
-    `timeout_s` must outlast the longest answer (a sync completion, a stream's silences)."""
+    `timeout_s` must outlast the longest answer (a sync completion, a stream's silences).
+    /metrics is not for clients (it answers without credentials unless the metrics token is
+    set): scrapers ask each API host directly."""
     lines = [
         "global",
         "    maxconn 4096",
@@ -25,6 +27,7 @@ def haproxy_config(bind: str, servers: Sequence[tuple[str, str]], *, timeout_s: 
         "    option redispatch",
         "frontend api",
         f"    bind {bind}",
+        "    http-request deny if { path_beg /metrics }",
         "    default_backend control",
         "backend control",
         "    balance roundrobin",

@@ -44,17 +44,37 @@ class HostFaults:
     partition_s: float
     fleet_back: Callable[[], bool]  # every host's processes up, the API ready, engines alive
     recover_timeout_s: float
+    #: Engine host -> requests routed to or running on its instance now.
+    load: Callable[[], dict[str, int]]
+    #: How long to wait for an engine host holding requests before an engine fault.
+    busy_wait_s: float = 20.0
+
+    def busiest_engine(self, rng: random.Random) -> tuple[str, int]:
+        """The engine host holding the most requests (and how many), waiting up to
+        busy_wait_s for one that holds any: a fault on an idle host tests nothing."""
+        deadline = time.monotonic() + self.busy_wait_s
+        while True:
+            try:
+                load = self.load()
+            except Exception:  # noqa: BLE001 - the database may be busy: pick at random
+                load = {}
+            busiest = max(self.engine_hosts, key=lambda h: (load.get(h, 0), rng.random()))
+            if load.get(busiest, 0) or time.monotonic() > deadline:
+                return busiest, load.get(busiest, 0)
+            time.sleep(0.2)
 
     def inject(self, kind: str, rng: random.Random) -> Fault:
+        note = ""
+        if kind.startswith("engine-host:"):
+            target, holding = self.busiest_engine(rng)
+            note = f"{holding} requests on it"
         start = time.time()
         if kind == "engine-host:kill":
-            target = rng.choice(self.engine_hosts)
             self._kill_and_boot(target, kind)
         elif kind == "control-host:kill":
             target = self.control_host
             self._kill_and_boot(target, kind)
         elif kind == "engine-host:partition":
-            target = rng.choice(self.engine_hosts)
             network.partition(target, [self.data_ip], cut=True)
             time.sleep(self.partition_s)
             network.partition(target, [self.data_ip], cut=False)
@@ -65,7 +85,7 @@ class HostFaults:
             self.services.start_redis()
         else:
             raise ValueError(f"unknown fault kind {kind!r}; known: {', '.join(KINDS)}")
-        return Fault(kind, target, start, time.time())
+        return Fault(kind, target, start, time.time(), note=note)
 
     def _kill_and_boot(self, host: str, kind: str) -> None:
         stack, watch = self.stacks[host], self.watches[host]

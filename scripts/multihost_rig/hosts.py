@@ -12,7 +12,8 @@ import contextlib
 import os
 import signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from app.cli.stack import Stack
 from multihost_rig.network import in_namespace
@@ -32,6 +33,8 @@ class HostStack(Stack):
     """The stack's processes of one host (see the module docstring)."""
 
     host: str = ""
+    #: Each log's size when the host last booted: what it logs since is this boot's.
+    _boot_offsets: dict[str, int] = field(default_factory=dict, repr=False)
 
     def start_process(self, name: str, command: list[str]) -> None:
         # The supervisor restarts a process from self.commands: keep the plain command there.
@@ -57,10 +60,33 @@ class HostStack(Stack):
 
     def boot(self, names: list[str]) -> None:
         """Start the host's processes and supervise them (a first start or a reboot)."""
+        self._boot_offsets = {name: _size(self.log_dir / f"{name}.log") for name in names}
         self.start(names=names)
         self.supervise()
+
+    def workers_ready(self) -> bool:
+        """Every Celery worker of the host logged ' ready.' since it last booted (beat and
+        the API have no such line)."""
+        for name, offset in self._boot_offsets.items():
+            if "worker" not in self.commands.get(name, []):
+                continue
+            try:
+                with (self.log_dir / f"{name}.log").open("rb") as log:
+                    log.seek(offset)
+                    if b" ready." not in log.read():
+                        return False
+            except OSError:
+                return False
+        return True
 
     def all_running(self) -> bool:
         with self._lock:
             return bool(self.processes) and all(
                 p.poll() is None for p in self.processes.values())
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +31,19 @@ from chaos_harness.settle import settle
 from chaos_harness.stack_setup import create_teams, signing_secrets, stack_env, stack_settings
 from chaos_harness.summaries import summarize_faults, workload_summary
 from chaos_harness.workload import Workload
+from sqlalchemy import func, select
 
 from app.cli.stack import LOCAL_RATE_LIMIT_RPM
 from app.db import Database
 from app.migrate import upgrade
+from app.models import InferenceRequest, RequestEvent
 from app.settings import Settings
 from app.teams import ensure_team_key
 from multihost_rig import layout, network
 from multihost_rig.balancer import haproxy_config, start_haproxy
 from multihost_rig.faults import KINDS, HostFaults
 from multihost_rig.hosts import HostStack
+from multihost_rig.rabbitmq import OwnRabbitMQ, lasting_messages
 from multihost_rig.summary import summary
 
 
@@ -91,6 +95,7 @@ class _Rig:
     work_dir: Path
     log: Callable[[str], None]
     services: OwnServices | None = None
+    rabbitmq: OwnRabbitMQ | None = None
     stacks: dict[str, HostStack] = field(default_factory=dict)
     watches: dict[str, ProcessWatch] = field(default_factory=dict)
     haproxy: subprocess.Popen[bytes] | None = None
@@ -101,9 +106,8 @@ class _Rig:
 
 def run(config: RigConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     """One run; its summary (multihost_rig.summary). Removes everything it made."""
-    if config.broker != "redis":
-        raise SystemExit(f"--broker {config.broker}: not supported by this rig yet (see "
-                         "docs/multihost.md); only redis")
+    if config.broker not in ("redis", "rabbitmq"):
+        raise SystemExit(f"--broker {config.broker}: redis or rabbitmq")
     unknown = set(config.kinds) - set(KINDS)
     if unknown:
         raise SystemExit(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
@@ -162,6 +166,10 @@ def _run(rig: _Rig) -> dict[str, Any]:
     upgrade(services.database_url)
     chaos = _chaos_config(config)
     base = stack_settings(chaos, services, rig.work_dir / "hosts")
+    if config.broker == "rabbitmq":
+        rig.rabbitmq = OwnRabbitMQ(rig.work_dir / "rabbitmq", layout.DATA.ip, layout.DATA.name)
+        rig.rabbitmq.start()
+        base = base.model_copy(update={"broker_url": rig.rabbitmq.url})
     hosts = layout.blockq_hosts()
     for host in hosts:
         settings = _host_settings(base, rig.work_dir, host)
@@ -206,6 +214,13 @@ def _wait_ready(rig: _Rig, settings: Settings, url: str, timeout_s: float = 300.
                        f"{rig.work_dir}/hosts/*/logs")
 
 
+def _ready(client: httpx.Client, base: str) -> bool:
+    try:
+        return client.get(f"{base}/readyz").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def _alive_engines(client: httpx.Client) -> int:
     try:
         if client.get("/readyz").status_code != 200:
@@ -229,8 +244,21 @@ def _traffic_under_faults(rig: _Rig, front: FrontDoor, settings: Settings,
     probe = front.client(timeout=2)
 
     def fleet_back() -> bool:
-        return all(s.all_running() for s in rig.stacks.values()) and \
-            _alive_engines(probe) >= len(layout.ENGINE)
+        """Every process of every host runs and its workers are ready, each control host's API
+        answers ready, and every engine is alive (through the balancer)."""
+        return all(s.all_running() and s.workers_ready() for s in rig.stacks.values()) and \
+            all(_ready(probe, f"http://{h.ip}:{layout.API_PORT}") for h in layout.CONTROL) \
+            and _alive_engines(probe) >= len(layout.ENGINE)
+
+    def load() -> dict[str, int]:
+        assert rig.db is not None
+        hosts_of = {f"gpu.{k}": h.name for k, h in enumerate(layout.ENGINE)}
+        r = InferenceRequest
+        with rig.db.session() as session:
+            rows = session.execute(
+                select(r.instance_id, func.count()).where(r.status.in_(["routed", "running"]))
+                .group_by(r.instance_id)).all()
+        return {hosts_of[i]: n for i, n in rows if i in hosts_of}
 
     injector = HostFaults(
         stacks=rig.stacks, watches=rig.watches, processes={h.name: list(h.processes)
@@ -238,7 +266,7 @@ def _traffic_under_faults(rig: _Rig, front: FrontDoor, settings: Settings,
         services=rig.services, data_ip=layout.DATA.ip,
         engine_hosts=[h.name for h in layout.ENGINE], control_host=layout.CONTROL[0].name,
         down_s=config.down_s, partition_s=config.partition_s, fleet_back=fleet_back,
-        recover_timeout_s=config.recover_timeout_s)
+        recover_timeout_s=config.recover_timeout_s, load=load)
     faults: list[Fault] = []
     stop = threading.Event()
     start = time.monotonic() + 1.0
@@ -269,9 +297,13 @@ def _result(rig: _Rig, settings: Settings, front: FrontDoor, workload: Workload,
     findings = Checker(rig.db, rig.services, settings, rig.receiver, workload.outcomes,
                        dict(teams.values()), front.api_url).run()
     workload.close()
+    if rig.rabbitmq is not None:  # the checker looks for leftovers in Redis' lists only
+        for entry in lasting_messages(rig.rabbitmq):
+            findings["leftover queue messages"].add(f"rabbitmq {entry}")
     unexpected = findings["unexpected process exits"] = _unexpected(rig)
     rig.timings["total_s"] = time.monotonic() - began
-    fault_rows = [{**f.to_json(), "in_flight": n, "recovery_s": t, "last_request": rid}
+    fault_rows = [{**f.to_json(), "in_flight": n, "recovery_s": t, "last_request": rid,
+                   "moved_off": _moved_off(rig.db, f)}
                   for f, (n, t, rid) in zip(faults, recovery, strict=True)]
     return summary(
         requests=workload.submitted, broker=rig.config.broker,
@@ -283,6 +315,28 @@ def _result(rig: _Rig, settings: Settings, front: FrontDoor, workload: Workload,
                "workload": workload_summary(workload),
                "timings": {k: round(v, 1) for k, v in
                                                         rig.timings.items()}})
+
+
+def _moved_off(db: Database, fault: Fault) -> dict[str, int] | None:
+    """For a fault on an engine host: the requests re-routed off its instance from the fault's
+    start until 60 s after it healed, and how many of them then succeeded elsewhere as a later
+    attempt (the host's own stale attempts lost: fencing)."""
+    hosts = [h.name for h in layout.ENGINE]
+    if fault.target not in hosts:
+        return None
+    instance = f"gpu.{hosts.index(fault.target)}"
+    start = datetime.fromtimestamp(fault.start, UTC)
+    until = datetime.fromtimestamp(fault.end + 60, UTC)
+    with db.session() as session:
+        ids = set(session.scalars(select(RequestEvent.request_id).where(
+            RequestEvent.detail.like(f"requeued: instance {instance} %"),
+            RequestEvent.at >= start, RequestEvent.at <= until)))
+        rows = session.execute(select(InferenceRequest.status, InferenceRequest.instance_id,
+                                      InferenceRequest.attempt)
+                               .where(InferenceRequest.id.in_(ids))).all() if ids else []
+    elsewhere = sum(1 for status, on, attempt in rows
+                    if status == "succeeded" and on != instance and attempt > 1)
+    return {"rerouted": len(ids), "succeeded_elsewhere_later_attempt": elsewhere}
 
 
 def _unexpected(rig: _Rig) -> Finding:
@@ -310,6 +364,8 @@ def _stop(rig: _Rig) -> None:
         rig.receiver.close()
     if rig.db is not None:
         rig.db.dispose()
+    if rig.rabbitmq is not None:
+        rig.rabbitmq.stop()
     if rig.services is not None:
         with contextlib.suppress(Exception):
             rig.services.stop()

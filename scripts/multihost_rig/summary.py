@@ -34,7 +34,8 @@ def summary(*, requests: int, broker: str, findings: dict[str, dict[str, Any]],
                                    "recovery_s": row["recovery_max_s"],
                                    "fleet_back_s": row["fleet_back_max_s"]}
                      for row in fault_summary},
-        "faults": [{k: f[k] for k in ("kind", "target", "start", "end", "fleet_back_s",
-                                      "recovery_s", "in_flight")} for f in faults],
+        "faults": [{k: f.get(k) for k in ("kind", "target", "start", "end", "fleet_back_s",
+                                          "recovery_s", "in_flight", "note", "moved_off")}
+                   for f in faults],
         **extra,
     }

@@ -55,6 +55,7 @@ def test_haproxy_checks_readiness_and_outlasts_the_longest_answer() -> None:
     assert "server ctl-a 10.213.0.21:8000 check" in config
     assert "server ctl-b 10.213.0.22:8000 check" in config
     assert "option redispatch" in config
+    assert "http-request deny if { path_beg /metrics }" in config
 
 
 def test_the_summary_adds_up_the_chaos_checks() -> None:
