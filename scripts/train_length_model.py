@@ -4,9 +4,14 @@ Rows are JSON objects with ``prompt`` (text or chat messages), ``model`` (the se
 ``output_tokens`` and optionally ``prompt_id`` (answers sharing it stay in one fold). Several
 ``--rows`` files are concatenated, e.g. the bootstrap rows plus an export of the request history.
 
+The shipped artifact is trained on ``lengths/alpaca_eval_many_models.jsonl`` (534 AlpacaEval
+prompts, 224 models' answers; licence CC BY-NC 4.0, recorded in the artifact) with the static
+encoder. ``--conversations`` trains on the older ``conversations/`` rows (7 models) instead.
+``blockq models length-train`` trains the same way from any JSONL file.
+
 Usage::
 
-    # the shipped bootstrap model: rows from ../shared/data/conversations, trained on all of them
+    # the shipped bootstrap model
     python scripts/train_length_model.py
     # write the bootstrap rows (all, and a split by prompt) to reuse or inspect
     python scripts/train_length_model.py --export-rows build/length_rows
@@ -24,14 +29,18 @@ from rich.console import Console
 from rich.table import Table
 
 from workers.predict.dataset import (
+    ALPACA_EVAL_LICENCE,
+    ALPACA_EVAL_SOURCE,
     DEFAULT_DATA_DIR,
+    MANY_MODELS,
     build_rows,
+    read_many_models,
     read_rows,
     split_by_prompt,
     write_rows,
 )
 from workers.predict.encoder import Encoder, EncoderConfig
-from workers.predict.length_model import BOOTSTRAP_ARTIFACT, TrainConfig, train
+from workers.predict.length_model import BOOTSTRAP_ARTIFACT, TrainConfig, default_encoder, train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,8 +55,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="write rows.jsonl, train.jsonl and test.jsonl to DIR and stop")
     parser.add_argument("--test-share", type=float, default=0.2,
                         help="share of prompts in test.jsonl for --export-rows")
-    parser.add_argument("--encoder", default=None,
-                        help="local Hugging Face encoder directory (default: all-MiniLM-L6-v2)")
+    parser.add_argument("--conversations", action="store_true",
+                        help="train on the conversations/ rows instead of lengths/")
+    parser.add_argument("--licence", default=None,
+                        help="licence of --rows, recorded in the artifact")
+    parser.add_argument("--encoder", default="static",
+                        help="'static' (the distilled matrix, default), 'minilm' (the packaged "
+                             "MiniLM) or a local Hugging Face encoder directory")
     parser.add_argument("--max-seq-len", type=int, default=EncoderConfig().max_seq_len)
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     args = parser.parse_args(argv)
@@ -55,8 +69,19 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.rows:
         rows = [row for path in args.rows for row in read_rows(path)]
-    else:
+        sources = [{"name": ", ".join(p.name for p in args.rows),
+                    "licence": args.licence or "not stated (the rows' own terms apply)",
+                    "rows": len(rows)}]
+    elif args.conversations:
         rows = build_rows(args.data)
+        sources = [{"name": "conversations/ (Arena-Hard, arena-bench, ShareGPT sample)",
+                    "licence": "Apache-2.0 / MIT repositories; the model providers' output "
+                               "terms apply (see the data folder's SOURCES.md)",
+                    "rows": len(rows)}]
+    else:
+        rows = read_many_models(args.data / MANY_MODELS)
+        sources = [{"name": ALPACA_EVAL_SOURCE, "licence": ALPACA_EVAL_LICENCE,
+                    "rows": len(rows)}]
     console.print(f"{len(rows)} rows, {len({r.prompt_id for r in rows})} prompts, "
                   f"{len({r.model for r in rows})} models")
 
@@ -67,10 +92,13 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"wrote {count} rows to {args.export_rows / f'{name}.jsonl'}")
         return 0
 
-    encoder = Encoder(EncoderConfig(path=args.encoder, max_seq_len=args.max_seq_len,
-                                    num_threads=args.threads))
+    if args.encoder == "static":
+        encoder = default_encoder()
+    else:
+        encoder = Encoder(EncoderConfig(path=None if args.encoder == "minilm" else args.encoder,
+                                        max_seq_len=args.max_seq_len, num_threads=args.threads))
     started = time.perf_counter()
-    predictor, metrics = train(rows, encoder=encoder, config=TrainConfig())
+    predictor, metrics = train(rows, encoder=encoder, config=TrainConfig(), sources=sources)
     elapsed = time.perf_counter() - started
     path = predictor.head.save(args.out)
 
@@ -81,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     table.add_column("value", justify="right")
     for key, value in metrics.items():
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    for source in sources:
+        console.print(f"source: {source['name']}, licence {source['licence']}")
     console.print(table)
     console.print(f"saved {path} ({path.stat().st_size / 1024:.0f} KiB)")
     return 0

@@ -23,14 +23,15 @@ had not seen (`workers.learn.loop`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
 
-from workers.predict.length_model import ModelCorrection
+from workers.predict.length_model import LengthHead, ModelCorrection
 
-__all__ = ["CorrectionConfig", "fit_correction", "forward_chained", "time_blocks"]
+__all__ = ["CorrectionConfig", "correction_config", "fit_correction", "forward_chained",
+           "time_blocks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,19 @@ class CorrectionConfig:
     slope_range: tuple[float, float] = (-0.8, 1.0)
     quantile: float = 0.9
     min_rows_quantile: int = 30
+
+
+def correction_config(head: LengthHead, config: CorrectionConfig) -> CorrectionConfig:
+    """`config` with the head's own prior weight of a model effect, where the head has one.
+
+    An effects head (`workers.predict.effects`) measured how many answers of one model weigh as
+    much as the spread of model effects across the models it was trained on: a new serving
+    model's effect moves from the population prior towards its own median residual by
+    n / (n + prior_rows).
+    """
+    if head.prior_rows is None:
+        return config
+    return replace(config, prior_rows=float(head.prior_rows))
 
 
 class _Family(NamedTuple):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,12 @@ import numpy as np
 from app import model_registry as registry
 from app.db import Database
 from workers.learn import history
-from workers.learn.correction import CorrectionConfig, fit_correction, forward_chained
+from workers.learn.correction import (
+    CorrectionConfig,
+    correction_config,
+    fit_correction,
+    forward_chained,
+)
 from workers.sim import ExecModel, evaluate_on_step_samples, fit_from_step_samples
 
 if TYPE_CHECKING:
@@ -143,6 +148,7 @@ def correction_turn(head: LengthHead, design: Design, tokens: np.ndarray, caps: 
     """
     if set(design.models) != {model}:
         raise ValueError(f"every history row must be of serving model {model!r}")
+    config = replace(config, correction=correction_config(head, config.correction))
     keep = slice(max(len(tokens) - config.correction.max_rows, 0), None)
     tokens = np.asarray(tokens, dtype=np.float64)
     caps = np.broadcast_to(np.asarray(caps, dtype=np.float64), tokens.shape)
@@ -237,7 +243,14 @@ def _refit_length_model(db: Database, active: LengthPredictor, rows: list[dict[s
 
     older, holdout = split_recent(rows, config.holdout_share)
     bootstrap = read_rows(config.bootstrap_rows) if config.bootstrap_rows else []
-    candidate, fit = train([*older, *bootstrap], encoder=active.encoder, counter=active.counter)
+    sources = [{"name": f"request history of {model_name}",
+                "licence": "the deployment's own data", "rows": len(older)}]
+    if bootstrap:
+        sources.append({"name": str(config.bootstrap_rows),
+                        "licence": "not stated (the rows' own terms apply)",
+                        "rows": len(bootstrap)})
+    candidate, fit = train([*older, *bootstrap], encoder=active.encoder, counter=active.counter,
+                           sources=sources)
     candidate_predictions = _length_predictions(candidate, holdout)
     active_predictions = _length_predictions(active, holdout)
     actual = np.array([r["output_tokens"] for r in holdout], dtype=np.float64)

@@ -12,16 +12,19 @@ from pathlib import Path
 import numpy as np
 
 from workers.predict.dataset import read_length_jsonl
+from workers.predict.encoder import Encoder, EncoderConfig
 from workers.predict.length_model import (
     BOOTSTRAP_ARTIFACT,
     AnyEncoder,
     LengthHead,
     LengthPredictor,
     TrainConfig,
+    default_encoder,
     train,
 )
 
-__all__ = ["CachedEncoder", "PREDICT_CAP", "artifact_summary", "predict_file", "train_file"]
+__all__ = ["CachedEncoder", "PREDICT_CAP", "artifact_summary", "make_encoder", "predict_file",
+           "train_file"]
 
 #: Cap of a prediction when a TEST line gives no max_tokens (above any answer in the data).
 PREDICT_CAP = 16_384
@@ -36,6 +39,7 @@ class CachedEncoder:
         self.inner = encoder
         self.name, self.dim = encoder.name, encoder.dim
         self.config, self.max_seq_len = encoder.config, encoder.max_seq_len
+        self.kind = getattr(encoder, "kind", "transformer")
         self._rows: dict[str, np.ndarray] = {}
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
@@ -46,6 +50,15 @@ class CachedEncoder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([self._rows[t] for t in texts])
+
+
+def make_encoder(kind: str) -> AnyEncoder:
+    """"static" (the shipped distilled matrix) or "minilm" (the packaged transformer)."""
+    if kind == "static":
+        return default_encoder()
+    if kind == "minilm":
+        return Encoder(EncoderConfig(num_threads=1))
+    raise ValueError(f"encoder must be 'static' or 'minilm', got {kind!r}")
 
 
 def train_file(data: Path | str, out: Path | str, *, source_name: str | None = None,

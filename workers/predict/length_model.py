@@ -27,6 +27,7 @@ history there was. Applying one costs a dot product per row on inputs the head c
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -76,6 +77,7 @@ __all__ = [
     "evaluate",
     "fit_head",
     "length_metrics",
+    "predict",
     "train",
 ]
 
@@ -491,6 +493,23 @@ class LengthPredictor:
     def predict(self, prompt: Prompt, model: str, max_tokens: int) -> LengthPrediction:
         return self.predict_batch([prompt], [model], [max_tokens])[0]
 
+    def predict_tokens(self, prompts: Sequence[Prompt], model_names: Sequence[str] | str,
+                       max_tokens: int = 16_384) -> list[int]:
+        """Predicted output tokens per prompt, each for its serving model (a name the artifact
+        never saw is predicted zero-shot, from the population's model effect)."""
+        return [p.tokens for p in self.predict_batch(prompts, model_names, max_tokens)]
+
+
+@functools.cache
+def _shipped() -> LengthPredictor:
+    return LengthPredictor.load(BOOTSTRAP_ARTIFACT, num_threads=1)
+
+
+def predict(prompts: Sequence[Prompt], model_names: Sequence[str] | str) -> list[int]:
+    """Output tokens of each prompt on its serving model, by the shipped artifact (loaded once
+    per process): model name in, tokens out; an unknown name is predicted zero-shot."""
+    return _shipped().predict_tokens(prompts, model_names)
+
 
 def encoder_config_for(head: LengthHead, path: str | None = None, **runtime) -> EncoderConfig:
     """The encoder settings a head was trained with, plus runtime-only knobs (dtype, threads)."""
@@ -842,7 +861,7 @@ def fit_effects_head(fields: Sequence[tuple[Prompt, str, int, str]], *, encoder:
 
 def encoder_info(encoder: AnyEncoder) -> dict:
     """What an artifact records about the encoder its head was trained on."""
-    if isinstance(encoder, StaticEncoder):
+    if getattr(encoder, "kind", "transformer") == "static":
         return {"name": encoder.name, "dim": encoder.dim, "max_seq_len": encoder.max_seq_len,
                 "layers": None, "tail_share": encoder.config.tail_share, "num_layers": None,
                 "kind": "static"}

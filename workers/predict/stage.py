@@ -162,21 +162,18 @@ class LearnedLengths:
         return answers
 
     def _predict_learned(self, queries: Sequence[LengthQuery]) -> list[LengthAnswer]:
-        """Each query for its own served model (one pass per model in the batch)."""
+        """Each query for its own served model, in one pass over the batch."""
         predictor = self.active.get()
         default = self.rt.settings.default_model
-        answers: dict[int, LengthAnswer] = {}
-        for model_name in {q.model or default for q in queries}:
-            mine = [i for i, q in enumerate(queries) if (q.model or default) == model_name]
-            predictions = predictor.predict_batch(
-                [queries[i].prompt for i in mine], model_name,
-                [queries[i].max_tokens for i in mine])
-            factor = self.rt.bias_watch.correction(model_name)
-            for i, p in zip(mine, predictions, strict=True):
-                cap = queries[i].max_tokens
-                answers[i] = LengthAnswer(_scaled(p.tokens, factor, cap),
-                                          _scaled(p.p90_tokens, factor, cap), predictor.name)
-        return [answers[i] for i in range(len(queries))]
+        names = [q.model or default for q in queries]
+        # One pass over the whole batch, each row for its own model (a model the artifact never
+        # saw is predicted zero-shot: the population's model effect).
+        predictions = predictor.predict_batch([q.prompt for q in queries], names,
+                                              [q.max_tokens for q in queries])
+        factors = {name: self.rt.bias_watch.correction(name) for name in set(names)}
+        return [LengthAnswer(_scaled(p.tokens, factors[name], q.max_tokens),
+                             _scaled(p.p90_tokens, factors[name], q.max_tokens), predictor.name)
+                for p, q, name in zip(predictions, queries, names, strict=True)]
 
 
 def length_predictor(rt: Runtime) -> LengthPredictorStage:

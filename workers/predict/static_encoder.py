@@ -43,6 +43,9 @@ class StaticEncoderConfig:
 class StaticEncoder:
     """Embeds texts as the unit-length mean of their tokens' distilled rows, shape (n, dim)."""
 
+    #: What `length_model.encoder_info` records ("transformer" for `encoder.Encoder`).
+    kind = "static"
+
     def __init__(self, matrix: np.ndarray, tokenizer_json: str, *, name: str = STATIC_ENCODER,
                  config: StaticEncoderConfig = StaticEncoderConfig(),
                  source: dict | None = None) -> None:
