@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from app.errors import InvalidRequest, NotFound
-from app.sampling import MAX_LOGPROBS, SamplingFields, TokenId, is_token_ids
+from app.sampling import INTEGER, MAX_LOGPROBS, NUMBER, SamplingFields, TokenId, is_token_ids
 from app.schemas import SEED_LIMIT, ChatMessage, stop_as_list
 from app.slo import SloTargets
 
@@ -33,15 +33,15 @@ class _Common(SamplingFields):
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT, description=(
+    max_tokens: Annotated[int | None, INTEGER] = Field(None, ge=1)
+    temperature: Annotated[float, NUMBER] = Field(1.0, ge=0.0, le=2.0)
+    top_p: Annotated[float, NUMBER] = Field(1.0, gt=0.0, le=1.0)
+    seed: Annotated[int | None, INTEGER] = Field(None, ge=0, lt=SEED_LIMIT, description=(
         "Sampling seed; with n > 1, choice j of a prompt uses seed + j."))
     stop: list[str] | None = Field(None, max_length=4)
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: dict[str, Any] | None = None
-    n: int = Field(1, ge=1, le=MAX_CHOICES, description=(
+    n: Annotated[int, INTEGER] = Field(1, ge=1, le=MAX_CHOICES, description=(
         f"Choices per prompt (each a request of its own); prompts times n at most "
         f"{MAX_CHOICES}."))
     user: str | None = None
@@ -98,14 +98,16 @@ class CompletionBody(_Common):
         Annotated[str, Field(min_length=1)]] | list[list[TokenId]] = Field(description=(
             f"The prompt: {_PROMPT_FORMS}. Token ids go to the engine as they are; several "
             "prompts give one choice each, in order."))
-    max_tokens: int | None = Field(None, ge=0, description=(
+    max_tokens: Annotated[int | None, INTEGER] = Field(None, ge=0, description=(
         "Most output tokens (default 16); 0 only with echo: the answer is the prompt and its "
         "logprobs (the engine generates one token, left out)."))
-    echo: bool = Field(False, description="Begin each choice with its prompt (and its logprobs).")
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description=(
+    echo: StrictBool = Field(
+        False, description="Begin each choice with its prompt (and its logprobs).")
+    logprobs: Annotated[int | None, INTEGER] = Field(None, ge=0, le=MAX_LOGPROBS, description=(
         "Return the log probability of each token and of this many most likely alternatives."))
     suffix: None = None
-    best_of: int | None = Field(None, description="Only best_of equal to n (or absent).")
+    best_of: Annotated[int | None, INTEGER] = Field(
+        None, description="Only best_of equal to n (or absent).")
 
     _prompt_form = field_validator("prompt", mode="before")(_prompt_form)
 
@@ -137,10 +139,10 @@ class CompletionBody(_Common):
 
 class ChatCompletionBody(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool | None = Field(None, description=(
+    max_completion_tokens: Annotated[int | None, INTEGER] = Field(None, ge=1)
+    logprobs: StrictBool | None = Field(None, description=(
         "Return the log probability of each output token."))
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description=(
+    top_logprobs: Annotated[int | None, INTEGER] = Field(None, ge=0, le=MAX_LOGPROBS, description=(
         "With logprobs: this many most likely alternatives of each output token."))
 
     @property

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt
+from pydantic_core import PydanticCustomError
 
 from app.errors import InvalidRequest
 
 __all__ = ["SamplingFields", "TokenId", "is_token_ids", "MAX_LOGPROBS", "sampling_column",
-           "check_token_ids"]
+           "check_token_ids", "INTEGER", "NUMBER"]
 
 #: Most alternatives per token a client may ask for (vLLM's default max_logprobs).
 MAX_LOGPROBS = 20
@@ -26,10 +27,32 @@ MAX_STOP_TOKEN_IDS = 64
 #: OpenAI's limit on logit_bias entries.
 MAX_LOGIT_BIAS = 300
 
+
+def _json_number(kind: str) -> BeforeValidator:
+    """A number given as a JSON number: a string ("5") or a boolean (true) is the wrong type,
+    refused with 400, though pydantic's lax mode (and vLLM's server, whose models are lax) would
+    read them as 5 and 1. A whole number written 5.0 is still the integer 5, as JSON Schema's
+    `integer` has it."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, str | bool):
+            raise PydanticCustomError(
+                "wrong_type", "Input should be {kind}, not {given}",
+                {"kind": kind, "given": "a boolean" if isinstance(value, bool) else "a string"})
+        return value
+
+    return BeforeValidator(check)
+
+
+#: Markers of number fields, e.g. `Annotated[int | None, INTEGER]` (around the whole optional
+#: type: the field's bounds stay in its JSON schema).
+INTEGER = _json_number("an integer")
+NUMBER = _json_number("a number")
+
 TokenId = Annotated[StrictInt, Field(ge=0)]
 #: A token id as a JSON object key (a string of digits).
 TokenIdKey = Annotated[int, Field(ge=0)]
-Bias = Annotated[float, Field(ge=-100.0, le=100.0, allow_inf_nan=False)]
+Bias = Annotated[float, Field(ge=-100.0, le=100.0, allow_inf_nan=False), NUMBER]
 
 #: The fields of SamplingFields, as the `sampling` column stores them.
 _ENGINE_KEYS = ("top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty",
@@ -42,26 +65,26 @@ class SamplingFields(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    top_k: int | None = Field(
+    top_k: Annotated[int | None, INTEGER] = Field(
         None, ge=-1, description="Sample from the k most likely tokens only; -1 or 0: all.")
-    min_p: float | None = Field(
+    min_p: Annotated[float | None, NUMBER] = Field(
         None, ge=0.0, le=1.0, allow_inf_nan=False,
         description="Drop tokens less likely than min_p times the most likely one's probability.")
-    repetition_penalty: float | None = Field(
+    repetition_penalty: Annotated[float | None, NUMBER] = Field(
         None, gt=0.0, le=2.0, allow_inf_nan=False,
         description="vLLM's repetition penalty: above 1 discourages tokens already in the prompt "
                     "or output, below 1 encourages them; 1 is neutral.")
-    frequency_penalty: float | None = Field(
+    frequency_penalty: Annotated[float | None, NUMBER] = Field(
         None, ge=-2.0, le=2.0, allow_inf_nan=False,
         description="OpenAI's frequency penalty: lowers a token's logit by this times its count "
                     "in the output so far.")
-    presence_penalty: float | None = Field(
+    presence_penalty: Annotated[float | None, NUMBER] = Field(
         None, ge=-2.0, le=2.0, allow_inf_nan=False,
         description="OpenAI's presence penalty: lowers the logit of every token already in the "
                     "output by this much.")
     ignore_eos: StrictBool | None = Field(
         None, description="Keep generating past the end-of-sequence token, up to max_tokens.")
-    min_tokens: int | None = Field(
+    min_tokens: Annotated[int | None, INTEGER] = Field(
         None, ge=0, description="Generate at least this many tokens before EOS or a stop token "
                                 "may end the output (at most max_tokens).")
     stop_token_ids: list[TokenId] | None = Field(

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    field_validator,
+)
 
 from app.errors import InvalidRequest
-from app.sampling import MAX_LOGPROBS, SamplingFields, TokenId, is_token_ids
+from app.sampling import INTEGER, MAX_LOGPROBS, NUMBER, SamplingFields, TokenId, is_token_ids
 from app.slo import SloTargets
 from app.webhook_targets import url_problem
 
@@ -74,18 +82,18 @@ class CreateRequest(SamplingFields):
         list[TokenId], Field(min_length=1)] | None = Field(
         None, description="The prompt text, or its token ids (handed to the engine as they are).")
     messages: list[ChatMessage] | None = Field(None, min_length=1)
-    max_tokens: int | None = Field(
+    max_tokens: Annotated[int | None, INTEGER] = Field(
         None, ge=0, description="Most output tokens; 0 only with echo (score the prompt alone).")
-    logprobs: int | None = Field(
+    logprobs: Annotated[int | None, INTEGER] = Field(
         None, ge=0, le=MAX_LOGPROBS,
         description="Return each output token's log probability and this many most likely "
                     "alternatives (vLLM engine; the emulated engine returns synthetic ones).")
-    echo: bool = Field(
+    echo: StrictBool = Field(
         False, description="OpenAI's echo: with logprobs, the prompt tokens' logprobs are "
                            "returned too.")
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
+    temperature: Annotated[float, NUMBER] = Field(1.0, ge=0.0, le=2.0)
+    top_p: Annotated[float, NUMBER] = Field(1.0, gt=0.0, le=1.0)
+    seed: Annotated[int | None, INTEGER] = Field(None, ge=0, lt=SEED_LIMIT)
     stop: list[str] | None = Field(None, max_length=4)
     priority: Literal["interactive", "batch"] = "interactive"
     webhook_url: AnyHttpUrl | None = None

@@ -1,6 +1,8 @@
 """Text a request carries outside its JSON body (the URL path, query parameters, the
 Idempotency-Key header) is checked before any handler runs: NUL or a lone surrogate there would
-reach a PostgreSQL query (a lookup by id, a cursor, a filter) and fail it with a 500."""
+reach a PostgreSQL query (a lookup by id, a cursor, a filter) and fail it with a 500. A stored
+header must come once: the WSGI server joins repeated headers with commas ("a,b"), which would
+silently become a key of its own."""
 
 from __future__ import annotations
 
@@ -31,3 +33,8 @@ def check_request_text() -> None:
         if value is not None and (problem := text_problem(value)) is not None:
             raise InvalidRequest(f"The {header} header contains {problem}.", param=header,
                                  code="invalid_value")
+        if value is not None and "," in value:
+            raise InvalidRequest(
+                f"Send one {header} header, without a comma: two of them arrive joined by "
+                "commas, which cannot be told from one key holding a comma.", param=header,
+                code="invalid_value")

@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
+from sqlalchemy import select
 
 from app import create_app, store
-from app.models import RequestStatus
+from app.models import InferenceRequest, RequestStatus
 from app.streams import read_stream
 from tests.app.flask_client import services_of, team_key
 from tests.engine_states import engine_state
@@ -74,6 +75,23 @@ def test_idempotency_same_body_same_request_other_body_conflict(client: FlaskCli
     )
     assert other.status_code == 409
     assert _error(other)["param"] == "Idempotency-Key"
+
+
+def test_two_idempotency_key_headers_are_refused_not_joined(client: FlaskClient) -> None:
+    """A WSGI server joins repeated headers with commas: "a" and "b" would become the key
+    "a,b", a request neither retry of "a" nor of "b" finds."""
+    body = {"prompt": "Write a haiku", "max_tokens": 16}
+    twice = client.post("/v1/requests", json=body,
+                        headers=[("Idempotency-Key", "a"), ("Idempotency-Key", "b")])
+    assert twice.status_code == 400
+    error = _error(twice)
+    assert error["param"] == "Idempotency-Key" and "one Idempotency-Key" in error["message"]
+    comma = client.post("/v1/requests", json=body, headers={"Idempotency-Key": "a,b"})
+    assert comma.status_code == 400 and _error(comma)["param"] == "Idempotency-Key"
+    with services_of(client).db.session() as session:
+        assert session.scalars(select(InferenceRequest)).all() == []  # nothing was stored
+    once = client.post("/v1/requests", json=body, headers={"Idempotency-Key": "a"})
+    assert once.status_code == 202 and once.get_json()["created"] is True
 
 
 @pytest.mark.parametrize(

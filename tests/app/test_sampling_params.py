@@ -130,6 +130,68 @@ def test_out_of_range_and_unknown_parameters_are_400_naming_them(
         assert session.scalars(select(InferenceRequest)).all() == []  # nothing was stored
 
 
+#: Fields of each endpoint by JSON type: a string or a boolean for a number, and a number or a
+#: string for a boolean, is the wrong type (README: 400), though pydantic's lax mode (and vLLM's
+#: server) would read "5" as 5 and true as 1.
+_TYPED_FIELDS: dict[str, dict[str, list[str]]] = {
+    "/v1/requests": {
+        "integer": ["max_tokens", "seed", "logprobs", "top_k", "min_tokens"],
+        "number": ["temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
+                   "presence_penalty"],
+        "boolean": ["echo", "ignore_eos"]},
+    "/v1/completions": {
+        "integer": ["max_tokens", "n", "seed", "logprobs", "best_of", "top_k"],
+        "number": ["temperature", "top_p", "presence_penalty"],
+        "boolean": ["stream", "echo", "ignore_eos"]},
+    "/v1/chat/completions": {
+        "integer": ["max_tokens", "max_completion_tokens", "top_logprobs", "min_tokens"],
+        "number": ["temperature", "frequency_penalty"],
+        "boolean": ["stream", "logprobs"]},
+}
+_WRONG = {"integer": ["5", True], "number": ["0.5", True], "boolean": [1, "true"]}
+
+
+def _body(endpoint: str, model: str, **fields: Any) -> dict[str, Any]:
+    if endpoint == "/v1/requests":
+        return {"prompt": "x", **fields}
+    if endpoint == "/v1/completions":
+        return {"model": model, "prompt": "x", **fields}
+    return {"model": model, "messages": [{"role": "user", "content": "Hi"}], **fields}
+
+
+def test_numbers_and_booleans_of_the_wrong_json_type_are_400_naming_the_field(
+    fresh_services: Settings,
+) -> None:
+    client = api_client(fresh_services)
+    for endpoint, kinds in _TYPED_FIELDS.items():
+        for kind, fields in kinds.items():
+            for field in fields:
+                for wrong in _WRONG[kind]:
+                    body = _body(endpoint, fresh_services.model_name, **{field: wrong})
+                    error = error_body(client.post(endpoint, json=body), 400)
+                    assert error["param"] == field, (endpoint, body, error)
+                    word = "boolean" if kind == "boolean" else (
+                        "a string" if isinstance(wrong, str) else "a boolean")
+                    assert word in error["message"], (endpoint, body, error)
+    bias = _body("/v1/requests", "", logit_bias={"7": "5"})
+    assert error_body(client.post("/v1/requests", json=bias), 400)["param"] == "logit_bias.7"
+    with services_of(client).db.session() as session:
+        assert session.scalars(select(InferenceRequest)).all() == []  # nothing was stored
+
+
+def test_a_whole_number_written_as_a_float_is_an_integer_as_in_json_schema(
+    fresh_services: Settings,
+) -> None:
+    client = api_client(fresh_services)
+    created = client.post("/v1/requests", json={"prompt": "x", "max_tokens": 5.0, "seed": 3.0,
+                                                "temperature": 1, "top_k": 4.0})
+    assert created.status_code == 202, created.get_json()
+    shown = client.get(f"/v1/requests/{created.get_json()['id']}").get_json()
+    assert shown["max_tokens"] == 5 and shown["sampling"] == {"top_k": 4}
+    error = error_body(client.post("/v1/requests", json={"prompt": "x", "max_tokens": 5.5}), 400)
+    assert error["param"] == "max_tokens"
+
+
 def test_openai_calls_make_one_request_per_choice_in_openai_order(
     fresh_services: Settings,
 ) -> None:
