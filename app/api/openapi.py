@@ -124,7 +124,7 @@ OPERATIONS: dict[str, Operation] = {
     # --- native requests
     "requests.create": Operation(
         "Submit a request", "Requests", c.SubmittedRequest, status=202, body=CreateRequest,
-        errors=(400, 409, 413, 422),
+        errors=(400, 404, 409, 413, 422),
         params=(Param("Idempotency-Key", "header",
                       {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY_LEN},
                       "Submitting again with the same key returns the first request."),
