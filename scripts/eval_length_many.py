@@ -5,7 +5,7 @@ encoder against the per-model median, per-model mean and log-log prompt-length r
 the cross-model reference (ceiling). New serving models (``--new-models``): models held out of
 training, calibrated by the online loop's correction after 0, 50 and 200 of their answers, against
 the baselines given the same answers. ``--cost``: CPU ms per prompt of a prediction, batched, on
-one core. Logic in `workers.predict.evaluation`.
+one core. Logic in `workers.learn.evaluation`.
 
 Usage::
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from workers.predict import evaluation
+from workers.learn import evaluation
 from workers.predict.dataset import (
     DEFAULT_DATA_DIR,
     MANY_MODELS,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from workers.learn.correction import CorrectionConfig, correction_config, fit_correction
 from workers.predict.commands import CachedEncoder
 from workers.predict.dataset import LengthRow
 from workers.predict.effects import EffectsConfig, decompose
@@ -234,11 +235,6 @@ def new_models(rows: Sequence[LengthRow], encoder: AnyEncoder, held: Sequence[st
     Fold k's prompts are the test prompts; a held model's history is its answers to the other
     prompts in a seeded random order, of which the first n calibrate it.
     """
-    from workers.learn.correction import (  # noqa: PLC0415
-        CorrectionConfig,
-        correction_config,
-        fit_correction,
-    )
 
     counter = TokenCounter()
     data = _arrays(rows, counter)

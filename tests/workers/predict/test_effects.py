@@ -8,9 +8,9 @@ import random
 import numpy as np
 
 from workers.learn.correction import CorrectionConfig, correction_config, fit_correction
+from workers.learn.evaluation import FeaturesOnly
 from workers.predict.dataset import LengthRow, prompt_id_of
 from workers.predict.effects import EffectsConfig, decompose, fit_effects, group_median
-from workers.predict.evaluation import FeaturesOnly
 from workers.predict.length_model import TrainConfig, design_matrix, train
 
 
