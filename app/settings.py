@@ -332,6 +332,15 @@ class Settings(BaseSettings):
         "llumnix, least_tokens, block, block_ttft, or po2_<name> / po4_<name> (power-of-k "
         "probing) for a scoring policy.",
     )
+    mixed_fleet_routing_policy: str = Field(
+        "block_slo",
+        description="Routing policy of a model whose live instances run on unlike hardware "
+        "(their published hardware or execution-time models differ), unless "
+        "BLOCKQ_ROUTING_POLICY is set: block_slo, the what-if's time to first token with the "
+        "preemptions it runs into charged, led the capacity at a TTFT p99 target on mixed "
+        "A100/H100 + A30 fleets without collapsing where the fast GPUs have no more KV cache "
+        "(docs/benchmarks_cluster.md).",
+    )
     routing_exec_model: str | None = Field(
         None,
         description="Execution-time model the block policies simulate instances with: a model "
@@ -729,6 +738,14 @@ class Settings(BaseSettings):
             "engine": spec.engine or self.engine_kind,
             "exec_model": spec.exec_model or self.emulated_exec_model,
         }) for spec in declared]
+
+    def routing_policy_for(self, mixed_hardware: bool) -> str:
+        """The configured routing policy of a model's pool: `routing_policy` when set, or for
+        a pool of alike instances; `mixed_fleet_routing_policy` for one of unlike instances
+        when it is not."""
+        if mixed_hardware and "routing_policy" not in self.model_fields_set:
+            return self.mixed_fleet_routing_policy
+        return self.routing_policy
 
     @property
     def instance_ids(self) -> list[str]:

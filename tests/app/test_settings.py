@@ -80,3 +80,18 @@ def test_flower_stays_on_the_loopback_when_the_api_binds_beyond_it() -> None:
     settings = Settings(api_host="0.0.0.0", flower_host="::1")
     assert "--address=::1" in process_commands(settings)["flower"]
     assert Settings(flower_host="localhost").flower_host == "localhost"
+
+
+def test_a_pool_of_unlike_instances_routes_with_the_mixed_fleet_policy_unless_one_is_set(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BLOCKQ_ROUTING_POLICY", raising=False)
+    default = Settings()
+    assert default.routing_policy_for(mixed_hardware=False) == default.routing_policy
+    assert default.routing_policy_for(mixed_hardware=True) == "block_slo"
+    monkeypatch.setenv("BLOCKQ_ROUTING_POLICY", "llumnix")
+    chosen = Settings()
+    assert chosen.routing_policy_for(mixed_hardware=True) == "llumnix"
+    assert chosen.routing_policy_for(mixed_hardware=False) == "llumnix"
+    monkeypatch.delenv("BLOCKQ_ROUTING_POLICY")
+    assert Settings(mixed_fleet_routing_policy="capacity_weighted").routing_policy_for(
+        mixed_hardware=True) == "capacity_weighted"

@@ -31,6 +31,7 @@ from workers.route.policies import POLICIES, RequestView
 from workers.route.targets import Miss
 from workers.runtime import Runtime
 from workers.sim import ExecModel, bundled_model, bundled_model_names
+from workers.sim.fleet_state import InstanceStatus
 
 __all__ = ["DEFAULT_EXEC_MODEL", "ExecModels", "exec_models", "RouteInput", "load",
            "prompt_token_ids",
@@ -143,14 +144,20 @@ def prompt_token_ids(rt: Runtime, prompt: str,
     return tuple(rt.prompts.token_ids(prompt))
 
 
-def policy_in_force(fleet: Fleet, settings: Settings) -> str:
-    """The operator's run-time override (admin API), else the configured policy."""
+def policy_in_force(fleet: Fleet, settings: Settings,
+                    candidates: Sequence[InstanceStatus] = ()) -> str:
+    """The operator's run-time override (admin API), else the configured policy for the
+    candidates' pool (`Settings.routing_policy_for`: mixed when their published hardware
+    differs)."""
+    hardware = {(c.state.hardware, c.state.exec_model) for c in candidates
+                if c.state is not None}
+    configured = settings.routing_policy_for(mixed_hardware=len(hardware) > 1)
     override = fleet.policy_override()
     if override is None:
-        return settings.routing_policy
+        return configured
     if override not in POLICIES.names():
         logger.error("ignoring unknown routing policy override %r", override)
-        return settings.routing_policy
+        return configured
     return override
 
 

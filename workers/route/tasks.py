@@ -239,7 +239,8 @@ def _decide(rt: runtime.Runtime, request: stage.RouteInput, hold: LateBinding | 
         if not candidates:
             return None
         fallback = rt.bias_watch.fallback()
-        policy = FALLBACK_POLICY if fallback else stage.policy_in_force(rt.fleet, rt.settings)
+        policy = (FALLBACK_POLICY if fallback
+                  else stage.policy_in_force(rt.fleet, rt.settings, candidates))
         exec_models = (stage.exec_models(rt).of(
             (c.instance_id for c in candidates),
             {c.instance_id: c.state.exec_model for c in candidates if c.state is not None})
