@@ -126,8 +126,10 @@ OPERATIONS: dict[str, Operation] = {
         "Submit a request", "Requests", c.SubmittedRequest, status=202, body=CreateRequest,
         errors=(400, 404, 409, 413, 422),
         params=(Param("Idempotency-Key", "header",
-                      {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY_LEN},
-                      "Submitting again with the same key returns the first request."),
+                      {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY_LEN,
+                       "pattern": "^[^,]*$"},
+                      "Submitting again with the same key returns the first request. One "
+                      "header, without a comma (two are refused: they arrive joined by one)."),
                 SESSION_PARAM),
         links={"GetRequest": _link("requests_show", request_id=_BODY_ID),
                "CancelRequest": _link("requests_cancel", request_id=_BODY_ID)},
