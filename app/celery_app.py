@@ -107,9 +107,14 @@ def _rabbitmq_options() -> dict[str, Any]:
     RabbitMQ's native delayed delivery, which does not work with direct exchanges. Publishes
     wait for the broker's confirmation. Quorum queues of RabbitMQ before 4.0 ignore message
     priorities: batch work does not yield to interactive work in the broker (the engines'
-    scheduling still orders it)."""
+    scheduling still orders it). Heartbeats every 10 s (below)."""
     return {
         "broker_transport_options": {"confirm_publish": True},
+        # NOTE: a worker cut off from the broker comes back on a new connection; RabbitMQ drops
+        # the old one (and with it the worker's exclusive remote-control queue) only once it
+        # misses heartbeats. At Celery's 120 s, a worker back within that found its own
+        # `<name>.celery.pidbox` locked and exited ("Unrecoverable error: RESOURCE_LOCKED").
+        "broker_heartbeat": 10,
         "task_create_missing_queue_type": "quorum",
         "task_create_missing_queue_exchange_type": "topic",
         "task_default_queue_type": "quorum",

@@ -42,7 +42,7 @@ class HostFaults:
     control_host: str  # the one a control-host fault kills (beat's)
     down_s: float
     partition_s: float
-    fleet_back: Callable[[], bool]  # every host's processes up, the API ready, engines alive
+    fleet_back: Callable[[Fault], bool]  # the fault's target works again
     recover_timeout_s: float
     #: Engine host -> requests routed to or running on its instance now.
     load: Callable[[], dict[str, int]]
@@ -96,25 +96,43 @@ class HostFaults:
         stack.boot(self.processes[host])
 
     def wait_fleet_back(self, fault: Fault) -> float | None:
-        """Seconds from the fault's end until the whole fleet works again; None past the
-        recovery timeout."""
+        """Seconds from the fault's end until its target works again; None past the recovery
+        timeout."""
         deadline = time.monotonic() + self.recover_timeout_s
         while time.monotonic() < deadline:
-            if self.fleet_back():
+            if self.fleet_back(fault):
                 return round(time.time() - fault.end, 1)
             time.sleep(0.2)
         return None
 
-    def run(self, kinds: list[str], first_at: float, gap_s: float, rng: random.Random,
+    def run(self, kinds: list[str], first_at: float, rng: random.Random,
             faults: list[Fault], stop: threading.Event) -> None:
-        """Each kind in turn: the first at `first_at` (monotonic), each next `gap_s` after the
-        fleet was back from the previous one."""
-        at = first_at
+        """Each kind in turn at its planned moment: the first at `first_at` (monotonic), each
+        next one `slot_s` of the previous after it (or as soon as the previous ended). Whether
+        the target is back is watched in the background, so the schedule keeps to the
+        traffic; returns when every fault ended and its watch is done."""
+        at, watches = first_at, []
         for kind in kinds:
             while time.monotonic() < at:
                 if stop.wait(0.1):
                     return
             fault = self.inject(kind, rng)
-            fault.fleet_back_s = self.wait_fleet_back(fault)
             faults.append(fault)
-            at = time.monotonic() + gap_s
+            watch = threading.Thread(target=self._watch_back, args=(fault,), daemon=True)
+            watch.start()
+            watches.append(watch)
+            at += slot_s(kind, self.down_s, self.partition_s)
+        for watch in watches:
+            watch.join()
+
+    def _watch_back(self, fault: Fault) -> None:
+        fault.fleet_back_s = self.wait_fleet_back(fault)
+
+
+def slot_s(kind: str, down_s: float, partition_s: float) -> float:
+    """The traffic time a fault of `kind` gets: its own length, and 20 s to come back."""
+    if kind.endswith(":kill"):
+        return down_s + 20.0
+    if kind.endswith(":partition"):
+        return partition_s + 20.0
+    return 20.0

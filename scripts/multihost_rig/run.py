@@ -41,10 +41,13 @@ from app.settings import Settings
 from app.teams import ensure_team_key
 from multihost_rig import layout, network
 from multihost_rig.balancer import haproxy_config, start_haproxy
-from multihost_rig.faults import KINDS, HostFaults
+from multihost_rig.faults import KINDS, HostFaults, slot_s
 from multihost_rig.hosts import HostStack
 from multihost_rig.rabbitmq import OwnRabbitMQ, lasting_messages
 from multihost_rig.summary import summary
+
+#: Seconds of traffic before the first fault.
+FIRST_FAULT_S = 5.0
 
 
 @dataclass
@@ -58,20 +61,17 @@ class RigConfig:
     time_scale: float = 0.5
     down_s: float = 10.0  # a killed host boots again after this
     partition_s: float = 60.0
-    gap_s: float = 5.0  # between the fleet back from a fault and the next fault
     webhook_fail_first: int = 1
-    settle_timeout_s: float = 240.0
-    recover_timeout_s: float = 90.0
+    settle_timeout_s: float = 420.0
+    recover_timeout_s: float = 180.0
     model_path: Path | None = None
     keep: bool = False
 
     def traffic_s(self) -> float:
         if self.duration_s is not None:
             return self.duration_s
-        kills = sum(kind.endswith(":kill") for kind in self.kinds)
-        partitions = sum(kind.endswith(":partition") for kind in self.kinds)
-        return max(45.0, 10.0 + kills * (self.down_s + 20.0) + partitions * self.partition_s
-                   + len(self.kinds) * (self.gap_s + 5.0))
+        faults = sum(slot_s(kind, self.down_s, self.partition_s) for kind in self.kinds)
+        return max(45.0, FIRST_FAULT_S + faults + 15.0)
 
 
 class FrontDoor:
@@ -221,6 +221,14 @@ def _ready(client: httpx.Client, base: str) -> bool:
         return False
 
 
+def _alive(client: httpx.Client, instance_id: str) -> bool:
+    try:
+        return any(i["id"] == instance_id and i["alive"]
+                   for i in client.get("/v1/instances").json()["data"])
+    except (httpx.HTTPError, KeyError, ValueError):
+        return False
+
+
 def _alive_engines(client: httpx.Client) -> int:
     try:
         if client.get("/readyz").status_code != 200:
@@ -243,12 +251,22 @@ def _traffic_under_faults(rig: _Rig, front: FrontDoor, settings: Settings,
                         deadline=deadline)  # type: ignore[arg-type]
     probe = front.client(timeout=2)
 
-    def fleet_back() -> bool:
-        """Every process of every host runs and its workers are ready, each control host's API
-        answers ready, and every engine is alive (through the balancer)."""
-        return all(s.all_running() and s.workers_ready() for s in rig.stacks.values()) and \
-            all(_ready(probe, f"http://{h.ip}:{layout.API_PORT}") for h in layout.CONTROL) \
-            and _alive_engines(probe) >= len(layout.ENGINE)
+    def fleet_back(fault: Fault) -> bool:
+        """The fault's target works again: a host's processes all run and its workers are
+        ready, a control host's API answers ready, an engine host's instance is alive; and
+        the API answers ready through the balancer."""
+        if not _ready(probe, front.api_url):
+            return False
+        stack = rig.stacks.get(fault.target)
+        if stack is not None and not (stack.all_running() and stack.workers_ready()):
+            return False
+        control = {h.name: h.ip for h in layout.CONTROL}
+        if fault.target in control:
+            return _ready(probe, f"http://{control[fault.target]}:{layout.API_PORT}")
+        engines = [h.name for h in layout.ENGINE]
+        if fault.target in engines:
+            return _alive(probe, f"gpu.{engines.index(fault.target)}")
+        return _alive_engines(probe) >= len(layout.ENGINE)
 
     def load() -> dict[str, int]:
         assert rig.db is not None
@@ -271,8 +289,8 @@ def _traffic_under_faults(rig: _Rig, front: FrontDoor, settings: Settings,
     stop = threading.Event()
     start = time.monotonic() + 1.0
     thread = threading.Thread(target=injector.run, args=(
-        list(config.kinds), start + 5.0, config.gap_s, random.Random(rng.random()), faults,
-        stop), daemon=True)
+        list(config.kinds), start + FIRST_FAULT_S, random.Random(rng.random()), faults, stop),
+        daemon=True)
     thread.start()
     try:
         workload.run(start, traffic_s, random.Random(rng.random()))

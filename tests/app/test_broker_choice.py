@@ -32,6 +32,7 @@ def test_rabbitmq_declares_every_queue_quorum_on_a_topic_exchange() -> None:
         assert declared.exchange.type == "topic", queue
     assert celery.conf.broker_transport_options == {"confirm_publish": True}
     assert celery.conf.worker_detect_quorum_queues is True
+    assert celery.conf.broker_heartbeat == 10  # a partitioned worker's old connection goes
 
 
 def test_rabbitmq_countdowns_are_whole_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
