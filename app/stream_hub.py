@@ -38,6 +38,11 @@ logger = logging.getLogger(__name__)
 HUB_BLOCK_MS = 5_000
 #: Entries read per stream per XREAD.
 READ_COUNT = 256
+#: After an XREAD that returned entries, how long the hub lets more arrive before the next one.
+#: An engine worker writes the text of all its streams in one pipeline every 20 ms; the first
+#: XADD of it wakes the hub's XREAD at once, and without this pause a second XREAD (as long as
+#: the first: one key per awaited stream) would follow for the rest of the same pipeline.
+COALESCE_S = 0.002
 #: How long the hub waits before reading again after Redis failed it.
 RETRY_AFTER_ERROR_S = 0.5
 #: A wake-up stream lives this long after its last use (a dead process leaves nothing behind).
@@ -105,6 +110,13 @@ class StreamHub:
         RedisError when Redis cannot be reached."""
         subscription = Subscription(self, stream_key(request_id))
         with self._lock:
+            last_id = self._last_ids.get(subscription.key)
+            if last_id is not None and last_id != "0-0":
+                # NOTE: another waiter of this stream was handed its entries up to last_id: this
+                # one reads them itself, under the lock, so that the hub's next entries come
+                # after them in its queue.
+                backlog = self.waker.xrange(subscription.key, "-", last_id)
+                subscription.queue.put([parse_event(fields) for _, fields in backlog])
             self._waiters.setdefault(subscription.key, set()).add(subscription)
             self._last_ids.setdefault(subscription.key, "0-0")
             self._start_locked()
@@ -163,7 +175,9 @@ class StreamHub:
                 logger.exception("stream hub: unexpected error; reading again")
                 time.sleep(RETRY_AFTER_ERROR_S)
                 continue
-            self._dispatch(reply or [])
+            if reply:
+                self._dispatch(reply)
+                time.sleep(COALESCE_S)
 
     def _dispatch(self, reply: list) -> None:
         for raw_key, entries in reply:
