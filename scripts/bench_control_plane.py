@@ -453,7 +453,9 @@ def _role_idle(idle: dict[str, float], role: str) -> float:
 def _ttft_deltas(phases: list[Phase]) -> list[str]:
     """blockq's TTFT minus vLLM's server's at the fixed rate (issue 30: p50 within +20 ms, p99
     within +100 ms)."""
-    by_server = {p.server: p.result for p in phases if p.load.rate is not None}
+    first_rate = next((p.load.rate for p in phases if p.load.rate is not None), None)
+    by_server = {p.server: p.result for p in phases
+                 if first_rate is not None and p.load.rate == first_rate}
     if set(by_server) != {"blockq", "vllm"}:
         return []
     deltas = []
@@ -503,8 +505,11 @@ def _document(results: str, load_before: tuple[float, float, float], note: str) 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="a few requests per load")
-    parser.add_argument("--rate", type=float, default=8.0)
+    parser.add_argument("--rate", type=float, default=8.0,
+                        help="the fixed rate at which TTFT is compared")
     parser.add_argument("--rate-prompts", type=int, default=200)
+    parser.add_argument("--cpu-rate", type=float, default=20.0,
+                        help="a second fixed rate, for CPU per request (0: none)")
     parser.add_argument("--concurrent-prompts", type=int, default=400,
                         help=f"prompts of the {SATURATION_CONCURRENCY}-concurrent load")
     parser.add_argument("--many-prompts", type=int, default=512,
@@ -535,7 +540,10 @@ def main() -> int:
         args.rate_prompts, args.concurrent_prompts, args.many_prompts, args.idle_s = 16, 48, 64, 3
 
     moderate = Load(f"{args.rate:g} req/s", args.rate_prompts, args.rate, None)
-    loads = (moderate,
+    second = ((Load(f"{args.cpu_rate:g} req/s", round(args.rate_prompts * args.cpu_rate
+                                                   / args.rate), args.cpu_rate, None),)
+              if args.cpu_rate else ())
+    loads = (moderate, *second,
              Load(f"{SATURATION_CONCURRENCY} concurrent", args.concurrent_prompts, None,
                   SATURATION_CONCURRENCY),
              Load(f"{MANY_CONCURRENT} concurrent", args.many_prompts, None, MANY_CONCURRENT))
