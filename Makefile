@@ -20,6 +20,8 @@ test: setup
 	.venv/bin/python -m pytest -q --durations=25
 
 # The inner loop while editing: everything but the vLLM, whole-stack and slow tests (under 2
-# minutes).
+# minutes), in 4 parallel workers (pytest-xdist), each on its own database and Redis db
+# (tests/environment.py): more workers than cores, as many tests wait on PostgreSQL, Redis or
+# a subprocess.
 test-fast: setup
-	.venv/bin/python -m pytest -q -m "not vllm and not stack and not slow"
+	.venv/bin/python -m pytest -q -n 4 -m "not vllm and not stack and not slow"

@@ -11,13 +11,15 @@ import pytest
 import redis
 import sqlalchemy as sa
 from alembic import command
-from sqlalchemy.engine import make_url
 
 from app.migrate import alembic_config, recreate_database
 from app.settings import Settings
 from tests import services_lock
+from tests.databases import TemplateState, copy_of_template, drop_database, template_url
 from tests.environment import (
     ROOT,
+    RUN_DATABASE_URL,
+    RUN_REDIS_URL,
     TEST_DATABASE_URL,
     TEST_REDIS_URL,
     TEST_WEBHOOK_SECRET,
@@ -42,18 +44,31 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 _SERVICES_LOCKS = pytest.StashKey[ExitStack]()
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """A run whose tests use the test PostgreSQL or Redis holds them (tests/services_lock.py)
-    until it ends; a second run on the same ones stops here, before it empties them."""
-    if not any(item.get_closest_marker("services") for item in session.items):
-        return
+def _hold_services(config: pytest.Config, database_url: str, redis_url: str) -> None:
+    """Holds the services' locks (tests/services_lock.py) until the process ends; stops the run
+    with the holder's name if another run has them."""
     try:
-        session.config.stash[_SERVICES_LOCKS] = services_lock.hold({
-            "BLOCKQ_TEST_DATABASE_URL": TEST_DATABASE_URL,
-            "BLOCKQ_TEST_REDIS_URL": TEST_REDIS_URL,
+        config.stash[_SERVICES_LOCKS] = services_lock.hold({
+            "BLOCKQ_TEST_DATABASE_URL": database_url,
+            "BLOCKQ_TEST_REDIS_URL": redis_url,
         })
     except services_lock.ServicesBusy as busy:
         pytest.exit(str(busy), returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A parallel run (pytest-xdist's controller, which collects nothing) holds the run's
+    services from its start, so that a second run on the same ones stops before any worker
+    starts; each worker then holds its own (pytest_collection_finish)."""
+    if session.config.pluginmanager.has_plugin("dsession"):
+        _hold_services(session.config, RUN_DATABASE_URL, RUN_REDIS_URL)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A run (or worker) whose tests use the test PostgreSQL or Redis holds them until it ends;
+    a second run on the same ones stops here, before it empties them."""
+    if any(item.get_closest_marker("services") for item in session.items):
+        _hold_services(session.config, TEST_DATABASE_URL, TEST_REDIS_URL)
 
 
 @pytest.fixture
@@ -74,17 +89,12 @@ def model_path() -> Path:
     return path
 
 
-def _template_url(url: str) -> str:
-    parsed = make_url(url)
-    return parsed.set(database=f"{parsed.database}_template").render_as_string(hide_password=False)
-
-
 @pytest.fixture(scope="session")
 def migrated_template() -> Iterator[str]:
-    """A database migrated to head once per session (`<test database>_template`): each fresh
-    database is a copy of it (CREATE DATABASE ... TEMPLATE, a few hundred milliseconds), not a
-    new run of every migration (about a second); the same schema and the same seeded rows."""
-    url = _template_url(TEST_DATABASE_URL)
+    """A database migrated to head once per test process (`<test database>_template`): each
+    fresh database is a copy of it or is put back in its state (tests/databases.py), not a new
+    run of every migration (about a second); the same schema and the same seeded rows."""
+    url = template_url(TEST_DATABASE_URL)
     recreate_database(url)
     engine = sa.create_engine(url)
     try:
@@ -95,41 +105,34 @@ def migrated_template() -> Iterator[str]:
     finally:
         engine.dispose()  # nobody may be connected to a template while it is copied
     yield url
-    _drop_database(url)
+    drop_database(url)
 
 
-def _admin_engine(url: str) -> sa.Engine:
-    return sa.create_engine(make_url(url).set(database="postgres"), isolation_level="AUTOCOMMIT")
+@pytest.fixture(scope="session")
+def fresh_database(migrated_template: str) -> Callable[[], None]:
+    """Makes the test database as the template is: a copy the first time (and whenever its
+    tables changed), else emptied in place (a few milliseconds, tests/databases.py)."""
+    state = TemplateState.read(migrated_template)
+    copied = False
 
+    def make() -> None:
+        nonlocal copied
+        if not (copied and state.restore(TEST_DATABASE_URL)):
+            copy_of_template(migrated_template, TEST_DATABASE_URL)
+            copied = True
 
-def _drop_database(url: str) -> None:
-    admin = _admin_engine(url)
-    with admin.connect() as connection:
-        connection.execute(sa.text(f'DROP DATABASE IF EXISTS "{make_url(url).database}" '
-                                   "WITH (FORCE)"))
-    admin.dispose()
-
-
-def copy_of_template(template_url: str, url: str = TEST_DATABASE_URL) -> None:
-    """Drop the database of `url` (closing its connections) and create it again as a copy of
-    the migrated template."""
-    admin = _admin_engine(url)
-    with admin.connect() as connection:
-        name, template = make_url(url).database, make_url(template_url).database
-        connection.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        connection.execute(sa.text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
-    admin.dispose()
+    return make
 
 
 @pytest.fixture(scope="session")
 def services_factory(
-    model_path: Path, migrated_template: str
+    model_path: Path, fresh_database: Callable[[], None]
 ) -> Callable[[Path], Settings]:
-    """Empties the test PostgreSQL database (a fresh migrated copy) and the test Redis db, and
-    returns the settings of a test on them, with `data_dir` as its data directory."""
+    """Empties the test PostgreSQL database (the migrated template's state) and the test Redis
+    db, and returns the settings of a test on them, with `data_dir` as its data directory."""
 
     def make(data_dir: Path) -> Settings:
-        copy_of_template(migrated_template)
+        fresh_database()
         client = redis.Redis.from_url(TEST_REDIS_URL)
         client.flushdb()
         client.close()

@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from tests import services_lock
-from tests.environment import ROOT
+from tests.environment import ROOT, worker_services
 
 
 def _own_url() -> str:
@@ -57,3 +57,35 @@ def test_a_killed_runs_lock_is_free() -> None:
         holder.wait(timeout=30)
     with services_lock.hold({"V": url}):
         pass
+
+
+def test_each_xdist_worker_gets_its_own_database_and_redis_db() -> None:
+    database, redis_url = "postgresql+psycopg://u:pw@h:5432/blockq_test", "redis://h:6379/15"
+    workers = [worker_services(i, database, redis_url) for i in range(4)]
+    assert [db.rsplit("/", 1)[1] for db, _ in workers] == [
+        f"blockq_test_gw{i}" for i in range(4)]
+    assert all(":pw@h:5432/" in db for db, _ in workers)
+    # The dbs after the run's own, wrapping past 15 and skipping 0 (every client's default).
+    assert [url for _, url in workers] == [f"redis://h:6379/{db}" for db in (1, 2, 3, 4)]
+    assert worker_services(2, database, "redis://h:6379/13")[1] == "redis://h:6379/1"
+    assert len({url for _, url in (worker_services(i, database, redis_url)
+                                   for i in range(14))} | {redis_url}) == 15
+    with pytest.raises(ValueError, match="at most 14 test workers"):
+        worker_services(14, database, redis_url)
+
+
+def test_a_parallel_run_on_services_another_run_holds_stops_before_its_workers_start() -> None:
+    """pytest-xdist's controller holds the run's services from its start: a second run on
+    them stops at once, naming them, as a serial run does."""
+    database, redis_url = _own_url(), f"redis://127.0.0.1:6379/15?run={uuid.uuid4().hex}"
+    with services_lock.hold({"BLOCKQ_TEST_DATABASE_URL": database}):
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
+             "tests/test_services_lock.py::test_a_killed_runs_lock_is_free"],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")},
+                 "BLOCKQ_TEST_DATABASE_URL": database, "BLOCKQ_TEST_REDIS_URL": redis_url})
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout + run.stderr
+    output = run.stdout + run.stderr
+    assert f"another test run (pid {os.getpid()})" in output and "s3cret" not in output
+    assert "gw0" not in output  # no worker started

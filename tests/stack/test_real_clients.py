@@ -13,7 +13,6 @@ from typing import Any
 
 import openai
 import pytest
-from transformers import AutoTokenizer
 
 from app.cli.stack import Stack
 from workers.serve.vllm_cli import vllm_cli
@@ -61,6 +60,8 @@ def test_vllm_bench_an_eval_harness_and_the_openai_client_run_unmodified(
         assert (saved["completed"], saved["failed"]) == (NUM_PROMPTS, 0), saved.get("errors")
         # ignore_eos: every answer ran to its length.
         assert saved["total_output_tokens"] == NUM_PROMPTS * OUTPUT_LEN
+
+    from transformers import AutoTokenizer  # here: seconds to import, at every collection else
 
     client = _client(stack)
     model = stack.settings.model_name

@@ -4,32 +4,41 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import pytest
 
-pytest.importorskip("vllm")
+from tests.workers.cluster_sim.instance_configs import random_config
+from workers.cluster_sim import ClusterSetup, GroundTruthInstance, SimulatedRequest
+from workers.cluster_sim.predictors import OraclePredictor
+from workers.cluster_sim.simulation import ground_truth_class, simulate
+from workers.cluster_sim.workload import Workload, poisson_unit_arrivals
+from workers.sim import BatchStats, ExecModel, InstanceConfig, bundled_model
 
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+if TYPE_CHECKING:
+    from workers.cluster_sim.vllm_ground_truth import VllmGroundTruthInstance
 
-from tests.workers.cluster_sim.instance_configs import random_config  # noqa: E402
-from workers.cluster_sim import ClusterSetup, GroundTruthInstance, SimulatedRequest  # noqa: E402
-from workers.cluster_sim.predictors import OraclePredictor  # noqa: E402
-from workers.cluster_sim.simulation import ground_truth_class, simulate  # noqa: E402
-from workers.cluster_sim.vllm_ground_truth import (  # noqa: E402
-    VllmAsyncGroundTruthInstance,
-    VllmGroundTruthInstance,
-    make_vllm_scheduler,
-    prompt_token_ids,
-)
-from workers.cluster_sim.workload import Workload, poisson_unit_arrivals  # noqa: E402
-from workers.sim import BatchStats, ExecModel, InstanceConfig, bundled_model  # noqa: E402
+
+@pytest.fixture(scope="module")
+def vg() -> ModuleType:
+    """workers.cluster_sim.vllm_ground_truth, imported when a test here runs: vLLM (and torch)
+    take seconds to import, which every test process would pay at collection otherwise."""
+    pytest.importorskip("vllm")
+    from workers.cluster_sim import vllm_ground_truth
+
+    return vllm_ground_truth
+
 
 #: The Block paper's vLLM settings for Qwen2-7B on an A30.
 PAPER_QWEN = InstanceConfig(7289, 16, 48, 512, 4096)
 
 
 
-def test_the_scheduler_gets_the_instance_settings_without_a_model() -> None:
+def test_the_scheduler_gets_the_instance_settings_without_a_model(vg: ModuleType) -> None:
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    make_vllm_scheduler = vg.make_vllm_scheduler
     for blocks in (1052, 7289):
         config = InstanceConfig(blocks, 16, 48, 512, 4096, watermark=0.01)
         scheduler = make_vllm_scheduler(config)
@@ -42,24 +51,24 @@ def test_the_scheduler_gets_the_instance_settings_without_a_model() -> None:
     cached = make_vllm_scheduler(InstanceConfig(1052, 16, 48, 512, 4096,
                                                 enable_prefix_caching=True))
     assert cached.kv_cache_manager.enable_caching
-    assert ground_truth_class("vllm") is VllmGroundTruthInstance
+    assert ground_truth_class("vllm") is vg.VllmGroundTruthInstance
     assert ground_truth_class("ours") is GroundTruthInstance
-    assert ground_truth_class("vllm-async") is VllmAsyncGroundTruthInstance
+    assert ground_truth_class("vllm-async") is vg.VllmAsyncGroundTruthInstance
     assert isinstance(make_vllm_scheduler(PAPER_QWEN, async_scheduling=True), AsyncScheduler)
 
 
-@pytest.mark.parametrize("instance_class", [VllmGroundTruthInstance,
-                                            VllmAsyncGroundTruthInstance])
+@pytest.mark.parametrize("instance_class", ["VllmGroundTruthInstance",
+                                            "VllmAsyncGroundTruthInstance"])
 def test_every_request_finishes_at_its_true_length_with_consistent_latencies(
-        instance_class: type[VllmGroundTruthInstance]) -> None:
+        vg: ModuleType, instance_class: str) -> None:
     # A burst on a small KV cache: vLLM preempts (recompute) and still finishes each
     # request with exactly its true number of output tokens. (All arrive at once: `add`
     # runs the steps before an arrival itself, out of this test's sight.)
     config = InstanceConfig(num_total_blocks=300, block_size=16, max_num_seqs=48,
                             max_num_batched_tokens=512, max_model_len=4096)
     rng = random.Random(3)
-    instance = instance_class("v", config, bundled_model("qwen2-7b-a30"), noise_sigma=0.1,
-                              seed=5)
+    instance = getattr(vg, instance_class)("v", config, bundled_model("qwen2-7b-a30"),
+                                           noise_sigma=0.1, seed=5)
     requests = []
     for i in range(60):
         prompt = rng.randint(1, 1500)
@@ -111,13 +120,14 @@ def _ended_alike(ours: GroundTruthInstance, theirs: VllmGroundTruthInstance,
     return ours.num_preemptions
 
 
-def test_steps_snapshots_and_times_agree_with_our_scheduler(toy_model: ExecModel) -> None:
+def test_steps_snapshots_and_times_agree_with_our_scheduler(toy_model: ExecModel,
+                                                            vg: ModuleType) -> None:
     num_preemptions = 0
     for case in range(30):
         rng = random.Random(case)
         config = random_config(rng)
         ours = GroundTruthInstance("g", config, toy_model, noise_sigma=0.1, seed=case)
-        theirs = VllmGroundTruthInstance("g", config, toy_model, noise_sigma=0.1, seed=case)
+        theirs = vg.VllmGroundTruthInstance("g", config, toy_model, noise_sigma=0.1, seed=case)
         arrivals: dict[int, list[tuple[str, int, int]]] = {}
         for i in range(rng.randint(1, 16)):
             prompt = rng.randint(1, config.max_model_len - 1)
@@ -141,7 +151,8 @@ def test_steps_snapshots_and_times_agree_with_our_scheduler(toy_model: ExecModel
     assert num_preemptions > 50  # the cases exercise recompute preemption
 
 
-def test_prompt_tokens_collide_exactly_where_prefix_hashes_do() -> None:
+def test_prompt_tokens_collide_exactly_where_prefix_hashes_do(vg: ModuleType) -> None:
+    prompt_token_ids = vg.prompt_token_ids
     config = InstanceConfig(257, 16, 8, 128, 1024, enable_prefix_caching=True,
                             prefix_block_size=64)
     a = prompt_token_ids(SimulatedRequest("a", 0.0, 200, 1, 1, (1, 2, 3, 4)), config)
@@ -158,7 +169,8 @@ def test_prompt_tokens_collide_exactly_where_prefix_hashes_do() -> None:
     "(scheduling still agrees there), not yet diagnosed. A known difference: a request that "
     "computes a unit another request cached meanwhile stops adding its later units to our "
     "cache and frees its copy uncached, while vLLM keeps caching them and keeps both copies"))
-def test_prefix_caching_agrees_with_vllms_block_by_block(toy_model: ExecModel) -> None:
+def test_prefix_caching_agrees_with_vllms_block_by_block(toy_model: ExecModel,
+                                                         vg: ModuleType) -> None:
     # One prefix hash per vLLM block: our prefix cache (reference-counted units, LRU free
     # queue, hits stopping one token short) against vLLM's own, step by step.
     hits = num_preemptions = 0
@@ -168,7 +180,7 @@ def test_prefix_caching_agrees_with_vllms_block_by_block(toy_model: ExecModel) -
         config = dataclasses.replace(config, enable_prefix_caching=True,
                                      prefix_block_size=config.block_size)
         ours = GroundTruthInstance("g", config, toy_model, noise_sigma=0.1, seed=case)
-        theirs = VllmGroundTruthInstance("g", config, toy_model, noise_sigma=0.1, seed=case)
+        theirs = vg.VllmGroundTruthInstance("g", config, toy_model, noise_sigma=0.1, seed=case)
         arrivals: dict[int, list[tuple[str, int, int, tuple[int, ...]]]] = {}
         for i in range(rng.randint(1, 16)):
             prompt = rng.randint(1, config.max_model_len - 1)
@@ -198,7 +210,8 @@ def test_prefix_caching_agrees_with_vllms_block_by_block(toy_model: ExecModel) -
     assert hits > 30 and num_preemptions > 10
 
 
-def test_priority_scheduling_agrees_with_vllms_step_by_step(toy_model: ExecModel) -> None:
+def test_priority_scheduling_agrees_with_vllms_step_by_step(toy_model: ExecModel,
+                                                            vg: ModuleType) -> None:
     # vLLM's priority policy: waiting requests by (priority, arrival), the running request
     # with the largest (priority, arrival) preempted first, even one scheduled this step.
     # Priorities are predicted-shortest-first's (arrival ms + ms/token x predicted length).
@@ -208,7 +221,7 @@ def test_priority_scheduling_agrees_with_vllms_step_by_step(toy_model: ExecModel
         config = dataclasses.replace(random_config(rng), scheduling_policy="priority",
                                      priority_ms_per_token=rng.choice([0.0, 5.0, 50.0]))
         ours = GroundTruthInstance("g", config, toy_model, noise_sigma=0.1, seed=case)
-        theirs = VllmGroundTruthInstance("g", config, toy_model, noise_sigma=0.1, seed=case)
+        theirs = vg.VllmGroundTruthInstance("g", config, toy_model, noise_sigma=0.1, seed=case)
         arrivals: dict[int, list[tuple[str, int, int, int]]] = {}
         for i in range(rng.randint(1, 16)):
             prompt = rng.randint(1, config.max_model_len - 1)
@@ -238,7 +251,7 @@ def test_priority_scheduling_agrees_with_vllms_step_by_step(toy_model: ExecModel
     assert num_not_last > 5, num_not_last  # FCFS would have preempted the last running request
 
 
-def test_a_routed_cluster_run_is_the_same_on_either_ground_truth() -> None:
+def test_a_routed_cluster_run_is_the_same_on_either_ground_truth(vg: ModuleType) -> None:
     rng = random.Random(7)
     n = 300
     workload = Workload("toy", tuple(poisson_unit_arrivals(n, 7)),
@@ -259,13 +272,14 @@ def test_a_routed_cluster_run_is_the_same_on_either_ground_truth() -> None:
         ClusterSetup(3, config, bundled_model("qwen2-7b-a30"), ground_truth="other")
 
 
-def test_async_scheduling_admits_an_arrival_one_step_later(toy_model: ExecModel) -> None:
+def test_async_scheduling_admits_an_arrival_one_step_later(toy_model: ExecModel,
+                                                           vg: ModuleType) -> None:
     # With async scheduling the step after the running one is chosen when the running one
     # starts: a request arriving mid-step misses the next step and joins the one after.
     # A request alone runs the same steps at the same times either way.
     timelines = {}
-    for name, instance_class in (("sync", VllmGroundTruthInstance),
-                                 ("async", VllmAsyncGroundTruthInstance)):
+    for name, instance_class in (("sync", vg.VllmGroundTruthInstance),
+                                 ("async", vg.VllmAsyncGroundTruthInstance)):
         instance = instance_class("v", PAPER_QWEN, toy_model)
         first = SimulatedRequest("a", 0.0, 40, 20, 20)
         instance.add(first, 0.0)
