@@ -27,9 +27,13 @@ class Database:
     debug setting `log_request_content` turns it off.
     """
 
-    def __init__(self, url: str, *, echo: bool = False, hide_parameters: bool = True) -> None:
+    def __init__(self, url: str, *, echo: bool = False, hide_parameters: bool = True,
+                 pool_timeout_s: float = 30.0) -> None:
+        """`pool_timeout_s`: how long a caller waits for a pooled connection when all are in
+        use before the call fails as a database outage."""
         self.url = url
-        self.engine: Engine = _create_engine(url, echo=echo, hide_parameters=hide_parameters)
+        self.engine: Engine = _create_engine(url, echo=echo, hide_parameters=hide_parameters,
+                                             pool_timeout_s=pool_timeout_s)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextmanager
@@ -50,7 +54,8 @@ class Database:
         self.engine.dispose()
 
 
-def _create_engine(url: str, *, echo: bool, hide_parameters: bool) -> Engine:
+def _create_engine(url: str, *, echo: bool, hide_parameters: bool,
+                   pool_timeout_s: float) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, echo=echo, hide_parameters=hide_parameters,
                                connect_args={"timeout": 30})
@@ -62,7 +67,8 @@ def _create_engine(url: str, *, echo: bool, hide_parameters: bool) -> Engine:
     # server wake-up each, several per request). Other drivers keep the ping.
     psycopg = make_url(url).get_driver_name() == "psycopg"
     engine = create_engine(url, echo=echo, hide_parameters=hide_parameters,
-                           pool_pre_ping=not psycopg, pool_size=5, max_overflow=10)
+                           pool_pre_ping=not psycopg, pool_size=5, max_overflow=10,
+                           pool_timeout=pool_timeout_s)
     if psycopg:
         event.listen(engine, "checkout", _drop_if_hung_up)
     return engine

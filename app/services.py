@@ -21,6 +21,10 @@ __all__ = ["Services", "shared_redis_pool"]
 #: How long a call waits for a free connection of the shared pool before it counts as a Redis
 #: outage (503).
 POOL_WAIT_S = 5.0
+#: How long an API call waits for a pooled database connection: under gevent a burst of
+#: thousands of calls queues for the pool's 15 connections (2,000 streams opened at once waited
+#: past SQLAlchemy's default 30 s on a loaded machine and 184 of them got 503).
+DB_POOL_WAIT_S = 120.0
 #: A Redis that does not answer (cut off, not refusing) counts as an outage after this long,
 #: rather than holding the call for ever.
 REDIS_TIMEOUT_S = 5.0
@@ -49,7 +53,8 @@ class Services:
     @classmethod
     def build(cls, settings: Settings) -> Services:
         db = Database(settings.resolved_database_url,
-                      hide_parameters=not settings.log_request_content)
+                      hide_parameters=not settings.log_request_content,
+                      pool_timeout_s=DB_POOL_WAIT_S)
         celery = create_celery(settings)
         shared = redis.Redis(connection_pool=shared_redis_pool(settings))
         return cls(
