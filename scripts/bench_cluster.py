@@ -163,7 +163,7 @@ FLEET_DEFAULT_POLICY = "block_slo"
 #: Issue 31's targets for it: capacity at least these multiples of each baseline's.
 FLEET_TARGETS = (("least_requests", 1.3), ("llumnix", 1.1), ("capacity_weighted", 1.05))
 #: A fleet's capacity search probes no rate over this multiple of its ceiling.
-FLEET_MAX_OVER_CEILING = 1.25
+FLEET_MAX_OVER_CEILING = 1.4
 #: The default fleet rate grid, as shares of the fleet's ceiling.
 FLEET_RATE_SHARES = (0.65, 1.0, 0.05)
 #: Step-time noise of the live emulated engines (Settings.emulated_noise's default).
