@@ -57,7 +57,7 @@ class _Tally:
 def expand(rt: Runtime, batch_id: str) -> Expansion:
     """Read the batch's input file into lines and start it (or fail it). Safe to rerun: a rerun
     of an interrupted expansion deletes the lines it had written and starts over."""
-    with held(rt.redis, batch_lock_name(batch_id), ttl_s=LOCK_TTL_S) as mine:
+    with held(rt.redis, batch_lock_name(batch_id), ttl_s=LOCK_TTL_S, renew=True) as mine:
         if not mine:
             return Expansion.SKIPPED
         with rt.db.session() as session:

@@ -52,7 +52,7 @@ class _Written:
 def finalize(rt: Runtime, batch_id: str) -> BatchStatus | None:
     """Finish the batch; returns the terminal status set, or None when there was nothing to do
     (not finalizing or cancelling, or another worker holds the batch)."""
-    with held(rt.redis, batch_lock_name(batch_id), ttl_s=LOCK_TTL_S) as mine:
+    with held(rt.redis, batch_lock_name(batch_id), ttl_s=LOCK_TTL_S, renew=True) as mine:
         if not mine:
             return None
         with rt.db.session() as session:

@@ -6,8 +6,9 @@ from __future__ import annotations
 __all__ = ["batch_lock_name", "RELEASER_LOCK", "LOCK_TTL_S"]
 
 RELEASER_LOCK = "blockq:batches:releaser"
-#: Longer than any one run of expansion or finalization (50,000 lines take well under this).
-LOCK_TTL_S = 900.0
+#: A batch lock's TTL: its holder renews it while it works (workers.locks.held(renew=True)), so
+#: a worker killed mid-expansion or mid-finalization holds its batch this long at most.
+LOCK_TTL_S = 30.0
 
 
 def batch_lock_name(batch_id: str) -> str:
