@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 import random
 import shutil
 import subprocess
@@ -106,6 +107,9 @@ class _Rig:
 
 def run(config: RigConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     """One run; its summary (multihost_rig.summary). Removes everything it made."""
+    if os.geteuid() != 0:
+        raise SystemExit("the rig creates network namespaces, veth pairs, a bridge and "
+                         "iptables rules: run it as root")
     if config.broker not in ("redis", "rabbitmq"):
         raise SystemExit(f"--broker {config.broker}: redis or rabbitmq")
     unknown = set(config.kinds) - set(KINDS)
