@@ -22,6 +22,7 @@ test: setup
 # The inner loop while editing: everything but the vLLM, whole-stack and slow tests (under 2
 # minutes), in 4 parallel workers (pytest-xdist), each on its own database and Redis db
 # (tests/environment.py): more workers than cores, as many tests wait on PostgreSQL, Redis or
-# a subprocess.
+# a subprocess; a test file's tests in one worker (--dist loadfile), so that a file's costly
+# imports and fixtures (vLLM, torch, a trained model) are paid once, not in every worker.
 test-fast: setup
-	.venv/bin/python -m pytest -q -n 4 -m "not vllm and not stack and not slow"
+	.venv/bin/python -m pytest -q -n 4 --dist loadfile -m "not vllm and not stack and not slow"
