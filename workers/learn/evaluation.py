@@ -129,9 +129,22 @@ def baseline_predictions(data: _Arrays, train: np.ndarray, test: np.ndarray,
     }
 
 
+def _reference_effects(data: _Arrays, train: np.ndarray
+                       ) -> tuple[dict[str, int], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(model slots, a per prompt, b and s per model, typical per model) from `train`."""
+    names = sorted(set(data.models))
+    slot = {m: i for i, m in enumerate(names)}
+    m_all = np.array([slot[m] for m in data.models])
+    a, b, s, _ = decompose(np.log(data.tokens[train]), data.prompts[train], m_all[train],
+                           int(data.prompts.max()) + 1, len(names))
+    typical = np.isfinite(b) & (s >= EffectsConfig().min_sensitivity)
+    return slot, a, b, s, typical
+
+
 def reference_predictions(data: _Arrays, train: np.ndarray, test: np.ndarray,
                           reference_models: set[str],
-                          calibration: dict[str, np.ndarray] | None = None) -> np.ndarray:
+                          calibration: dict[str, np.ndarray] | None = None,
+                          effects: tuple | None = None) -> np.ndarray:
     """The ceiling: for each test row, the median over the *other* reference models' real
     answers to the same prompt of (log length - their model effect), plus this model's effect.
 
@@ -140,14 +153,11 @@ def reference_predictions(data: _Arrays, train: np.ndarray, test: np.ndarray,
     the median effect with none.
     """
     calibration = calibration or {}
-    names = sorted(set(data.models[train]) | set(data.models[test]))
-    slot = {m: i for i, m in enumerate(names)}
+    slot, a, b, s, typical = effects or _reference_effects(data, train)
+    b, s = b.copy(), s.copy()
+    names = sorted(slot, key=slot.get)
     m_all = np.array([slot[m] for m in data.models])
-    num_prompts = int(data.prompts.max()) + 1
     log_y = np.log(data.tokens)
-    a, b, s, _ = decompose(log_y[train], data.prompts[train], m_all[train], num_prompts,
-                           len(names))
-    typical = np.isfinite(b) & (s >= EffectsConfig().min_sensitivity)
     prior = float(np.median(b[typical]))
     for model, rows in calibration.items():
         if len(rows):
@@ -252,6 +262,7 @@ def new_models(rows: Sequence[LengthRow], encoder: AnyEncoder, held: Sequence[st
                              config=config)
         head = predictor.head
         correction = correction_config(head, CorrectionConfig())
+        effects = _reference_effects(data, train_rows)
         for model in held:
             test_rows = np.flatnonzero((fold == k) & (data.models == model))
             history = rng.permutation(np.flatnonzero((fold != k) & (data.models == model)))
@@ -272,7 +283,7 @@ def new_models(rows: Sequence[LengthRow], encoder: AnyEncoder, held: Sequence[st
                         data, train_rows, test_rows, {model: first}).items():
                     out.setdefault(name, []).append(values)
                 out.setdefault(REFERENCE, []).append(reference_predictions(
-                    data, train_rows, test_rows, reference_models, {model: first}))
+                    data, train_rows, test_rows, reference_models, {model: first}, effects))
                 actual[n].append(data.tokens[test_rows])
     return {n: {name: _metrics(np.concatenate(v), np.concatenate(actual[n]))
                 for name, v in methods.items()} for n, methods in results.items()}

@@ -218,15 +218,16 @@ def _predict(stage: _Stage, x: np.ndarray, prompts: np.ndarray, models: np.ndarr
              alpha_index: int, interaction: tuple[int, float] | None,
              prior: tuple[float, float]) -> np.ndarray:
     """Log predictions of rows; models never seen by `stage` get the prior (effect, s=1)."""
+    # NOTE: per prompt first, then per row: x has one row per prompt, rows are many more.
     coef, bias = stage.prompt_path[alpha_index]
-    f = x[prompts] @ coef + bias
+    f = (x @ coef + bias)[prompts]
     known = np.isfinite(stage.b[models])
     b = np.where(known, stage.b[models], prior[0])
     s = np.where(known, stage.s[models], prior[1])
     out = b + s * f
     if interaction is not None:
         g, factors, centre = stage.interactions[interaction]
-        out = out + np.where(known, ((x[prompts] - centre) @ g * factors[models]).sum(1), 0.0)
+        out = out + np.where(known, (((x - centre) @ g)[prompts] * factors[models]).sum(1), 0.0)
     return out
 
 

@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from workers.predict.effects import EffectsConfig, fit_effects
 from workers.predict.encoder import DEFAULT_ENCODER, Encoder, EncoderConfig
@@ -472,8 +473,17 @@ class LengthPredictor:
         return cls(head, encoder=encoder, counter=TokenCounter())
 
     def with_head(self, head: LengthHead) -> LengthPredictor:
-        """The same encoder and counter with another head: a hot reload costs no encoder load."""
-        return LengthPredictor(head, encoder=self.encoder, counter=self.counter)
+        """The same encoder and counter with another head: a hot reload costs no encoder load.
+
+        A head trained on another encoder (e.g. a registry version from before the static
+        encoder shipped) gets its own encoder, loaded here.
+        """
+        if head.encoder.get("name") == self.encoder.name and head.encoder.get(
+                "dim") == self.encoder.dim:
+            return LengthPredictor(head, encoder=self.encoder, counter=self.counter)
+        runtime = {} if head.encoder.get("kind") == "static" else {"num_threads": 1}
+        return LengthPredictor(head, encoder=build_encoder(head.encoder, **runtime),
+                               counter=self.counter)
 
     def predict_batch(self, prompts: Sequence[Prompt], models: Sequence[str] | str,
                       max_tokens: Sequence[int] | int) -> list[LengthPrediction]:
@@ -803,8 +813,12 @@ def fit_effects_head(fields: Sequence[tuple[Prompt, str, int, str]], *, encoder:
     tokens = np.array([f[2] for f in fields], dtype=np.float64)
     effects = replace(config.effects, alphas=config.penalties, num_folds=config.num_folds,
                       seed=config.seed)
-    fit = fit_effects(x, prompt_index, models, tokens, len(model_names), effects,
-                      max_tokens=config.max_tokens)
+    # NOTE: one BLAS thread: the fit is many small matrix products and SVDs, for which
+    # OpenBLAS's threads cost more than they give (on a busy 2-core machine a 427 x 224 SVD
+    # took 1.5 s of CPU with two threads, 14 ms with one).
+    with threadpool_limits(limits=1, user_api="blas"):
+        fit = fit_effects(x, prompt_index, models, tokens, len(model_names), effects,
+                          max_tokens=config.max_tokens)
     y = np.log(tokens)
     residuals = y - fit.oof_log
     counts = np.bincount(models, minlength=len(model_names))
