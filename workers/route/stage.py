@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import model_registry, store
@@ -34,7 +35,7 @@ from workers.sim import ExecModel, bundled_model, bundled_model_names
 from workers.sim.fleet_state import InstanceStatus
 
 __all__ = ["DEFAULT_EXEC_MODEL", "ExecModels", "exec_models", "RouteInput", "load",
-           "prompt_token_ids",
+           "models_of", "prompt_token_ids",
            "policy_in_force", "routing_record", "record", "Refused", "reject", "overhead"]
 
 logger = logging.getLogger(__name__)
@@ -130,6 +131,13 @@ def load(db: Database, request_id: str) -> RouteInput | None:
             session_key=request.session_key,
             model=request.model,
         )
+
+
+def models_of(db: Database, request_ids: Collection[str]) -> set[str | None]:
+    """The models the requests asked for (None: a request stored before models were)."""
+    with db.session() as session:
+        return set(session.scalars(select(InferenceRequest.model).where(
+            InferenceRequest.id.in_(list(request_ids)))))
 
 
 def prompt_token_ids(rt: Runtime, prompt: str,

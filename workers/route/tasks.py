@@ -85,24 +85,30 @@ def release_held() -> None:
     """Route held requests that an instance would now start (late binding), oldest first.
 
     Sent by an engine that has just published room while requests are held; one release at
-    a time (a Redis lock: a second one sent meanwhile does nothing). Later requests pass a
-    held one only until it has been held `routing_hold_overtake_s`.
+    a time (a Redis lock: a second one sent meanwhile does nothing). Later requests of its
+    model pass a held one only until it has been held `routing_hold_overtake_s` (another
+    model's requests run on other instances: they never wait behind it).
     """
     rt = runtime.get()
     settings = rt.settings
     with held_lock(rt.redis, RELEASE_LOCK, ttl_s=RELEASE_LOCK_TTL_S) as got:
         if not got:
             return
+        blocked: set[str | None] = set()  # models whose oldest held request must go first
         for request_id, since in rt.fleet.held(RELEASE_SCAN):
             request = stage.load(rt.db, request_id)
             if request is None or request.status not in ROUTABLE:
                 rt.fleet.unhold(request_id)  # routed, cancelled or gone meanwhile
                 continue
+            if request.model in blocked or None in blocked:
+                continue
             outcome = route_request(rt, request, {}, time.time(), held_since=since)
             if outcome is Routing.DONE:
                 rt.fleet.unhold(request_id)
             elif time.time() - since >= settings.routing_hold_overtake_s:
-                return  # strict arrival order: nothing passes it
+                # Strict arrival order within its model: nothing of its model passes it (a
+                # request of no recorded model may run anywhere: nothing passes it).
+                blocked.add(request.model)
 
 
 class Routing(enum.Enum):
@@ -131,7 +137,7 @@ def route_request(rt: runtime.Runtime, request: stage.RouteInput, timing: dict[s
     """
     request_id = request.view.request_id
     hold = _late_binding(rt.settings, held_since)
-    if hold is not None and held_since is None and _behind_held(rt, request_id):
+    if hold is not None and held_since is None and _behind_held(rt, request):
         _hold(rt, request_id, time.time(), allowed_from, columns)
         return Routing.HELD
     decided = _decide(rt, request, hold)
@@ -190,12 +196,17 @@ def _late_binding(settings: Settings, held_since: float | None) -> LateBinding |
                        overtake_s=settings.routing_hold_overtake_s)
 
 
-def _behind_held(rt: runtime.Runtime, request_id: str) -> bool:
-    """Whether a new request must wait behind those held: the oldest has been held past
-    `routing_hold_overtake_s` (strict arrival order from then on)."""
-    oldest = rt.fleet.held(1)
-    return bool(oldest) and oldest[0][0] != request_id and (
-        time.time() - oldest[0][1] >= rt.settings.routing_hold_overtake_s)
+def _behind_held(rt: runtime.Runtime, request: stage.RouteInput) -> bool:
+    """Whether a new request must wait behind those held: one of its model has been held past
+    `routing_hold_overtake_s` (strict arrival order from then on, within each model)."""
+    cutoff = time.time() - rt.settings.routing_hold_overtake_s
+    overdue = [held_id for held_id, since in rt.fleet.held(RELEASE_SCAN)
+               if since <= cutoff and held_id != request.view.request_id]
+    if not overdue:
+        return False
+    if request.model is None:
+        return True  # it may run anywhere: behind every model's
+    return bool(stage.models_of(rt.db, overdue) & {request.model, None})
 
 
 def _hold(rt: runtime.Runtime, request_id: str, since: float,

@@ -180,3 +180,32 @@ def test_with_late_binding_turned_off_the_sweep_sends_held_requests_on_to_be_rou
 def test_the_release_message_goes_to_the_route_queue() -> None:
     message = dispatch.release_held()
     assert (message.task, message.queue) == (dispatch.TASK_RELEASE_HELD, dispatch.QUEUE_ROUTE)
+
+
+def test_one_models_held_requests_never_hold_up_another_models(
+        worker: Callable[..., Runtime]) -> None:
+    rt = worker(routing_hold_overtake_s=0.0, heartbeat_ttl_s=60.0)  # strict arrival order
+    rt.fleet.publish("gpu.0", FULL.published("gpu.0", "big", accepting=True))
+    rt.fleet.publish("gpu.1", FULL.published("gpu.1", "small", accepting=True))
+
+    def submit(model: str) -> str:
+        with rt.db.session() as session:
+            request_id = new_request(session, prompt="Hello there", model=model)
+        predict_tasks.annotate(request_id)
+        return request_id
+
+    big, small = submit("big"), submit("small")
+    assert _held(rt) == [big, small]  # no room on either model's instance
+    rt.fleet.publish("gpu.1", engine_state().published("gpu.1", "small", accepting=True))
+    # A new request of the small model waits behind the small one held before it only.
+    later_small = submit("small")
+    assert _held(rt) == [big, small, later_small]
+
+    route_tasks.release_held()
+
+    # The big model's oldest still finds no room: its model waits; the small model's go.
+    assert _held(rt) == [big]
+    assert [(_row(rt, r).status, _row(rt, r).instance_id) for r in (small, later_small)] == [
+        (RequestStatus.ROUTED, "gpu.1")] * 2
+    # With only the big model's request held past its turn, a small one is routed at once.
+    assert submit("small") not in _held(rt)
