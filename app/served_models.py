@@ -10,6 +10,7 @@ when it registers; the API reads it only for a model no live instance serves.
 
 from __future__ import annotations
 
+import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -62,8 +63,15 @@ def check(fleet: Fleet, db: Database, settings: Settings, model: str, *, held: b
     """Whether a request may name `model`: a 404 `model_not_found` for a model no instance has
     ever served (nor the configured fleet declares); for a held call (sync or streamed
     completion), a 503 with Retry-After when every instance that serves the model is down. An
-    asynchronous request for such a model is accepted: it waits for an instance."""
-    instances = fleet.model_instances().get(model)
+    asynchronous request for such a model is accepted: it waits for an instance. While Redis
+    is unreachable an asynchronous request is checked against the database alone (it is
+    accepted, its message waits in the outbox); a held call gets the outage's 503."""
+    try:
+        instances = fleet.model_instances().get(model)
+    except redis.RedisError:
+        if held:
+            raise
+        instances = None
     if instances is not None:
         if held and not any(instances.values()):
             raise unavailable(model)

@@ -42,6 +42,9 @@ from app.stream_hub import Subscription
 
 logger = logging.getLogger(__name__)
 
+#: How long a waiting completion lets its stream be quiet before it checks its deadline and its
+#: client.
+QUIET_CHECK_MS = 1000
 #: How often a sync completion polls its row while Redis is unreachable.
 ROW_POLL_S = 0.5
 #: While its stream is quiet, a waiting sync completion reads its row first after this long,
@@ -193,7 +196,7 @@ def _await_end(svc: Services, subscription: Subscription, request_id: str, hold:
     then while the stream is quiet (see ROW_CHECK_FIRST_S)."""
     check_in_s = ROW_CHECK_FIRST_S
     next_check = time.monotonic() + check_in_s
-    for event in subscription.events():
+    for event in subscription.events(block_ms=_quiet_ms(deadline)):
         row = None
         if event is not None and event.kind != "text":
             row = _terminal_row(svc, request_id)
@@ -206,6 +209,12 @@ def _await_end(svc: Services, subscription: Subscription, request_id: str, hold:
         _check_deadline(svc, request_id, deadline)
         _check_client(svc, request_id, hold)
     raise AssertionError("unreachable: a subscription's events never end")
+
+
+def _quiet_ms(deadline: float) -> int:
+    """How long a wait lets its stream be quiet before it looks at its row, deadline and client:
+    a second, or less when the deadline comes sooner (a short `sync_timeout_s` ends on time)."""
+    return max(10, min(QUIET_CHECK_MS, int((deadline - time.monotonic()) * 1000)))
 
 
 def _check_client(svc: Services, request_id: str, hold: Hold) -> None:
@@ -325,7 +334,7 @@ class _Relay:
         """The events of the request's stream, until its end; the text relayed is kept in
         `sent`. Raises RedisError when the stream cannot be read (the caller polls the row)."""
         attempt: int | None = None
-        for event in subscription.events():
+        for event in subscription.events(block_ms=_quiet_ms(deadline)):
             if event is not None and event.kind == "text":
                 if attempt is not None and event.attempt != attempt:
                     yield from self._error("The request was restarted on another instance; "
