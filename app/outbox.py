@@ -183,34 +183,52 @@ def _message(entry: OutboxEntry) -> Message:
                    entry.priority)
 
 
-class _BackgroundSender:
+class _DaemonLoop:
+    """A daemon thread running `_run`, started on first use, and again in a forked child
+    (threads do not fork); `_cond` guards the subclass's state."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def _run_locked(self) -> None:
+        """Start the thread unless it runs in this process (call with `_cond` held)."""
+        if not self._running_here() or not self._thread or not self._thread.is_alive():
+            self._pid = os.getpid()
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+
+    def _running_here(self) -> bool:
+        return self._thread is not None and self._pid == os.getpid()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class _BackgroundSender(_DaemonLoop):
     """Sends committed entries from a daemon thread of its own (module docstring)."""
 
     def __init__(self, send: Callable[[list[tuple[int, Message]]], bool]) -> None:
+        super().__init__("outbox-send")
         self._send = send
-        self._cond = threading.Condition()
         # --- guarded by _cond ---
         self._pending: list[tuple[int, Message]] = []
         self._busy = False
         self._down_until = 0.0  # monotonic time before which new entries go to the relay
-        self._thread: threading.Thread | None = None
-        self._pid = 0
 
     def add(self, entries: list[tuple[int, Message]]) -> None:
         with self._cond:
             if time.monotonic() < self._down_until:
                 return  # the broker was down a moment ago: the relay sends them
             self._pending.extend(entries)
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                self._pid = os.getpid()
-                self._thread = threading.Thread(target=self._run, name="outbox-send",
-                                                daemon=True)
-                self._thread.start()
+            self._run_locked()
             self._cond.notify_all()
 
     def flush(self, timeout_s: float) -> bool:
         with self._cond:
-            if self._thread is None or self._pid != os.getpid():
+            if not self._running_here():
                 return True
             return self._cond.wait_for(lambda: not self._pending and not self._busy, timeout_s)
 
@@ -233,34 +251,27 @@ class _BackgroundSender:
                 self._cond.notify_all()
 
 
-class _Forgetter:
+class _Forgetter(_DaemonLoop):
     """Deletes sent entries from a daemon thread of its own, in batches (module docstring)."""
 
     def __init__(self, db: Database) -> None:
+        super().__init__("outbox-forget")
         self.db = db
-        self._cond = threading.Condition()
         # --- guarded by _cond ---
         self._ids: list[int] = []
         self._busy = False  # a delete is running
-        self._thread: threading.Thread | None = None
-        self._pid = 0
 
     def add(self, entry_ids: list[int]) -> None:
         if not entry_ids:
             return
         with self._cond:
             self._ids.extend(entry_ids)
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                # NOTE: started on first use, and again in a forked child (threads do not fork).
-                self._pid = os.getpid()
-                self._thread = threading.Thread(target=self._run, name="outbox-forget",
-                                                daemon=True)
-                self._thread.start()
+            self._run_locked()
             self._cond.notify_all()
 
     def flush(self, timeout_s: float) -> bool:
         with self._cond:
-            if self._thread is None or self._pid != os.getpid():
+            if not self._running_here():
                 return not self._ids
             return self._cond.wait_for(lambda: not self._ids and not self._busy, timeout_s)
 

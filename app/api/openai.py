@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import redis
@@ -320,12 +320,8 @@ class _Relay:
             logger.warning("stream of %s unreadable (%s): polling its row", self.request.id,
                            type(exc).__name__)
         while (row := _terminal_row(self.svc, self.request.id)) is None:
-            if time.monotonic() > deadline:
-                yield from self._error("The request did not finish in time.", "timeout")
+            if (yield from self._quiet_tick(deadline)):
                 return
-            if self._client_left():
-                return
-            yield from self._keep_alive()
             time.sleep(ROW_POLL_S)
         yield from self._finish(row, "".join(sent))
 
@@ -348,12 +344,19 @@ class _Relay:
             if row is not None:
                 yield from self._finish(row, "".join(sent))
                 return
-            if time.monotonic() > deadline:
-                yield from self._error("The request did not finish in time.", "timeout")
+            if (yield from self._quiet_tick(deadline)):
                 return
-            if self._client_left():
-                return
-            yield from self._keep_alive()
+
+    def _quiet_tick(self, deadline: float) -> Generator[str, None, bool]:
+        """While nothing comes: the deadline, the client, a keep-alive comment when due;
+        whether the stream ends here."""
+        if time.monotonic() > deadline:
+            yield from self._error("The request did not finish in time.", "timeout")
+            return True
+        if self._client_left():
+            return True
+        yield from self._keep_alive()
+        return False
 
     def _client_left(self) -> bool:
         """Renew the hold's lease; cancel the request if its client has gone (seen on its
