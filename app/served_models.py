@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import redis
 from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from app.db import Database
@@ -40,14 +41,17 @@ class ModelUnavailable(BlockqError):
 
 
 def declare(session: Session, model: str, model_path: str) -> None:
-    """Record that an instance serves `model` (loaded from `model_path`)."""
+    """Record that an instance serves `model` (loaded from `model_path`). One upsert: engines
+    that start together declare the same model at once (a read, then an insert, raced into a
+    unique violation that restarted one of them)."""
     now = utcnow()
-    row = session.get(ServedModel, model)
-    if row is None:
-        session.add(ServedModel(name=model, model_path=model_path, first_declared_at=now,
-                                last_declared_at=now))
-    else:
-        row.model_path, row.last_declared_at = model_path, now
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    session.execute(
+        insert(ServedModel)
+        .values(name=model, model_path=model_path, first_declared_at=now, last_declared_at=now)
+        .on_conflict_do_update(index_elements=[ServedModel.name],
+                               set_={"model_path": model_path, "last_declared_at": now}))
 
 
 def ever_served(session: Session, model: str) -> bool:

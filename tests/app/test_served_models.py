@@ -11,7 +11,10 @@ import json
 import pytest
 from flask.testing import FlaskClient
 
+from app import served_models
+from app.db import Database
 from app.fleet import Fleet
+from app.models import ServedModel
 from app.settings import Settings
 from tests.app.flask_client import api_client, error_body, services_of, upload
 from tests.engine_states import engine_state
@@ -129,3 +132,19 @@ def test_instances_name_their_model_and_hardware(client: FlaskClient) -> None:
     shown = {i["id"]: (i["model"], i["model_path"], i["hardware"], i["alive"]) for i in data}
     assert shown == {"gpu.0": (BIG, f"/models/{BIG}", "cpu", True),
                      "gpu.1": (SMALL, f"/models/{SMALL}", "cpu", False)}
+
+
+def test_declaring_a_model_again_updates_its_row(fresh_services: Settings) -> None:
+    """Engines that start together declare one model at once: an upsert, never a unique
+    violation; the first declaration's time stays, the path and last time follow."""
+    db = Database(fresh_services.resolved_database_url)
+    try:
+        for path in ("/models/a", "/models/b"):
+            with db.session() as session:
+                served_models.declare(session, "twice", path)
+        with db.session() as session:
+            row = session.get(ServedModel, "twice")
+            assert row is not None and row.model_path == "/models/b"
+            assert row.first_declared_at <= row.last_declared_at
+    finally:
+        db.dispose()
