@@ -21,7 +21,7 @@ from app.local_secrets import configured_or_generated
 from app.models import InferenceRequest
 from app.services import Services
 from app.settings import Settings
-from app.storage import FileStore
+from app.storage import DiskFileStore
 from workers.runtime import Runtime
 
 PROMPT = "TOP-SECRET-PROMPT-of-team-a"
@@ -142,7 +142,7 @@ def test_process_logs_are_0600_in_a_0700_directory(tmp_path: Path, open_umask: N
 
 
 def test_stored_files_are_0600_in_0700_directories(tmp_path: Path, open_umask: None) -> None:
-    store = FileStore(tmp_path / "files")
+    store = DiskFileStore(tmp_path / "files")
     store.save("file-abc", io.BytesIO(b"team data\n"), max_bytes=100)
     assert mode(store.path("file-abc")) == 0o600
     assert mode(store.root) == 0o700 and mode(store.root / ".tmp") == 0o700

@@ -51,7 +51,7 @@ def client(settings: Settings) -> FlaskClient:
 def worker(settings: Settings, fresh_services: Settings) -> Iterator[Runtime]:
     """The predict worker's runtime, with one idle instance published."""
     rt = runtime.configure(settings)
-    rt.fleet.publish("gpu.0", engine_state())
+    rt.fleet.publish("gpu.0", engine_state(model=settings.default_model))  # serves its model
     yield rt
     rt.db.engine.dispose()
     runtime.configure(fresh_services)
