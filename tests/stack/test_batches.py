@@ -174,7 +174,7 @@ def test_a_200_line_batch_completes_with_its_files_and_webhook(
         10: ("{this is not json", None, "invalid_json_line"),
         20: ({**chat_line("req-20"), "url": "/v1/completions"}, None, "invalid_url"),
         30: (chat_line("req-30", temperature=3), 400, "invalid_value"),
-        40: (chat_line("req-40", model="gpt-4o"), 404, "model_not_found"),
+        40: (chat_line("req-40", max_tokens="8"), 400, "invalid_value"),  # a wrong type
         50: (chat_line("req-0", "a duplicate custom_id"), None, "duplicate_custom_id"),
         60: (chat_line("req-60", "word " * 3000), 422, "context_length_exceeded"),
         70: ({**chat_line("req-70"), "method": "GET"}, None, "invalid_method"),
