@@ -32,6 +32,11 @@ def stack_settings(config: RunConfig, services: OwnServices, data_dir: Path) -> 
         webhook_secret=new_secret(), num_instances=config.instances,
         engine_kind="emulated", emulated_time_scale=config.time_scale,
         heartbeat_ttl_s=config.heartbeat_ttl_s, orphan_check_interval_s=1.0,
+        # NOTE: a message a killed worker had taken stays unacknowledged until the sweep drops
+        # it, once older than this, if its request has finished: 2 s (not 30) so that a kill
+        # in the run's last seconds is cleaned before the leftover check's 6 s of samples end
+        # (a CI run flagged such a message, taken seconds before the end).
+        unacked_fresh_s=2.0,
         webhook_backoff_s=0.2, kv_cache_gib=0.5,
         sync_timeout_s=config.sync_timeout_s, batch_release_interval_s=0.2,
         max_batch_in_flight=64, log_format="json",
