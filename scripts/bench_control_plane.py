@@ -70,6 +70,8 @@ MODEL_NAME = "tiny-llama"
 #: Issue 30's two concurrent loads: the engine's max_num_seqs, and far beyond it.
 SATURATION_CONCURRENCY = 48
 MANY_CONCURRENT = 256
+#: The 1-minute load average above which a run counts as taken on a loaded machine.
+QUIET_LOAD = 2.5
 #: The team of the stack's own API key (app/cli/stack.py).
 LOCAL_TEAM = "local"
 #: Held connections blockq's team may have open: more than the largest load holds.
@@ -478,12 +480,13 @@ def _saturation_ratio(phases: list[Phase]) -> float | None:
     return ours / theirs if ours and theirs else None
 
 
-def _document(results: str, load_before: tuple[float, float, float], note: str) -> str:
+def _document(results: str, load_before: tuple[float, float, float],
+              load_after: tuple[float, float, float], note: str) -> str:
     command = " ".join(["scripts/bench_control_plane.py", *sys.argv[1:]])
     cores = len(os.sched_getaffinity(0))
-    loaded = load_before[0] > cores / 2
+    loaded = load_before[0] > QUIET_LOAD
     return "\n".join([
-        "# Control-plane cost: blockq beside vLLM's own server (issue 14, item 6)",
+        "# Control-plane cost: blockq beside vLLM's own server (issues 14 and 30)",
         "",
         "Produced by",
         "",
@@ -494,7 +497,9 @@ def _document(results: str, load_before: tuple[float, float, float], note: str) 
            "at the start, other work running beside it): the timings are inflated and noisy, "
            "and the shared PostgreSQL and Redis lines count other users' work too. Rerun on a "
            "quiet machine for the figures to quote." if loaded else
-           f"Load average {load_before[0]:.1f} on {cores} cores at the start."),
+           f"Load average {load_before[0]:.2f} on {cores} cores at the start, "
+           f"{load_after[0]:.2f} at the end (the end includes the run's own saturating "
+           "loads); nothing else ran beside it."),
         "",
         *([note, ""] if note else []),
         results,
@@ -570,7 +575,7 @@ def main() -> int:
     print()
     print(text)
     if args.write_doc is not None:
-        args.write_doc.write_text(_document(text, load_before, args.note) + "\n")
+        args.write_doc.write_text(_document(text, load_before, load_after, args.note) + "\n")
     return 0
 
 
