@@ -176,10 +176,13 @@ class StreamHub:
                 time.sleep(RETRY_AFTER_ERROR_S)
                 continue
             if reply:
-                self._dispatch(reply)
+                self._dispatch(reply, streams)
                 time.sleep(COALESCE_S)
 
-    def _dispatch(self, reply: list) -> None:
+    def _dispatch(self, reply: list, read_from: dict[str, bytes | str]) -> None:
+        """Hand each stream's new entries to its waiters. `read_from`: the ids the XREAD read
+        after; a stream whose waiters changed meanwhile so that it is read from elsewhere now
+        (all left, one came back from its start) is skipped: the next XREAD reads it again."""
         for raw_key, entries in reply:
             key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
             if not entries:
@@ -190,7 +193,7 @@ class StreamHub:
                 continue
             events = [parse_event(fields) for _, fields in entries]
             with self._lock:
-                if key not in self._waiters:
+                if key not in self._waiters or self._last_ids.get(key) != read_from.get(key):
                     continue
                 self._last_ids[key] = last_id
                 waiters = list(self._waiters[key])
