@@ -195,7 +195,7 @@ class _DaemonLoop:
 
     def _run_locked(self) -> None:
         """Start the thread unless it runs in this process (call with `_cond` held)."""
-        if not self._running_here() or not self._thread or not self._thread.is_alive():
+        if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
             self._pid = os.getpid()
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
             self._thread.start()
