@@ -26,6 +26,27 @@ pytestmark = pytest.mark.vllm  # the default engine kind: the real vLLM engine, 
 ORDER = ["queued", "predicting", "routed", "running", "succeeded"]
 
 
+def _lifecycle(events: list[dict]) -> list[str]:
+    """The statuses a request passed, its rebalance moves taken out.
+
+    An instance that the sweep sees come up after the stack's first sweep counts as returned
+    (workers.health.rebalance): while idle it may take a waiting request back to routing, a
+    move recorded as "queued" with a "requeued: ... returned idle" detail. The move is the
+    only other path allowed; after it, the request is routed again, or the old attempt's result
+    (it had started meanwhile) lands first.
+    """
+    statuses: list[str] = []
+    for event in events:
+        if event["status"] == "queued" and statuses:
+            assert (event["detail"] or "").startswith("requeued:"), event
+            assert "returned idle" in event["detail"], event
+            while statuses[-1] in ("routed", "running"):
+                statuses.pop()
+            continue
+        statuses.append(event["status"])
+    return statuses
+
+
 def _at(value: str) -> datetime:
     return datetime.fromisoformat(value)
 
@@ -59,10 +80,13 @@ def test_requests_flow_end_to_end_with_webhooks(vllm_pair_stack: Stack) -> None:
     assert Counter(r["status"] for r in results.values()) == {"succeeded": 100}
     assert {r["instance_id"] for r in results.values()} == {"gpu.0", "gpu.1"}
     for request_id, r in results.items():
-        assert [e["status"] for e in r["events"]] == ORDER
-        assert [ORDER.index(s) for s in seen[request_id]] == sorted(
-            ORDER.index(s) for s in seen[request_id]
-        ), seen[request_id]
+        lifecycle = _lifecycle(r["events"])
+        assert lifecycle in (ORDER, ORDER[:2] + ORDER[-1:]), r["events"]
+        moved = lifecycle != [e["status"] for e in r["events"]]
+        if not moved:
+            assert [ORDER.index(s) for s in seen[request_id]] == sorted(
+                ORDER.index(s) for s in seen[request_id]
+            ), seen[request_id]
         created, routed, first, finished = (
             _at(r[k]) for k in ("created_at", "routed_at", "first_token_at", "finished_at")
         )
