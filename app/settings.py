@@ -143,6 +143,10 @@ class Settings(BaseSettings):
         2, gt=0, description="Engine workers the local stack (`blockq demo|serve`) starts."
     )
     max_num_seqs: int = Field(48, gt=0, description="vLLM max_num_seqs per instance.")
+    instance_capacity_rps: float | None = Field(
+        None, gt=0, description="Requests per second an engine instance completes saturated, "
+        "as the operator measured it: published with its state, the weight capacity_weighted "
+        "routing divides its backlog by (a fleet entry's capacity_rps sets it per instance).")
     max_num_batched_tokens: int = Field(512, gt=0, description="vLLM per-step token budget.")
     engine_scheduling_policy: Literal["fcfs", "priority"] = Field(
         "fcfs",
@@ -768,9 +772,12 @@ class Settings(BaseSettings):
         if instance_id not in ids:
             return self
         spec = self.instances[ids.index(instance_id)]
+        sized = {name: value for name, value in (
+            ("emulated_num_blocks", spec.num_blocks), ("max_num_seqs", spec.max_num_seqs),
+            ("instance_capacity_rps", spec.capacity_rps)) if value is not None}
         return self.model_copy(update={
             "model_name": spec.model, "model_path": spec.model_path,
-            "engine_kind": spec.engine, "emulated_exec_model": spec.exec_model})
+            "engine_kind": spec.engine, "emulated_exec_model": spec.exec_model, **sized})
 
 
 def describe_invalid(error: ValidationError) -> str:

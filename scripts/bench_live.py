@@ -9,6 +9,13 @@ database. Needs `scripts/make_live_workload.py` for the "conversations" workload
     .venv/bin/python scripts/bench_live.py --smoke                       # ~5 min quiet
     .venv/bin/python scripts/bench_live.py --json live.json              # full: many hours
     .venv/bin/python scripts/bench_live.py --replot live.json            # tables + plots again
+
+`--fleet JSON` (issue 31) runs a fleet of unlike emulated instances in the `BLOCKQ_FLEET` format
+instead of `--instances` alike ones: each instance is declared as the discrete-event benchmark
+runs it (`workers.cluster_sim.declared_fleet`: its hardware's KV blocks and max_num_seqs, and its
+capacity on this workload, capacity_weighted's weight), so `--around-sim` compares like with
+like. A measurement runs alone: the benchmark takes the test services' lock
+(`live_bench.quiet`) and prints the load average at its start and end.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_cluster import NUM_BLOCKS  # noqa: E402 - each emulated GPU's KV blocks, as simulated
-from live_bench import workloads  # noqa: E402
+from live_bench import quiet, workloads  # noqa: E402
 from live_bench.point import POLICIES, PointSpec, run_point  # noqa: E402
 from live_bench.report import fmt, plot, print_report  # noqa: E402
 from live_bench.stats import rates_around_simulated, search_capacity  # noqa: E402
@@ -64,6 +72,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="bisection steps between the last passing and first failing rate")
     parser.add_argument("--slo", type=float, default=3.0, help="TTFT p99 SLO, emulated s")
     parser.add_argument("--instances", type=int, default=12)
+    parser.add_argument("--fleet", help="a fleet of unlike emulated instances in the "
+                                        "BLOCKQ_FLEET JSON format (each entry's exec_model its "
+                                        "hardware), instead of --instances x --exec-model")
+    parser.add_argument("--quiet-load", type=float, default=1.0,
+                        help="wait for the 1-minute load average to fall below this first")
     parser.add_argument("--exec-model", choices=tuple(NUM_BLOCKS), default="qwen2-7b-a30",
                         help="the emulated GPU: llama-2-7b-a30 has 1052 KV blocks (memory-bound, "
                              "where placement matters most), qwen2-7b-a30 7289")
@@ -140,15 +153,27 @@ def main(argv: list[str] | None = None) -> int:
         for path in plot(raw, args.plot_dir, prefix="live_smoke" if raw.get("smoke") else "live"):
             console.print(f"plot: {path}")
         return 0
+    with quiet.measurement():
+        load = quiet.wait_for_quiet(args.quiet_load)
+        raw = _measure(args, console, load)
+    print_report(raw, console)
+    for path in plot(raw, args.plot_dir, prefix="live_smoke" if args.smoke else "live"):
+        console.print(f"plot: {path}")
+    return 0
+
+
+def _measure(args: argparse.Namespace, console: Console,
+             load: tuple[float, float, float]) -> dict[str, Any]:
+    """Every (workload, policy) capacity search; the raw results, saved after each point."""
     raw: dict[str, Any] = {
         "smoke": args.smoke, "slo_s": args.slo, "workloads": args.workloads,
         "policies": args.policies, "time_scale": args.time_scale, "instances": args.instances,
-        "exec_model": args.exec_model,
+        "exec_model": args.exec_model, "fleet": args.fleet,
         "requests": args.requests, "seed": args.seed, "bias_watch": args.bias_watch,
         "early_stop": args.early_stop,
         "command": " ".join(sys.argv), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                     time.gmtime()),
-        "points": [], "capacity": {},
+        "loadavg_start": load, "points": [], "capacity": {},
     }
 
     def save() -> None:
@@ -160,9 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     raw["simulated"] = simulated
     for name in args.workloads:
         workload = _load_workload(name, args)
+        fleet = _declared_fleet(args, workload) if args.fleet else None
         console.print(f"[bold]{name}[/bold]: {len(workload.requests)} requests, mean output "
                       f"{workload.mean_output_tokens:.0f} tokens, serving model "
                       f"{workload.serving_model!r}; " + "; ".join(workload.notes))
+        if fleet is not None:
+            console.print(f"fleet: {fleet}")
         for policy in args.policies:
             if POLICIES[policy][1] == "learned" and not workload.learned_live and any(
                     r.learned_tokens is None for r in workload.requests):
@@ -171,15 +199,18 @@ def main(argv: list[str] | None = None) -> int:
                 continue
 
             def measure(rate: float, policy: str = policy,
-                        workload: workloads.LiveWorkload = workload) -> float:
+                        workload: workloads.LiveWorkload = workload,
+                        fleet: str | None = fleet) -> float:
                 console.print(f"{workload.name} / {policy} @ {rate:g} req/s (emulated)")
                 started = time.time()
                 point = run_point(PointSpec(
-                    workload, policy, rate, args.time_scale, args.instances, args.database_url,
+                    workload, policy, rate, args.time_scale,
+                    len(json.loads(fleet)) if fleet else args.instances, args.database_url,
                     args.redis_url, args.model_path, args.api_port, args.flower_port,
                     args.max_model_len, args.drain_timeout, args.bias_watch,
                     stop_above_slo_s=args.slo if args.early_stop else None,
-                    exec_model=args.exec_model, num_blocks=NUM_BLOCKS[args.exec_model]),
+                    exec_model=args.exec_model, num_blocks=NUM_BLOCKS[args.exec_model],
+                    fleet=fleet),
                     log=console.print)
                 point["wall"]["point_s"] = time.time() - started
                 raw["points"].append(point)
@@ -199,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             if simulated is not None:
                 rates = rates_around_simulated(
                     simulated, workload=name, policy=policy, num_requests=args.requests,
-                    seed=args.seed, spread=args.spread, model=args.exec_model) or rates
+                    seed=args.seed, spread=args.spread,
+                    model=_fleet_label(args.fleet) if args.fleet else args.exec_model) or rates
             result = search_capacity(measure, rates, args.slo, bisect_steps=args.bisect)
             if result.first_failing is None:
                 console.print(
@@ -210,10 +242,34 @@ def main(argv: list[str] | None = None) -> int:
             raw["capacity"].setdefault(name, {})[policy] = {
                 "capacity": result.capacity, "first_failing": result.first_failing}
             save()
-    print_report(raw, console)
-    for path in plot(raw, args.plot_dir, prefix="live_smoke" if args.smoke else "live"):
-        console.print(f"plot: {path}")
-    return 0
+    raw["loadavg_end"] = os.getloadavg()
+    console.print(f"load average at the end: "
+                  f"{' / '.join(f'{x:.2f}' for x in raw['loadavg_end'])}")
+    save()
+    return raw
+
+
+def _declared_fleet(args: argparse.Namespace, workload: workloads.LiveWorkload) -> str:
+    """`--fleet` as the stack runs it (BLOCKQ_FLEET JSON): every entry serving the workload's
+    model on an emulated engine, sized as the discrete-event benchmark sizes it."""
+    from workers.cluster_sim import Workload, declared_fleet  # noqa: PLC0415
+    from workers.sim.fleet_spec import parse_fleet  # noqa: PLC0415
+
+    lengths = Workload(workload.name, tuple(float(i) for i in range(len(workload.requests))),
+                       tuple(r.prompt_tokens for r in workload.requests),
+                       tuple(r.output_tokens for r in workload.requests))
+    specs = [spec.model_copy(update={"model": workload.serving_model, "engine": "emulated"})
+             for spec in parse_fleet(args.fleet)]
+    sized = declared_fleet(specs, lengths, max_model_len=args.max_model_len)
+    return json.dumps([spec.model_dump(mode="json", exclude_none=True, exclude={"model_path"})
+                       for spec in sized])
+
+
+def _fleet_label(fleet: str) -> str:
+    from workers.cluster_sim import fleet_label  # noqa: PLC0415
+    from workers.sim.fleet_spec import parse_fleet  # noqa: PLC0415
+
+    return fleet_label(parse_fleet(fleet))
 
 
 def _json_default(value: Any) -> Any:

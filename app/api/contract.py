@@ -378,6 +378,9 @@ class InstanceDetail(_Strict):
                                  "CPUs) or `emulated`.")
     exec_model: str | None = Field(description="An emulated instance's hardware: the "
                                    "execution-time model it runs on (e.g. llama-2-7b-a100).")
+    capacity_rps: float | None = Field(description="Requests per second the instance completes "
+                                       "saturated, as its operator declared it: the weight of "
+                                       "capacity_weighted routing (null: not declared).")
     running: int
     waiting: int
     assigned: int

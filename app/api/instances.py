@@ -47,6 +47,7 @@ def _instance_to_dict(status: InstanceStatus) -> dict[str, Any]:
         "model_path": (state.model_path or None) if state else None,
         "hardware": (state.hardware or None) if state else None,
         "exec_model": state.exec_model if state else None,
+        "capacity_rps": state.capacity_rps if state else None,
         "running": status.num_running,
         "waiting": status.num_waiting,
         "assigned": status.num_assigned,

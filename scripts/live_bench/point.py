@@ -54,6 +54,10 @@ POLICIES: dict[str, tuple[str, str]] = {
     "block@learned-table": ("block", "learned-table"),
     "block@oracle": ("block", "oracle"),
     "block@mean": ("block", "mean"),
+    # issue 31: a fleet of unlike instances (`--fleet`)
+    "block_slo": ("block_slo", "learned"),
+    "block_slo@oracle": ("block_slo", "oracle"),
+    "capacity_weighted": ("capacity_weighted", "learned"),
 }
 
 #: Control-plane processes of the stack (the rest are the emulated engines gpu.<k>).
@@ -90,6 +94,9 @@ class PointSpec:
     #: benchmark's NUM_BLOCKS: qwen2-7b-a30 7289, llama-2-7b-a30 1052).
     exec_model: str = "qwen2-7b-a30"
     num_blocks: int = 7289
+    #: A fleet of unlike instances (`BLOCKQ_FLEET` JSON, every entry sized: hardware, KV blocks,
+    #: max_num_seqs, capacity) instead of `instances` alike ones of `exec_model`.
+    fleet: str | None = None
 
 
 def policy_setup(policy: str, workload: LiveWorkload) -> tuple[str, str, str | None]:
@@ -139,7 +146,7 @@ def _settings(spec: PointSpec, data_dir: Path) -> Settings:
         # No retraining, refitting or model swaps mid-run: the router simulates the configured
         # exec model (the engines' ground truth) and the predictor keeps its model.
         learn_retrain_interval_s=0, learn_refit_interval_s=0,
-        log_format="text", **extra)
+        log_format="text", **extra, **({"fleet": spec.fleet} if spec.fleet else {}))
 
 
 class _LoadSampler(threading.Thread):
@@ -438,7 +445,7 @@ def _result(spec: PointSpec, sends: list[dict[str, Any]], rows: list[dict[str, A
     n = len(sends)
     return {
         "workload": spec.workload.name, "policy": spec.policy, "rate": spec.rate,
-        "exec_model": spec.exec_model, "num_blocks": spec.num_blocks,
+        "exec_model": spec.exec_model, "num_blocks": spec.num_blocks, "fleet": spec.fleet,
         "time_scale": scale, "instances": spec.instances,
         "setup": dict(zip(("routing_policy", "length_predictor", "table"),
                           policy_setup(spec.policy, spec.workload), strict=True)),

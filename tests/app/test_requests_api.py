@@ -214,7 +214,7 @@ def test_instances_lists_published_state_and_heartbeat_age(client: FlaskClient) 
     assert inst == {
         "id": "gpu.0", "object": "instance", "alive": True, "accepting": True, "control": None,
         "engine_kind": "vllm", "model": "tiny-llama", "model_path": "/models/tiny-llama",
-        "hardware": "cpu", "exec_model": None, "running": 3, "waiting": 1, "assigned": 0,
+        "hardware": "cpu", "exec_model": None, "capacity_rps": None, "running": 3, "waiting": 1, "assigned": 0,
         "free_kv_blocks": 90, "total_kv_blocks": 100,
         "config": {"max_num_seqs": 48, "max_num_batched_tokens": 512, "block_size": 16,
                    "max_model_len": 2048},

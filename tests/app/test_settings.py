@@ -95,3 +95,15 @@ def test_a_pool_of_unlike_instances_routes_with_the_mixed_fleet_policy_unless_on
     monkeypatch.delenv("BLOCKQ_ROUTING_POLICY")
     assert Settings(mixed_fleet_routing_policy="capacity_weighted").routing_policy_for(
         mixed_hardware=True) == "capacity_weighted"
+
+
+def test_a_fleet_entry_sizes_its_own_instances() -> None:
+    """KV blocks, batch size and declared capacity per entry; the others keep the defaults."""
+    settings = Settings(fleet='[{"model": "m", "exec_model": "llama-2-7b-a100", "num_blocks": '
+                              '7503, "max_num_seqs": 128, "capacity_rps": 8.99}, {"model": "m"}]',
+                        emulated_num_blocks=1052, max_num_seqs=48)
+    fast, plain = (settings.for_instance(i) for i in settings.instance_ids)
+    assert (fast.emulated_num_blocks, fast.max_num_seqs, fast.instance_capacity_rps) == (
+        7503, 128, 8.99)
+    assert (plain.emulated_num_blocks, plain.max_num_seqs, plain.instance_capacity_rps) == (
+        1052, 48, None)

@@ -5,7 +5,7 @@ instances) and the route stage's pure policies (the router it simulates), which 
 `workers.sim` themselves; inside `workers.sim` it would make the two packages a cycle.
 """
 
-from .fleet import fleet_label, fleet_members, with_equal_kv, with_throughputs
+from .fleet import declared_fleet, fleet_label, fleet_members, with_equal_kv, with_throughputs
 from .ground_truth import GroundTruthInstance, SimulatedRequest
 from .predictors import (
     DEFAULT_PREDICTOR,
@@ -70,6 +70,7 @@ __all__ = [
     "capacity_bounds",
     "fit_to_model",
     "fleet_label",
+    "declared_fleet",
     "fleet_members",
     "load_azure_trace",
     "load_length_trace",

@@ -14,7 +14,7 @@ from workers.sim.hardware import instance_config
 from .simulation import FleetMember, saturation_rate
 from .workload import Workload
 
-__all__ = ["exec_model_name", "fleet_label", "fleet_members", "with_equal_kv",
+__all__ = ["declared_fleet", "exec_model_name", "fleet_label", "fleet_members", "with_equal_kv",
            "with_throughputs"]
 
 
@@ -32,15 +32,33 @@ def exec_model_name(spec: InstanceSpec) -> str:
 def fleet_members(specs: Sequence[InstanceSpec], **config_overrides: object
                   ) -> list[FleetMember]:
     """One member per instance, in order; `config_overrides` (e.g. ``max_model_len``) apply to
-    every instance's `InstanceConfig`."""
+    every instance's `InstanceConfig`, after an entry's own `num_blocks` and `max_num_seqs`."""
     models: dict[str, ExecModel] = {}
     members = []
     for spec in specs:
         name = exec_model_name(spec)
         if name not in models:
             models[name] = bundled_model(name)
-        members.append(FleetMember(instance_config(name, **config_overrides), models[name]))
+        sized = {field: value for field, value in (("num_total_blocks", spec.num_blocks),
+                                                   ("max_num_seqs", spec.max_num_seqs))
+                 if value is not None}
+        members.append(FleetMember(instance_config(name, **(sized | config_overrides)),
+                                   models[name]))
     return members
+
+
+def declared_fleet(specs: Sequence[InstanceSpec], workload: Workload,
+                   **config_overrides: object) -> list[InstanceSpec]:
+    """The fleet as a live stack declares it to run as the simulation runs `specs`: each
+    instance's KV blocks and max_num_seqs from its hardware (as `fleet_members` sizes it), and
+    its capacity on `workload` (`with_throughputs`: what capacity_weighted weighs it by), where
+    the entry does not give them."""
+    members = with_throughputs(fleet_members(specs, **config_overrides), workload)
+    return [spec.model_copy(update={
+        "num_blocks": member.config.num_total_blocks,
+        "max_num_seqs": member.config.max_num_seqs,
+        "capacity_rps": spec.capacity_rps or round(member.throughput_rps or 0.0, 4) or None,
+    }) for spec, member in zip(specs, members, strict=True)]
 
 
 def fleet_label(specs: Sequence[InstanceSpec]) -> str:

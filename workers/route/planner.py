@@ -96,7 +96,8 @@ def plan_route(
             what_if = predict_what_if_prepared(prepared, target, model, status.future_load)
             what_ifs[status.instance_id] = (what_if.ttft_s, what_if.e2e_s)
         view = instance_view(status.instance_id, snapshot, assigned, what_if,
-                             prefix_match_tokens=target.num_cached_tokens)
+                             prefix_match_tokens=target.num_cached_tokens,
+                             throughput_rps=status.state.capacity_rps)
         if late_binding is not None and late_binding.would_start(
                 view, request.num_prompt_tokens, snapshot.config):
             startable.add(status.instance_id)

@@ -52,7 +52,8 @@ def build_engine_host(instance_id: str, settings: Settings) -> EngineHost:
     declared = Declared(model=settings.model_name,
                         model_path=str(settings.resolved_model_path.resolve()),
                         hardware=builder.hardware,
-                        exec_model=settings.emulated_exec_model if emulated else None)
+                        exec_model=settings.emulated_exec_model if emulated else None,
+                        capacity_rps=settings.instance_capacity_rps)
     return EngineHost(instance_id, builder, runtime.get(), declared)
 
 

@@ -203,6 +203,7 @@ class EngineHost(EngineListener):
             "model_path": self.declared.model_path,
             "hardware": self.declared.hardware,
             "exec_model": self.declared.exec_model,
+            "capacity_rps": self.declared.capacity_rps,
             "max_num_seqs": snapshot.max_num_seqs,
             "max_num_batched_tokens": snapshot.max_num_batched_tokens,
             "block_size": snapshot.block_size,

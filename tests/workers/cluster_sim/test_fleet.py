@@ -12,6 +12,7 @@ from workers.cluster_sim import (
     FleetMember,
     OraclePredictor,
     Workload,
+    declared_fleet,
     fleet_label,
     fleet_members,
     poisson_unit_arrivals,
@@ -81,3 +82,21 @@ def test_a_fleet_must_match_its_size() -> None:
         ClusterSetup(3, InstanceConfig(200, 16, 8, 64, 512), ExecModel("m", (), {"const": 1.0}),
                      fleet=(FleetMember(InstanceConfig(200, 16, 8, 64, 512),
                                         ExecModel("m", (), {"const": 1.0})),))
+
+
+def test_a_live_fleet_is_declared_as_the_simulation_runs_it() -> None:
+    """What a live stack is told per instance (KV blocks, seats, capacity) is what the
+    simulation runs; an entry's own sizes and capacity win."""
+    specs = parse_fleet(FLEET)
+    workload = _workload(60)
+    declared = declared_fleet(specs, workload, max_model_len=2048)
+    members = with_throughputs(fleet_members(specs, max_model_len=2048), workload)
+    assert [(d.num_blocks, d.max_num_seqs) for d in declared] == [
+        (m.config.num_total_blocks, m.config.max_num_seqs) for m in members]
+    assert [d.capacity_rps for d in declared] == pytest.approx(
+        [m.throughput_rps for m in members], rel=1e-3)
+    assert fleet_members(declared, max_model_len=2048) == fleet_members(specs, max_model_len=2048)
+    own = parse_fleet('[{"model": "llama-2-7b-a30", "num_blocks": 256, "max_num_seqs": 4, '
+                      '"capacity_rps": 1.5}]')
+    (small,) = declared_fleet(own, workload, max_model_len=2048)
+    assert (small.num_blocks, small.max_num_seqs, small.capacity_rps) == (256, 4, 1.5)

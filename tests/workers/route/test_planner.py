@@ -155,3 +155,16 @@ def test_a_batch_request_is_simulated_behind_the_interactive_work_its_engine_put
     assert Assignment.from_json(line.to_json()) == line
     legacy = {k: v for k, v in line.to_json().items() if k != "priority_class"}
     assert Assignment.from_json(legacy).priority_class == 0
+
+
+def test_capacity_weighted_reads_each_instances_declared_capacity() -> None:
+    """The same backlog on both: the instance declared four times as fast takes the request;
+    with no capacity declared the one with less backlog does."""
+    backlog = [waiting_request(f"r{i}", 600, 300) for i in range(6)]
+    fast = dataclasses.replace(engine_state(*backlog, num_waiting=6), capacity_rps=8.0)
+    slow = dataclasses.replace(engine_state(*backlog[:3], num_waiting=3), capacity_rps=2.0)
+    plan = _plan("capacity_weighted", [_status("gpu.0", fast), _status("gpu.1", slow)])
+    assert plan.decision.instance_id == "gpu.0"
+    undeclared = [_status("gpu.0", dataclasses.replace(fast, capacity_rps=None)),
+                  _status("gpu.1", dataclasses.replace(slow, capacity_rps=None))]
+    assert _plan("capacity_weighted", undeclared).decision.instance_id == "gpu.1"

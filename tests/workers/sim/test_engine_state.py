@@ -38,6 +38,7 @@ PUBLISHED = {
     "prefix_unit_tokens": 0, "cached_prefixes": "", "num_interactive_seats": 0,
     "batch_prefill_last": False, "model_path": "/models/qwen2-7b", "hardware": "emulated",
     "exec_model": "qwen2-7b-a30",
+    "capacity_rps": None,
 }
 
 
@@ -59,12 +60,12 @@ def test_an_engine_snapshot_is_published_with_its_instance() -> None:
 
 
 def test_an_instance_declares_its_model_path_and_hardware_with_every_state() -> None:
-    declared = Declared("tiny-qwen", "/models/tiny-qwen", "emulated", "llama-2-7b-a100")
+    declared = Declared("tiny-qwen", "/models/tiny-qwen", "emulated", "llama-2-7b-a100", 8.99)
     published = EngineState.from_json(PUBLISHED).published("gpu.1", declared, accepting=True)
     read_back = EngineState.from_json(json.loads(json.dumps(published.to_json())))
     assert read_back.declared == declared and read_back.model == "tiny-qwen"
     older = {k: v for k, v in PUBLISHED.items()
-             if k not in ("model_path", "hardware", "exec_model")}
+             if k not in ("model_path", "hardware", "exec_model", "capacity_rps")}
     assert EngineState.from_json(older).declared == Declared("qwen2-7b")
 
 
