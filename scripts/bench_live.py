@@ -169,6 +169,7 @@ def _measure(args: argparse.Namespace, console: Console,
         "smoke": args.smoke, "slo_s": args.slo, "workloads": args.workloads,
         "policies": args.policies, "time_scale": args.time_scale, "instances": args.instances,
         "exec_model": args.exec_model, "fleet": args.fleet,
+        "fleet_label": _fleet_label(args.fleet) if args.fleet else None,
         "requests": args.requests, "seed": args.seed, "bias_watch": args.bias_watch,
         "early_stop": args.early_stop,
         "command": " ".join(sys.argv), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
@@ -231,7 +232,7 @@ def _measure(args: argparse.Namespace, console: Console,
                 rates = rates_around_simulated(
                     simulated, workload=name, policy=policy, num_requests=args.requests,
                     seed=args.seed, spread=args.spread,
-                    model=_fleet_label(args.fleet) if args.fleet else args.exec_model) or rates
+                    model=raw["fleet_label"] or args.exec_model) or rates
             result = search_capacity(measure, rates, args.slo, bisect_steps=args.bisect)
             if result.first_failing is None:
                 console.print(

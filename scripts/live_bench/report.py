@@ -42,8 +42,7 @@ def print_report(raw: dict[str, Any], console: Console | None = None) -> None:
         if not points:
             continue
         scale = points[0]["time_scale"]
-        table = Table(title=f"Live, {workload}: {points[0]['instances']} emulated "
-                            f"{points[0].get('exec_model', 'qwen2-7b-a30')} instances, "
+        table = Table(title=f"Live, {workload}: {_fleet_of(raw, points[0]['instances'])}, "
                             f"time scale {scale:g} (latencies in "
                             f"emulated s; accept->routed also wall ms)")
         for column in ("policy", "rate/s", "TTFT p50", "TTFT p99", "e2e p50", "e2e p99",
@@ -87,6 +86,17 @@ def print_report(raw: dict[str, Any], console: Console | None = None) -> None:
                           f"HTTP errors {p['http_errors']}[/yellow]")
 
 
+def _simulated_model(raw: dict[str, Any]) -> str:
+    """The `model` of the discrete-event benchmark's summary rows for this run's fleet."""
+    return raw.get("fleet_label") or raw.get("exec_model", "qwen2-7b-a30")
+
+
+def _fleet_of(raw: dict[str, Any], instances: int) -> str:
+    if raw.get("fleet_label"):
+        return f"emulated fleet {raw['fleet_label']}"
+    return f"{instances} emulated {raw.get('exec_model', 'qwen2-7b-a30')} instances"
+
+
 def _versus_simulated(raw: dict[str, Any], workload: str,
                       capacities: dict[str, tuple[float | None, float | None]]) -> Table:
     """Live capacity beside the discrete-event benchmark's for the same setup."""
@@ -98,7 +108,7 @@ def _versus_simulated(raw: dict[str, Any], workload: str,
         sim = next((row.get("capacity_rps") for row in raw["simulated"]
                     if (row.get("workload"), row.get("config"), row.get("num_requests"),
                         row.get("seed")) == (workload, policy, raw["requests"], raw["seed"])
-                    and row.get("model") == raw.get("exec_model", "qwen2-7b-a30")),
+                    and row.get("model") == _simulated_model(raw)),
                    None)
         ratio = capacity / sim if capacity and sim else None
         table.add_row(policy, fmt(capacity, 1) if capacity else "< lowest tried",
@@ -130,7 +140,7 @@ def plot(raw: dict[str, Any], out_dir: Path, prefix: str = "live") -> list[Path]
         ax.axhline(raw["slo_s"], color="grey", linestyle="--", label=f"SLO {raw['slo_s']:g} s")
         ax.set_xlabel("arrival rate (requests per emulated second)")
         ax.set_ylabel("TTFT p99 (emulated s; capped at 4x SLO)")
-        ax.set_title(f"Live stack, {workload}, {points[0]['instances']} emulated A30 "
+        ax.set_title(f"Live stack, {workload}, {_fleet_of(raw, points[0]['instances'])} "
                      f"(time scale {points[0]['time_scale']:g})"
                      + (" [SMOKE]" if raw.get("smoke") else ""), fontsize=9)
         ax.legend(fontsize=8)
