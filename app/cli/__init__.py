@@ -72,10 +72,11 @@ def main() -> None:
     help="How many sample prompts to send (the shipped file has 300).",
 )
 @click.option("--showcase/--no-showcase", default=True, show_default=True,
-              help="After the sample job, the routing showcase on an emulated fleet.")
+              help="After the sample job, the routing showcase on an emulated mixed fleet.")
 def demo(num_requests: int, showcase: bool) -> None:
     """Start the local stack, run the sample job through the API, print a summary, shut down;
-    then the routing showcase (round_robin against block on an emulated fleet)."""
+    then the routing showcase (round_robin, least_requests and block_slo side by side on an
+    emulated fleet of fast and slow GPUs)."""
     logging.getLogger("alembic").setLevel(logging.WARNING)  # a fresh database's migrations
     settings = Settings.load()
     _sample_job(settings, num_requests)

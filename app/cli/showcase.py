@@ -1,7 +1,9 @@
-"""The demo's routing showcase: one stream of real prompts replayed twice through the whole
-pipeline (API, predict, route, engine workers) on a small fleet of emulated GPU instances, once
-under round_robin and once under block, side by side; then once more under block with a bulk
-batch of other real prompts beside it (app/cli/showcase_batch.py).
+"""The demo's routing showcase: one stream of real prompts replayed through the whole pipeline
+(API, predict, route, engine workers) on a small mixed fleet of emulated GPU instances (fast and
+slow), once under each of round_robin, least_requests (what any load balancer does) and the
+policy blockq routes a mixed fleet with by default (`mixed_fleet_routing_policy`, block_slo),
+side by side; then once more under that policy with a bulk batch of other real prompts beside it
+(app/cli/showcase_batch.py).
 
 The data (app/demo/):
 
@@ -15,10 +17,11 @@ The data (app/demo/):
   is measured on prompts it never saw.
 
 The emulated engines generate each prompt's real answer length (``emulated_output_lengths
-answers``) and run vLLM's scheduling model with the A30 Qwen2-7B execution-time model, in real
-time. Every request asks for the whole room (max_tokens = max_model_len - prompt tokens), so
-max_tokens never reveals the true length. The bias watch is off (as in the live benchmark): each
-policy is measured as configured, without the fallback to round robin.
+answers``) and run vLLM's scheduling model in real time, each with its own hardware's
+execution-time model (a `BLOCKQ_FLEET` entry's ``exec_model``, which the router's what-ifs
+simulate it with too). Every request asks for the whole room (max_tokens = max_model_len -
+prompt tokens), so max_tokens never reveals the true length. The bias watch is off (as in the
+live benchmark): each policy is measured as configured, without the fallback to round robin.
 """
 
 from __future__ import annotations
@@ -44,37 +47,52 @@ from rich.table import Table
 from app.cli.demo import TERMINAL
 from app.cli.showcase_batch import BatchRun, BatchWatcher, batch_table, start_batch
 from app.settings import Settings
+from workers.sim.fleet_spec import InstanceSpec, parse_fleet
+from workers.sim.hardware import deployment
 
 __all__ = [
     "FLEET", "LengthScores", "PassResult", "ShowcaseFleet", "ShowcasePrompt", "ShowcaseResult",
     "StreamRequest",
     "build_stream", "length_scores", "length_table", "load_showcase_prompts", "run_pass",
-    "run_showcase", "showcase_settings", "showcase_table",
+    "run_showcase", "showcase_policies", "showcase_settings", "showcase_table",
 ]
 
-#: The policies compared, in the order they run.
-POLICIES = ("round_robin", "block")
+#: The policies the predictive one is compared with, in the order they run (it runs last).
+BASELINES = ("round_robin", "least_requests")
 
 
 @dataclass(frozen=True)
 class ShowcaseFleet:
-    """The showcase's fleet and stream: sized so that the instances queue at the peaks of a
-    Poisson stream (where placement matters) and one pass takes well under a minute.
+    """The showcase's fleet and stream: two fast instances and two slow ones, sized so that the
+    instances queue at the peaks of a Poisson stream (where placement matters) and one pass
+    takes well under a minute.
 
-    Checked first with the discrete-event simulator (workers/cluster_sim, learned lengths):
-    100 requests at 3 req/s on 4 instances with max_num_seqs 8 give a TTFT p99 of 2.8 s under
-    round_robin and 0.4 s under block (seed 0; seeds 1 and 2: 0.30/0.27 and 2.7/0.45 s). A low
-    request rate on small instances, rather than many requests on large ones: the control plane
-    shares the demo machine's CPUs with the emulated engines. At 8 req/s on max_num_seqs 16
-    (simulated 1.8 against 0.3 s) a loaded 2-core machine's predictor fell behind under block
-    (its what-ifs cost more than round robin's nothing): TTFT p50 1.3 s against 0.15 s."""
+    NOTE: sized with the discrete-event simulator (workers/cluster_sim `simulate` on this fleet,
+    `ClusterSetup.of_fleet`, max_num_seqs 8 and 1,052 KV blocks each; the showcase's stream, its
+    prompt lengths by the demo's tokenizer and this length model's predictions; step noise 0.05,
+    states published every 0.1 s). At 4 req/s, seeds 0-5: TTFT p99 1.4-6.2 s under round_robin,
+    0.07-0.25 s under least_requests and 0.06-0.21 s under block_slo; end-to-end p50 4.1-4.9,
+    2.8-3.0 and 2.2-2.4 s, p99 17.6-24.4, 16.1-18.4 and 5.8-9.6 s. least_requests balances request
+    counts, so its first tokens come about as soon as block_slo's, but it still gives the slow A30s
+    about a third of the stream (29 and 33 of 100 requests in the two live runs of
+    docs/benchmarks.md), long answers included, where an H100's decode step takes about a third of
+    theirs (workers/sim/models): what a newcomer sees is the end-to-end latency. (On 2 x A100 +
+    2 x A30 the gap is narrower: end-to-end p99 17-21 against 12-18 s.) 4 req/s rather than the
+    identical-A30 showcase's 3, so that four passes take about as long as its three did (a stream of
+    25 s instead of 33 s); a low rate on small instances, rather than many requests on large ones,
+    because the control plane shares the demo machine's CPUs with the emulated engines (at 8 req/s a
+    loaded 2-core machine's predictor fell behind under block's what-ifs). KV blocks are one setting
+    for every emulated instance: the A30's 1,052, so that the H100s have no more cache than the A30s
+    (where block's end-to-end objective collapses and block_slo does not,
+    docs/benchmarks_cluster.md); no run above preempted."""
 
-    instances: int = 4
+    #: (execution-time model, instances) in queue order: gpu.0 and gpu.1 fast, then the slow.
+    hardware: tuple[tuple[str, int], ...] = (("llama-2-7b-h100", 2), ("llama-2-7b-a30", 2))
     max_num_seqs: int = 8
-    num_blocks: int = 7289  # Qwen2-7B on an A30, the Block paper's figure
+    num_blocks: int = 1052  # Llama-2-7B on an A30 (workers/sim/hardware.py), every instance
     max_model_len: int = 4096
     requests: int = 100
-    rate: float = 3.0  # requests per (emulated) second
+    rate: float = 4.0  # requests per (emulated) second
     #: Wall seconds per emulated second (1: real time).
     time_scale: float = 1.0
     seed: int = 0
@@ -85,13 +103,45 @@ class ShowcaseFleet:
     batch_ttft_target_s: float = 1.0
     #: Seats of each engine kept for interactive requests while the batch runs
     #: (engine_interactive_seats), with batch prefills last (engine_batch_prefill_last).
-    #: NOTE: simulated on this fleet (docs/benchmarks.md, "Batch work that yields"): 3 of 8 seats
-    #: kept give the stream's TTFT p99 1.2-3.6x alone with the batch at about 40 % of the free
-    #: capacity; 4 give 1.01-1.08x at 20 %. The stream alone holds about 5 of 8 seats.
+    #: NOTE: simulated on the showcase's earlier fleet, 4 A30s of 8 seats (docs/benchmarks.md,
+    #: "Batch work that yields"): 3 of 8 seats kept give the stream's TTFT p99 1.2-3.6x alone
+    #: with the batch at about 40 % of the free capacity; 4 give 1.01-1.08x at 20 %. The
+    #: stream alone holds about 5 of 8 seats.
     interactive_seats: int = 3
+
+    @property
+    def instances(self) -> int:
+        return sum(count for _, count in self.hardware)
+
+    def specs(self, model: str, model_path: Path) -> tuple[InstanceSpec, ...]:
+        """The fleet as `BLOCKQ_FLEET` declares it (counts expanded): every instance an
+        emulated engine serving `model`, counting tokens with `model_path`'s tokenizer."""
+        return tuple(parse_fleet(json.dumps([
+            {"model": model, "model_path": str(model_path), "engine": "emulated",
+             "exec_model": exec_model, "count": count} for exec_model, count in self.hardware])))
+
+    def groups(self) -> list[tuple[str, list[str]]]:
+        """("2 x H100", [its instance ids]) per hardware entry, in queue order."""
+        groups, first = [], 0
+        for exec_model, count in self.hardware:
+            groups.append((f"{count} x {deployment(exec_model).gpu.name.upper()}",
+                           [f"gpu.{k}" for k in range(first, first + count)]))
+            first += count
+        return groups
+
+    def describe(self) -> str:
+        """``2 x H100 + 2 x A30 (llama-2-7b)``."""
+        models = dict.fromkeys(deployment(name).model.name for name, _ in self.hardware)
+        return f"{' + '.join(label for label, _ in self.groups())} ({', '.join(models)})"
 
 
 FLEET = ShowcaseFleet()
+
+
+def showcase_policies(settings: Settings) -> tuple[str, ...]:
+    """The policies the showcase runs, in order: the baselines, then the one blockq routes a
+    mixed fleet with by default (`mixed_fleet_routing_policy`)."""
+    return tuple(dict.fromkeys((*BASELINES, settings.mixed_fleet_routing_policy)))
 
 
 @dataclass(frozen=True)
@@ -142,12 +192,15 @@ def showcase_settings(base: Settings, answers_path: Path, fleet: ShowcaseFleet =
         "data_dir": base.data_dir / "showcase",
         # The tokenizer (prompt lengths) is the demo's model's, wherever its data dir is.
         "model_path": base.resolved_model_path,
+        # Each instance's hardware is its fleet entry's exec_model (the engine emulates it, its
+        # state publishes it, the router's what-ifs simulate it).
+        "fleet": fleet.specs(base.model_name, base.resolved_model_path),
         "num_instances": fleet.instances, "engine_kind": "emulated",
-        "emulated_exec_model": "qwen2-7b-a30", "emulated_num_blocks": fleet.num_blocks,
+        "emulated_num_blocks": fleet.num_blocks,
         "block_size": 16, "max_num_seqs": fleet.max_num_seqs, "max_num_batched_tokens": 512,
         "max_model_len": fleet.max_model_len, "emulated_time_scale": fleet.time_scale,
         "emulated_output_lengths": "answers", "emulated_answers_path": answers_path,
-        "routing_policy": "block", "length_predictor": "learned",
+        "routing_policy": base.mixed_fleet_routing_policy, "length_predictor": "learned",
         "length_model_path": model_path(),
         # The router simulates the engines' own execution-time model, the predictor keeps its
         # model (no refits mid-run), and no fallback to round robin: each policy as configured.
@@ -239,6 +292,8 @@ class PassResult:
     e2e_s: list[float]
     predicted_tokens: list[int]
     actual_tokens: list[int]
+    #: The instance each succeeded request ran on.
+    instance_ids: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, policy: str, results: list[dict[str, Any]], time_scale: float) -> PassResult:
@@ -249,8 +304,8 @@ class PassResult:
                    [s / time_scale for s in ttft if s is not None],
                    [s / time_scale for s in e2e if s is not None],
                    [r["predicted_output_tokens"] or 0 for r in ok],
-                   [r["output_tokens"] or 0 for r in ok])
-
+                   [r["output_tokens"] or 0 for r in ok],
+                   tuple(str(r["instance_id"]) for r in ok))
 
 
 @dataclass(frozen=True)
@@ -298,8 +353,8 @@ def _p(values: list[float], q: float) -> str:
 
 def showcase_table(results: list[PassResult], fleet: ShowcaseFleet = FLEET) -> Table:
     table = Table(title=f"Routing showcase: {fleet.requests} real prompts at {fleet.rate:g} req/s "
-                  f"on {fleet.instances} emulated A30 instances (Qwen2-7B, max_num_seqs "
-                  f"{fleet.max_num_seqs}); seconds are emulated")
+                  f"on a mixed fleet of emulated instances, {fleet.describe()}, max_num_seqs "
+                  f"{fleet.max_num_seqs}, equal KV cache; seconds are emulated")
     table.add_column("metric")
     for result in results:
         table.add_column(result.policy, justify="right")
@@ -310,6 +365,9 @@ def showcase_table(results: list[PassResult], fleet: ShowcaseFleet = FLEET) -> T
         ("end-to-end p50 (s)", lambda r: _p(r.e2e_s, 50)),
         ("end-to-end p99 (s)", lambda r: _p(r.e2e_s, 99)),
     ]
+    for label, instance_ids in fleet.groups():
+        rows.append((f"requests run on the {label}",
+                     lambda r, ids=set(instance_ids): str(sum(i in ids for i in r.instance_ids))))
     for name, cell in rows:
         table.add_row(name, *(cell(r) for r in results))
     return table
@@ -332,28 +390,36 @@ def length_table(result: PassResult) -> Table:
 
 @dataclass(frozen=True)
 class ShowcaseResult:
-    #: One pass per policy of POLICIES, in that order.
+    #: One pass per policy of `showcase_policies`, in that order (the predictive one last).
     passes: list[PassResult]
-    #: The stream under block again, with the batch beside it.
+    #: The stream under the predictive policy again, with the batch beside it.
     beside_batch: PassResult
     batch: BatchRun
+
+    @property
+    def predictive(self) -> PassResult:
+        return self.passes[-1]
 
 
 def print_showcase(result: ShowcaseResult, console: Console,
                    fleet: ShowcaseFleet = FLEET) -> None:
-    results = result.passes
-    console.print(showcase_table(results, fleet))
-    console.print(length_table(results[-1]))
+    alone = result.predictive
+    console.print(showcase_table(result.passes, fleet))
+    console.print(length_table(alone))
     console.print(
-        "Both passes replay the same stream; round_robin ignores the predictions, block routes "
-        "each request to the instance whose simulated end-to-end latency for it is lowest. The "
-        "length model never saw these prompts (trained on the other 80 % of the conversations); "
-        "the baseline predicts this stream's mean answer length for every request, and ranks "
-        "none of them.")
-    alone = next(r for r in results if r.policy == "block")
+        "Every pass replays the same stream. round_robin takes turns; least_requests sends each "
+        "request to the instance running and queueing the fewest (what any load balancer does: "
+        f"it cannot tell a fast GPU from a slow one); {alone.policy} simulates each instance's "
+        "own scheduler on its own hardware's execution-time model with the request added and "
+        "sends it where its first token comes soonest (each preemption it would cause counted "
+        "as a second of waiting), "
+        "so long answers go where they decode fastest. The length model never saw these "
+        "prompts (trained on the other 80 % of the conversations); the baseline predicts this "
+        "stream's mean answer length for every request, and ranks none of them.")
     console.print(batch_table((_p(alone.ttft_s, 50), _p(alone.ttft_s, 99)),
                               (_p(result.beside_batch.ttft_s, 50),
-                               _p(result.beside_batch.ttft_s, 99)), result.batch))
+                               _p(result.beside_batch.ttft_s, 99)), result.batch,
+                              policy=alone.policy))
     console.print(
         "The batch's lines enter the pipeline through a window that grows while the stream's "
         f"TTFT p99 stays under {fleet.batch_ttft_target_s:g} s and halves when it does not, "
@@ -393,14 +459,16 @@ def run_showcase(base: Settings, prepare: Callable[[Settings], dict[str, str]],
             stack.start()
             stack.supervise()
             stack.wait_ready(num_instances=fleet.instances)
-        console.print(f"emulated fleet ready in {time.monotonic() - started:.0f} s: "
-                      f"{fleet.requests} requests at {fleet.rate:g} req/s, under each policy, then "
-                      f"beside a {fleet.batch_lines}-line batch")
+        policies = showcase_policies(settings)
+        console.print(f"emulated fleet ({fleet.describe()}) ready in "
+                      f"{time.monotonic() - started:.0f} s: {fleet.requests} requests at "
+                      f"{fleet.rate:g} req/s under {', '.join(policies)}, then under "
+                      f"{policies[-1]} beside a {fleet.batch_lines}-line batch")
         key = stack.issue_api_key("showcase")
         codec = PromptCodec(settings.resolved_model_path)
         with stack.client(key) as client, stack.client() as admin, Progress() as progress:
             try:
-                results = _passes(client, admin, stream, codec.count, fleet, progress)
+                results = _passes(client, admin, policies, stream, codec.count, fleet, progress)
             finally:  # the override is kept (database): leave the configured policy in force
                 admin.put("/v1/admin/routing", json={"policy": None})
     finally:
@@ -409,25 +477,27 @@ def run_showcase(base: Settings, prepare: Callable[[Settings], dict[str, str]],
     return results
 
 
-def _passes(client: httpx.Client, admin: httpx.Client, stream: list[StreamRequest],
-            count_tokens: Callable[[str], int], fleet: ShowcaseFleet,
-            progress: Progress) -> ShowcaseResult:
+def _passes(client: httpx.Client, admin: httpx.Client, policies: tuple[str, ...],
+            stream: list[StreamRequest], count_tokens: Callable[[str], int],
+            fleet: ShowcaseFleet, progress: Progress) -> ShowcaseResult:
     results = []
-    for policy in POLICIES:
+    for policy in policies:
         started = time.monotonic()
         done = run_pass(client, admin, policy, stream, count_tokens=count_tokens, fleet=fleet,
                         progress=progress)
         results.append(PassResult.of(policy, done, fleet.time_scale))
         progress.console.print(f"{policy}: {len(done)} requests in "
                                f"{time.monotonic() - started:.0f} s")
-    beside, batch = _batch_pass(client, admin, stream, count_tokens, fleet, progress)
+    beside, batch = _batch_pass(client, admin, policies[-1], stream, count_tokens, fleet,
+                                progress)
     return ShowcaseResult(results, beside, batch)
 
 
-def _batch_pass(client: httpx.Client, admin: httpx.Client, stream: list[StreamRequest],
-                count_tokens: Callable[[str], int], fleet: ShowcaseFleet,
-                progress: Progress) -> tuple[PassResult, BatchRun]:
-    """The stream again under block, with a batch of other real prompts started just before."""
+def _batch_pass(client: httpx.Client, admin: httpx.Client, policy: str,
+                stream: list[StreamRequest], count_tokens: Callable[[str], int],
+                fleet: ShowcaseFleet, progress: Progress) -> tuple[PassResult, BatchRun]:
+    """The stream again under `policy`, with a batch of other real prompts started just
+    before."""
     started = time.monotonic()
     in_stream = {r.prompt.prompt for r in stream}
     others = [p.prompt for p in load_showcase_prompts() if p.prompt not in in_stream]
@@ -437,10 +507,11 @@ def _batch_pass(client: httpx.Client, admin: httpx.Client, stream: list[StreamRe
     watcher = BatchWatcher(client, batch_id, progress, lines=len(prompts),
                            time_scale=fleet.time_scale)
     watcher.start()
-    done = run_pass(client, admin, "block", stream, count_tokens=count_tokens, fleet=fleet,
-                    progress=progress, label="block beside the batch")
+    label = f"{policy} beside the batch"
+    done = run_pass(client, admin, policy, stream, count_tokens=count_tokens, fleet=fleet,
+                    progress=progress, label=label)
     watcher.stream_ended()
     batch = watcher.result(timeout_s=300)
-    progress.console.print(f"block beside the batch: {len(done)} requests and the batch in "
+    progress.console.print(f"{label}: {len(done)} requests and the batch in "
                            f"{time.monotonic() - started:.0f} s")
-    return PassResult.of("block beside the batch", done, fleet.time_scale), batch
+    return PassResult.of(label, done, fleet.time_scale), batch

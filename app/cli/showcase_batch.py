@@ -1,5 +1,6 @@
 """The showcase's last pass: a bulk job through the OpenAI-style Batch API, started just before
-the interactive stream is replayed again under block, so that the two run side by side.
+the interactive stream is replayed again under the showcase's predictive policy, so that the
+two run side by side.
 
 The batch's lines are other real prompts of the showcase set. The releaser lets batch lines into
 the pipeline through a window that grows while the stream's TTFT p99 meets its target and halves
@@ -115,9 +116,10 @@ class BatchWatcher(threading.Thread):
 
 
 def batch_table(ttft_alone: tuple[str, str], ttft_beside: tuple[str, str],
-                run: BatchRun) -> Table:
-    """The stream's TTFT p50/p99 without and with the batch, and the batch's progress."""
-    table = Table(title=f"A {run.lines}-line batch beside the same stream (block); "
+                run: BatchRun, *, policy: str) -> Table:
+    """The stream's TTFT p50/p99 under `policy` without and with the batch, and the batch's
+    progress."""
+    table = Table(title=f"A {run.lines}-line batch beside the same stream ({policy}); "
                   "seconds are emulated")
     table.add_column("metric")
     table.add_column("value", justify="right")

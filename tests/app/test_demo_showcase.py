@@ -20,6 +20,7 @@ from app.cli.showcase import (
     length_table,
     load_showcase_prompts,
     model_path,
+    showcase_policies,
     showcase_settings,
     showcase_table,
 )
@@ -55,12 +56,39 @@ def test_fleet_settings_are_emulated_on_their_own_data_dir(tmp_path: Path) -> No
     base = Settings(data_dir=tmp_path, routing_policy="round_robin")
     settings = showcase_settings(base, tmp_path / "answers.jsonl")
 
-    assert settings.engine_kind == "emulated" and settings.num_instances == FLEET.instances
+    assert settings.engine_kind == "emulated" and len(settings.instances) == FLEET.instances
     assert settings.emulated_output_lengths == "answers"
     assert settings.data_dir == tmp_path / "showcase"
     assert settings.resolved_model_path == base.resolved_model_path  # the demo's tokenizer
     assert settings.length_model_path == model_path()
-    assert settings.routing_policy == "block"
+    assert settings.routing_policy == settings.mixed_fleet_routing_policy == "block_slo"
+
+
+def test_fleet_is_mixed_hardware_declared_as_blockq_fleet(tmp_path: Path) -> None:
+    """Fast instances first, then slow ones, each an emulated engine of the demo's model with
+    its own execution-time model; the children read the fleet back from BLOCKQ_FLEET, and the
+    demo's own two-model fleet does not leak into the showcase."""
+    base = Settings(data_dir=tmp_path, fleet='[{"model": "tiny-llama"}, {"model": "tiny-qwen"}]')
+    settings = showcase_settings(base, tmp_path / "answers.jsonl")
+
+    assert [spec.exec_model for spec in settings.instances] == [
+        "llama-2-7b-h100", "llama-2-7b-h100", "llama-2-7b-a30", "llama-2-7b-a30"]
+    assert {spec.model for spec in settings.instances} == {base.model_name}
+    assert {spec.engine for spec in settings.instances} == {"emulated"}
+    assert {spec.model_path for spec in settings.instances} == {base.resolved_model_path}
+    assert settings.for_instance("gpu.0").emulated_exec_model == "llama-2-7b-h100"
+    assert settings.for_instance("gpu.3").emulated_exec_model == "llama-2-7b-a30"
+    again = Settings(data_dir=tmp_path, fleet=settings.as_env()["BLOCKQ_FLEET"])
+    assert [s.exec_model for s in again.instances] == [s.exec_model for s in settings.instances]
+    assert FLEET.groups() == [("2 x H100", ["gpu.0", "gpu.1"]), ("2 x A30", ["gpu.2", "gpu.3"])]
+    assert FLEET.describe() == "2 x H100 + 2 x A30 (llama-2-7b)"
+
+
+def test_predictive_policy_runs_last_after_the_baselines(tmp_path: Path) -> None:
+    assert showcase_policies(Settings(data_dir=tmp_path)) == (
+        "round_robin", "least_requests", "block_slo")
+    assert showcase_policies(Settings(data_dir=tmp_path, mixed_fleet_routing_policy="block")) == (
+        "round_robin", "least_requests", "block")
 
 
 def test_length_scores_against_the_mean_baseline() -> None:
@@ -77,14 +105,20 @@ def test_length_scores_against_the_mean_baseline() -> None:
 
 
 def test_table_puts_the_policies_side_by_side() -> None:
+    placements = {"round_robin": ("gpu.0", "gpu.1", "gpu.2"),
+                  "least_requests": ("gpu.3", "gpu.2", "gpu.0"),
+                  "block_slo": ("gpu.0", "gpu.1", "gpu.0")}
     results = [PassResult(policy, 3, 3, [0.1, 0.2, 5.0], [1.0, 2.0, 9.0], [10, 20, 30],
-                          [10, 20, 40]) for policy in ("round_robin", "block")]
+                          [10, 20, 40], ids) for policy, ids in placements.items()]
     table = showcase_table(results)
-    assert [c.header for c in table.columns] == ["metric", "round_robin", "block"]
+    assert [c.header for c in table.columns] == ["metric", *placements]
+    assert "2 x H100 + 2 x A30" in str(table.title) and "mixed fleet" in str(table.title)
     cells = {row: [c._cells[i] for c in table.columns[1:]]
              for i, row in enumerate(table.columns[0]._cells)}
-    assert cells["requests succeeded"] == ["3 / 3", "3 / 3"]
-    assert cells["TTFT p99 (s)"] == [f"{np.percentile([0.1, 0.2, 5.0], 99):.2f}"] * 2
+    assert cells["requests succeeded"] == ["3 / 3"] * 3
+    assert cells["TTFT p99 (s)"] == [f"{np.percentile([0.1, 0.2, 5.0], 99):.2f}"] * 3
+    assert cells["requests run on the 2 x H100"] == ["2", "1", "3"]
+    assert cells["requests run on the 2 x A30"] == ["1", "2", "0"]
 
 
 def test_length_table_compares_the_model_with_the_baseline() -> None:
@@ -108,7 +142,8 @@ def test_batch_input_is_one_completions_line_per_prompt_asking_for_the_room() ->
 def test_batch_table_sets_the_stream_alone_beside_the_stream_with_the_batch() -> None:
     run = BatchRun(lines=48, completed=47, failed=1, status="completed",
                    done_during_stream=12, stream_ended_s=40.2, finished_s=71.0)
-    table = batch_table(("0.10", "0.80"), ("0.12", "0.95"), run)
+    table = batch_table(("0.10", "0.80"), ("0.12", "0.95"), run, policy="block_slo")
+    assert "(block_slo)" in str(table.title)
     cells = dict(zip(table.columns[0]._cells, table.columns[1]._cells, strict=True))
     assert cells["stream TTFT p50 / p99 (s), alone"] == "0.10 / 0.80"
     assert cells["stream TTFT p50 / p99 (s), beside the batch"] == "0.12 / 0.95"
