@@ -35,7 +35,8 @@ def test_the_state_is_stored_as_the_engines_json_and_read_back_typed(fleet: Flee
         "num_free_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
         "max_model_len", "requests", "taken_at", "instance_id", "accepting", "published_at",
         "scheduling_policy", "priority_ms_per_token", "prefix_unit_tokens", "cached_prefixes",
-        "num_interactive_seats", "batch_prefill_last", "model_path", "hardware", "exec_model"]
+        "num_interactive_seats", "batch_prefill_last", "model_path", "hardware", "exec_model",
+        "capacity_rps"]
     assert stored["requests"] == [{
         "request_id": "r1", "num_prompt_tokens": 10, "num_computed_tokens": 0,
         "num_output_tokens": 0, "predicted_output_tokens": 5, "is_running": False,
