@@ -28,7 +28,11 @@ from app.dispatch import (
 from app.queues import PRIORITY_STEPS, SEPARATOR
 from app.settings import Settings
 
-__all__ = ["SOFT_SHUTDOWN_TIMEOUT_S", "create_celery"]
+__all__ = ["PERIODIC_HEADER", "SOFT_SHUTDOWN_TIMEOUT_S", "create_celery"]
+
+#: The message header in which beat sends a periodic task's interval (seconds); the worker's
+#: gate (workers/beat.py) runs such a task at most once per half of it.
+PERIODIC_HEADER = "blockq_every_s"
 
 #: Celery's soft shutdown: after a cold shutdown request (SIGQUIT, which `Stack.stop` sends to a
 #: worker whose warm shutdown outlasted its grace), how long tasks still running may go on before
@@ -37,13 +41,15 @@ SOFT_SHUTDOWN_TIMEOUT_S = 10.0
 
 
 def create_celery(settings: Settings, *, include: Sequence[str] = (),
-                  set_as_current: bool = True) -> Celery:
+                  set_as_current: bool = True, task_cls: str | None = None) -> Celery:
     """Build the Celery app. Safe defaults for at-least-once work with idempotent tasks.
 
-    `include`: the task modules a worker imports (none for a process that only sends tasks).
+    `include`: the task modules a worker imports (none for a process that only sends tasks);
+    `task_cls`: the tasks' base class, as Celery takes it (`"module:Class"`; the workers').
     """
     app_class = _WholeSecondCountdowns if settings.broker_is_rabbitmq else Celery
-    celery = app_class("blockq", include=list(include), set_as_current=set_as_current)
+    celery = app_class("blockq", include=list(include), set_as_current=set_as_current,
+                       **({"task_cls": task_cls} if task_cls else {}))
     celery.conf.update(
         broker_url=settings.resolved_broker_url,
         broker_connection_retry_on_startup=True,
@@ -124,20 +130,24 @@ def _rabbitmq_options() -> dict[str, Any]:
 
 
 def _beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
-    schedule = {
-        name: {"task": task, "schedule": interval, "options": {"expires": interval * 2}}
-        for name, task, interval in (
-            ("requeue-orphans", TASK_REQUEUE_ORPHANS, settings.orphan_check_interval_s),
-            ("relay-outbox", TASK_RELAY_OUTBOX, settings.outbox_relay_interval_s),
-        )
-    }
-    for name, task, interval in (
+    """Beat's periodic tasks, each sent every `interval` seconds with its interval in the
+    `PERIODIC_HEADER` header (workers/beat.py runs it at most once per half interval).
+
+    NOTE: no `expires`. Celery turns it into an absolute time by the sending host's clock (beat's)
+    and the worker compares it with its own: a worker whose clock ran more than an interval
+    ahead of beat's host dropped every sweep, outbox relay and batch release as expired. What
+    `expires` was for, a backlog of runs queued while no worker took them not running back to
+    back, is kept by the gate, which reads Redis's clock only."""
+    intervals = (
+        ("requeue-orphans", TASK_REQUEUE_ORPHANS, settings.orphan_check_interval_s),
+        ("relay-outbox", TASK_RELAY_OUTBOX, settings.outbox_relay_interval_s),
         ("release-batch-lines", TASK_BATCH_RELEASE, settings.batch_release_interval_s),
         ("expire-batches", TASK_BATCH_EXPIRE, settings.batch_expiry_check_interval_s),
         ("retrain-length-model", TASK_RETRAIN_LENGTH, settings.learn_retrain_interval_s),
         ("refit-exec-models", TASK_REFIT_EXEC, settings.learn_refit_interval_s),
         ("retention-purge", TASK_PURGE, settings.purge_interval_s),
-    ):
-        if interval > 0:  # 0 disables the schedule
-            schedule[name] = {"task": task, "schedule": interval, "options": {"expires": interval}}
-    return schedule
+    )
+    return {name: {"task": task, "schedule": interval,
+                   "options": {"headers": {PERIODIC_HEADER: interval}}}
+            for name, task, interval in intervals
+            if interval > 0}  # 0 disables a schedule

@@ -22,8 +22,12 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
     false,
+    literal,
 )
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 __all__ = [
     "Base",
@@ -50,6 +54,7 @@ __all__ = [
     "OutboxEntry",
     "OperatorControl",
     "utcnow",
+    "database_now",
 ]
 
 
@@ -109,6 +114,31 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 Timestamp = Annotated[datetime, mapped_column(UTCDateTime())]
 OptionalTimestamp = Annotated[datetime | None, mapped_column(UTCDateTime())]
+
+
+class database_now(FunctionElement[datetime]):  # noqa: N801 - an SQL function, named as one
+    """The database's clock, `seconds_ago` back: the one clock that times several hosts
+    compare are read from (a request's `updated_at` against the sweep's cutoff), so that a
+    host whose own clock is off cannot make work look stale or fresh. PostgreSQL's `now()`
+    (its transaction's start); on SQLite, a file on one host, that host's clock, in the text
+    form SQLAlchemy stores datetimes in."""
+
+    type = UTCDateTime()
+    inherit_cache = True
+
+    def __init__(self, seconds_ago: float = 0.0) -> None:
+        super().__init__(literal(float(seconds_ago)))
+
+
+@compiles(database_now, "postgresql")
+def _database_now_postgresql(element: database_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"(now() - {compiler.process(element.clauses, **kw)} * interval '1 second')"
+
+
+@compiles(database_now)
+def _database_now_sqlite(element: database_now, compiler: SQLCompiler, **kw: Any) -> str:
+    seconds = compiler.process(element.clauses, **kw)
+    return f"strftime('%Y-%m-%d %H:%M:%f000', 'now', -({seconds}) || ' seconds')"
 
 
 class Base(DeclarativeBase):
@@ -231,7 +261,9 @@ class InferenceRequest(Base):
     logprobs: Mapped[dict[str, Any] | None]
 
     created_at: Mapped[Timestamp] = mapped_column(default=utcnow)
-    updated_at: Mapped[Timestamp] = mapped_column(default=utcnow, onupdate=utcnow)
+    # NOTE: by the database's clock: the sweep compares it with its cutoff across hosts.
+    updated_at: Mapped[Timestamp] = mapped_column(default=database_now(),
+                                                  onupdate=database_now())
     predicted_at: Mapped[OptionalTimestamp]
     routed_at: Mapped[OptionalTimestamp]
     started_at: Mapped[OptionalTimestamp]

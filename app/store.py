@@ -42,6 +42,7 @@ from app.models import (
     Priority,
     RequestEvent,
     RequestStatus,
+    database_now,
     utcnow,
 )
 
@@ -119,7 +120,7 @@ def create_requests(session: Session, rows: Sequence[dict[str, Any]], *,
     now = utcnow()
     given = [{"id": new_request_id(), "status": str(RequestStatus.QUEUED),
               "idempotency_key": idempotency_key, "attempt": 0, "created_at": now,
-              "updated_at": now, "stream": False, "priority": str(Priority.INTERACTIVE),
+              "stream": False, "priority": str(Priority.INTERACTIVE),
               **fields} for fields in rows]
     # A column the fields leave out is SQL NULL, as the ORM leaves it; one they give as None is
     # written as the ORM writes it (JSON columns: JSON null).
@@ -266,7 +267,7 @@ def _transition(session: Session, request_id: str, to: RequestStatus,
             InferenceRequest.status.in_([str(s) for s in allowed_from]),
             *extra_where,
         )
-        .values(status=str(to), updated_at=now,
+        .values(status=str(to), updated_at=database_now(),
                 **{_COLUMN_KEYS.get(name, name): value for name, value in fields.items()})
     )
     row = connection.execute(changing.returning(*returning)).first()
@@ -324,7 +325,7 @@ def _transition_statement(to: RequestStatus, allowed_from: Iterable[RequestStatu
         changing = (update(_REQUESTS)
                     .where(_REQUESTS.c.id == bindparam("_request_id"),
                            _REQUESTS.c.status.in_(allowed), *extra)
-                    .values(status=str(to), updated_at=now, **values))
+                    .values(status=str(to), updated_at=database_now(), **values))
         statement = _with_event(changing, to, now, detail, returning, wait_for_wal)
         if shape is not None and len(_TRANSITIONS) < _MAX_TRANSITIONS:
             _TRANSITIONS[shape] = statement

@@ -5,8 +5,9 @@ batches, webhooks on both, beat on the first), three engine hosts (one emulated 
 a balancer host (HAProxy over the two APIs) and a client host (the load and the webhook
 receiver), each a network namespace with its own hostname and data directory, on one bridge.
 During a mixed job (chaos_harness.workload) it kills an engine host and a control host outright,
-cuts an engine host off from the data host for --partition-s, and restarts Redis. Then it
-settles and runs the chaos run's checks.
+cuts an engine host off from the data host for --partition-s, restarts Redis, and restarts the
+second control host with its wall clock --clock-skew-s ahead. Then it settles and runs the chaos
+run's checks.
 
     nice -n 5 .venv/bin/python scripts/multihost.py --requests 300 --broker redis
 
@@ -44,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
                         "enough for the faults)")
     parser.add_argument("--down-s", type=float, default=defaults.down_s)
     parser.add_argument("--partition-s", type=float, default=defaults.partition_s)
+    parser.add_argument("--clock-skew-s", type=float, default=defaults.clock_skew_s,
+                        help="how far ahead the clock-skew fault sets a host's wall clock "
+                        "(negative: behind)")
     parser.add_argument("--time-scale", type=float, default=defaults.time_scale)
     parser.add_argument("--settle-timeout", type=float, default=defaults.settle_timeout_s)
     parser.add_argument("--model-path", type=Path)
@@ -53,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         requests=args.requests, broker=args.broker,
         kinds=[k for k in args.kinds.split(",") if k], seed=args.seed, clients=args.clients,
         duration_s=args.duration, down_s=args.down_s, partition_s=args.partition_s,
+        clock_skew_s=args.clock_skew_s,
         time_scale=args.time_scale, settle_timeout_s=args.settle_timeout,
         model_path=args.model_path, keep=args.keep)
     stop_stacks_on_sigterm()

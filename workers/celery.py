@@ -29,7 +29,8 @@ TASK_MODULES = (
     "workers.batch.tasks",
 )
 
-celery = create_celery(Settings.load(), include=TASK_MODULES)
+# Beat's periodic tasks run at most once per half interval (workers/beat.py), not Celery's expires.
+celery = create_celery(Settings.load(), include=TASK_MODULES, task_cls="workers.beat:BeatTask")
 # NOTE: predict and route, which every request passes through, send no task events. Flower turns
 # events on in every worker; each event is a message of its own (received, started, succeeded:
 # three per task, about 0.5-1 ms of CPU each to send, and as much again for Flower to read), more

@@ -6,6 +6,8 @@
 - `engine-host:partition`: an engine host's packets to and from the data host dropped
   (iptables in its namespace) for `partition_s`, then allowed again.
 - `redis:restart`: the data host's Redis SIGKILLed and started again, empty.
+- `host:clock-skew`: a control host's processes stopped (SIGTERM, as a reboot does) and started
+  again with their wall clock `skew_s` ahead (hosts.skewed_env); it stays so to the end.
 
 Each fault's `start` is when it began and `end` when it was healed (the host booted, the link
 restored, Redis answering).
@@ -24,9 +26,10 @@ from chaos_harness.processes import ProcessWatch
 from chaos_harness.services import OwnServices
 
 from multihost_rig import network
-from multihost_rig.hosts import HostStack
+from multihost_rig.hosts import HostStack, skewed_env
 
-KINDS = ("engine-host:kill", "control-host:kill", "engine-host:partition", "redis:restart")
+KINDS = ("engine-host:kill", "control-host:kill", "engine-host:partition", "redis:restart",
+         "host:clock-skew")
 
 
 @dataclass
@@ -48,6 +51,9 @@ class HostFaults:
     load: Callable[[], dict[str, int]]
     #: How long to wait for an engine host holding requests before an engine fault.
     busy_wait_s: float = 20.0
+    #: The host a clock-skew fault restarts with its clock off, and by how much (seconds).
+    skew_host: str = "ctl-b"
+    skew_s: float = 30.0
 
     def busiest_engine(self, rng: random.Random) -> tuple[str, int]:
         """The engine host holding the most requests (and how many), waiting up to
@@ -83,6 +89,10 @@ class HostFaults:
             self.services.kill_redis()
             time.sleep(rng.uniform(0.5, 2.0))
             self.services.start_redis()
+        elif kind == "host:clock-skew":
+            target = self.skew_host
+            note = f"wall clock {self.skew_s:+g} s"
+            self._restart_skewed(target, kind)
         else:
             raise ValueError(f"unknown fault kind {kind!r}; known: {', '.join(KINDS)}")
         return Fault(kind, target, start, time.time(), note=note)
@@ -93,6 +103,14 @@ class HostFaults:
             watch.signalled.update({p.pid: kind for p in stack.processes.values()})
         stack.kill_host()
         time.sleep(self.down_s)
+        stack.boot(self.processes[host])
+
+    def _restart_skewed(self, host: str, kind: str) -> None:
+        stack, watch = self.stacks[host], self.watches[host]
+        with watch.lock:
+            watch.signalled.update({p.pid: kind for p in stack.processes.values()})
+        stack.stop()
+        stack.env = skewed_env(stack.env, self.skew_s)
         stack.boot(self.processes[host])
 
     def wait_fleet_back(self, fault: Fault) -> float | None:

@@ -20,6 +20,15 @@ from multihost_rig.network import in_namespace
 
 #: Runs the rest of the command line with the hostname given as $0 (in a new UTS namespace).
 _WITH_HOSTNAME = 'hostname "$0" && exec "$@"'
+#: Holds the sitecustomize that offsets a Python process's wall clock (its docstring says how).
+SKEWED_CLOCK_DIR = Path(__file__).resolve().parent / "skewed_clock"
+
+
+def skewed_env(env: dict[str, str], offset_s: float) -> dict[str, str]:
+    """`env` for Python processes whose wall clock reads `offset_s` seconds off; their
+    monotonic clocks, sleeps and timeouts are untouched (as NTP drift leaves them)."""
+    path = os.pathsep.join(filter(None, [str(SKEWED_CLOCK_DIR), env.get("PYTHONPATH")]))
+    return {**env, "PYTHONPATH": path, "MULTIHOST_CLOCK_OFFSET_S": str(offset_s)}
 
 
 def host_command(host: str, command: list[str]) -> list[str]:

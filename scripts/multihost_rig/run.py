@@ -62,6 +62,7 @@ class RigConfig:
     time_scale: float = 0.5
     down_s: float = 10.0  # a killed host boots again after this
     partition_s: float = 60.0
+    clock_skew_s: float = 30.0  # the clock-skew fault's host runs this far ahead
     webhook_fail_first: int = 1
     settle_timeout_s: float = 420.0
     recover_timeout_s: float = 180.0
@@ -288,7 +289,8 @@ def _traffic_under_faults(rig: _Rig, front: FrontDoor, settings: Settings,
         services=rig.services, data_ip=layout.DATA.ip,
         engine_hosts=[h.name for h in layout.ENGINE], control_host=layout.CONTROL[0].name,
         down_s=config.down_s, partition_s=config.partition_s, fleet_back=fleet_back,
-        recover_timeout_s=config.recover_timeout_s, load=load)
+        recover_timeout_s=config.recover_timeout_s, load=load,
+        skew_host=layout.CONTROL[1].name, skew_s=config.clock_skew_s)
     faults: list[Fault] = []
     stop = threading.Event()
     start = time.monotonic() + 1.0

@@ -5,7 +5,11 @@ itself runs in tests/stack/test_multihost.py (root only)."""
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import subprocess
 import sys
+import time
 from types import ModuleType
 
 import pytest
@@ -76,3 +80,33 @@ def test_the_summary_adds_up_the_chaos_checks() -> None:
 def test_traffic_lasts_as_long_as_the_faults(kinds: list[str], at_least: float) -> None:
     config = _rig("run").RigConfig(kinds=kinds, partition_s=60.0)
     assert config.traffic_s() >= at_least
+
+
+_CLOCKS = """
+import datetime, json, threading, time
+start = time.monotonic()
+time.sleep(0.05)
+threading.Event().wait(0.05)
+print(json.dumps({"time": time.time(), "time_ns": time.time_ns() / 1e9,
+                  "now": datetime.datetime.now(datetime.UTC).timestamp(),
+                  "utcnow": datetime.datetime.utcnow().replace(tzinfo=datetime.UTC).timestamp(),
+                  "slept": time.monotonic() - start,
+                  "real_is_datetime": isinstance(datetime.datetime.fromtimestamp(0),
+                                                 datetime.datetime)}))
+"""
+
+
+@pytest.mark.parametrize("offset_s", [30.0, -30.0])
+def test_a_skewed_host_reads_its_wall_clock_off_and_its_monotonic_clock_as_is(
+        offset_s: float) -> None:
+    hosts = _rig("hosts")
+    env = hosts.skewed_env({"PATH": os.environ.get("PATH", "")}, offset_s)
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", _CLOCKS], env=env, capture_output=True,
+                         text=True, check=True, timeout=60)
+    after = time.time()
+    clocks = json.loads(out.stdout)
+    for name in ("time", "time_ns", "now", "utcnow"):
+        assert before + offset_s - 1 <= clocks[name] <= after + offset_s + 1, (name, clocks)
+    assert 0.1 <= clocks["slept"] < 5.0  # sleeps and waits by the monotonic clock, unchanged
+    assert clocks["real_is_datetime"], "datetimes made by C code fail isinstance"

@@ -1,6 +1,7 @@
 """A short run of the multi-host rig (scripts/multihost.py): blockq on hosts made of network
 namespaces (a data host, two control hosts behind HAProxy, three engine hosts), 30 requests
-while one engine host is SIGKILLed wholesale and boots again, then the chaos run's checks.
+while one engine host is SIGKILLed wholesale and boots again, and then a control host restarts
+with its wall clock 30 s ahead; then the chaos run's checks.
 
 Needs root (network namespaces, veth pairs, a bridge) and haproxy: skipped, saying which, when
 either is missing. The rig runs its own PostgreSQL and Redis in its data host's namespace.
@@ -40,18 +41,20 @@ def _missing() -> str | None:
     return None
 
 
-def test_an_engine_host_killed_wholesale_loses_nothing_across_hosts(model_path: Path) -> None:
+def test_an_engine_host_killed_and_a_host_30s_ahead_lose_nothing_across_hosts(
+        model_path: Path) -> None:
     if (reason := _missing()) is not None:
         pytest.skip(reason)
     rig = _rig()
-    config = rig.RigConfig(requests=30, kinds=["engine-host:kill"], seed=3, clients=8,
+    kinds = ["engine-host:kill", "host:clock-skew"]
+    config = rig.RigConfig(requests=30, kinds=kinds, seed=3, clients=8,
                            duration_s=30.0, down_s=5.0, settle_timeout_s=240.0,
                            model_path=model_path)
 
     result = rig.run(config, log=lambda message: None)
 
-    assert [f["kind"] for f in result["faults"]] == ["engine-host:kill"]
-    assert result["faults"][0]["fleet_back_s"] is not None, result["faults"]
+    assert [f["kind"] for f in result["faults"]] == kinds
+    assert all(f["fleet_back_s"] is not None for f in result["faults"]), result["faults"]
     accepted = sum(c.get("accepted", 0) for c in result["workload"]["by_kind"].values())
     assert accepted > 0, result["workload"]
     headline = {k: result[k] for k in ("lost", "completed_twice", "missing_webhooks",

@@ -224,7 +224,7 @@ def _request_row(row: Any, batch_id: str, team_id: str, now: Any) -> dict[str, A
     assert row.fields is not None, f"pending line {row.line} of {batch_id} has no fields"
     return {**row.fields, "id": row.request_id, "team_id": team_id,
             "status": RequestStatus.QUEUED, "batch_id": batch_id, "custom_id": row.custom_id,
-            "batch_line": row.line, "created_at": now, "updated_at": now}
+            "batch_line": row.line, "created_at": now}
 
 
 def finish_done(rt: Runtime) -> list[str]:

@@ -30,7 +30,6 @@ import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import timedelta
 
 import redis
 from sqlalchemy import select, update
@@ -39,7 +38,15 @@ from app import dispatch, store
 from app.batches import TERMINAL_BATCH_STATUSES
 from app.db import Database
 from app.fleet import Fleet, InstanceStatus
-from app.models import TERMINAL_STATUSES, Batch, InferenceRequest, Priority, RequestStatus, utcnow
+from app.models import (
+    TERMINAL_STATUSES,
+    Batch,
+    InferenceRequest,
+    Priority,
+    RequestStatus,
+    database_now,
+    utcnow,
+)
 from app.outbox import Outbox
 from app.queues import SERVICE_QUEUES, drop_unacked, request_ids_in_broker, stale_unacked
 from workers.health.undelivered import WebhookPolicy, overdue_events
@@ -164,7 +171,9 @@ class Sweep:
                       cleaned)
 
     def _unchanged_in_flight(self) -> list[InFlight]:
-        cutoff = utcnow() - timedelta(seconds=self.stranded_after_s)
+        # NOTE: `updated_at` and the cutoff by one clock, the database's: a host whose clock is
+        # off (the writer's or the sweep's) cannot make work look stranded early, or late.
+        cutoff = database_now(self.stranded_after_s)
         r = InferenceRequest
         with self.outbox.db.session() as session:
             rows = session.execute(
@@ -261,7 +270,7 @@ class Sweep:
                 .where(InferenceRequest.id == request.id,
                        InferenceRequest.status == str(request.status),
                        InferenceRequest.attempt == request.attempt)
-                .values(updated_at=utcnow())
+                .values(updated_at=database_now())
                 .execution_options(synchronize_session=False)
             ).rowcount  # type: ignore[attr-defined]
             if touched:

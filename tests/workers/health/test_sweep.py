@@ -7,11 +7,12 @@ import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from unittest.mock import patch
 
 import pytest
 from sqlalchemy import select, update
 
-from app import dispatch
+from app import dispatch, store
 from app.models import InferenceRequest, RequestStatus, WebhookDelivery
 from app.queues import UNACKED_INDEX_KEY, UNACKED_KEY, request_ids_in_broker
 from tests.engine_states import engine_state, waiting_request
@@ -182,3 +183,42 @@ def test_messages_a_dead_worker_held_about_finished_or_no_work_are_dropped(
 
     assert sweep_of(rt).run().cleaned == 2  # the finished request's, and a periodic task's
     assert rt.redis.hkeys(UNACKED_KEY) == [b"t2"]
+
+
+# --- clocks of several hosts ---------------------------------------------------------------------
+
+def skewed(offset_s: float) -> Callable[[], datetime]:
+    return lambda: datetime.now(UTC) + timedelta(seconds=offset_s)
+
+
+@pytest.mark.parametrize("skewed_clock", [
+    "app.store.utcnow",  # the engine host that marked it running runs 30 s behind
+    "workers.health.sweep.utcnow",  # the sweep's host runs 30 s ahead
+])
+def test_work_just_started_is_not_taken_for_stranded_when_a_clock_is_30s_off(
+    rt: Runtime, routed_request: Callable[..., str], request_status: Callable[[str], str],
+    skewed_clock: str,
+) -> None:
+    started = routed_request("gpu.0", 1)
+    offset_s = -30.0 if skewed_clock.startswith("app.") else 30.0
+    with patch(skewed_clock, skewed(offset_s)):
+        with rt.db.session() as session:
+            assert store.transition(session, started, RUNNING, allowed_from=[ROUTED])
+        rt.fleet.publish("gpu.0", engine_state())  # its admission not published yet
+        sweep = Sweep(rt.outbox, rt.fleet, rt.redis, WEBHOOKS, stranded_after_s=5,
+                      unacked_fresh_s=30, memory_s=60)
+        reports = [sweep.run(), sweep.run()]
+    assert [(r.suspected, r.rerouted) for r in reports] == [(0, 0), (0, 0)]
+    assert request_status(started) == RUNNING
+
+
+def test_work_unchanged_past_the_cutoff_by_the_database_clock_is_swept(
+    rt: Runtime, routed_request: Callable[..., str], request_status: Callable[[str], str]
+) -> None:
+    lost = routed_request("gpu.0", 1, RUNNING)
+    rt.fleet.publish("gpu.0", engine_state())
+    time.sleep(0.3)
+    sweep = Sweep(rt.outbox, rt.fleet, rt.redis, WEBHOOKS, stranded_after_s=0.2,
+                  unacked_fresh_s=30, memory_s=60)
+    assert [sweep.run().rerouted, sweep.run().rerouted] == [0, 1]
+    assert request_status(lost) == QUEUED
