@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_cluster import NUM_BLOCKS  # noqa: E402 - each emulated GPU's KV blocks, as simulated
 from live_bench import quiet, workloads  # noqa: E402
 from live_bench.point import POLICIES, PointSpec, run_point  # noqa: E402
-from live_bench.report import fmt, plot, print_report  # noqa: E402
+from live_bench.report import fmt, plot, print_report, versus_simulated_points  # noqa: E402
 from live_bench.stats import rates_around_simulated, search_capacity  # noqa: E402
 
 from app.cli.stack import stop_stacks_on_sigterm  # noqa: E402
@@ -106,6 +106,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="wall s to wait for the last requests after the last arrival")
     parser.add_argument("--json", type=Path, help="write the raw results here")
     parser.add_argument("--replot", type=Path, help="tables and plots from a --json file")
+    parser.add_argument("--sim-points", type=Path, metavar="JSON",
+                        help="with --replot: each live point beside the same policy and rate in "
+                             "this `bench_cluster.py --json` file")
     parser.add_argument("--plot-dir", type=Path, default=ROOT / "docs" / "img")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -150,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.replot:
         raw = json.loads(args.replot.read_text())
         print_report(raw, console)
+        if args.sim_points:
+            console.print(versus_simulated_points(raw, json.loads(args.sim_points.read_text())))
         for path in plot(raw, args.plot_dir, prefix="live_smoke" if raw.get("smoke") else "live"):
             console.print(f"plot: {path}")
         return 0

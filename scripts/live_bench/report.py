@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["fmt", "print_report", "plot"]
+__all__ = ["fmt", "print_report", "plot", "versus_simulated_points"]
 
 
 def fmt(value: float | None, digits: int = 2) -> str:
@@ -114,6 +114,35 @@ def _versus_simulated(raw: dict[str, Any], workload: str,
         table.add_row(policy, fmt(capacity, 1) if capacity else "< lowest tried",
                       fmt(failing, 1) if failing else "none failed",
                       fmt(sim, 1) if sim else "-", fmt(ratio))
+    return table
+
+
+def versus_simulated_points(raw: dict[str, Any], simulated: dict[str, Any]) -> Table:
+    """Each live point beside the discrete-event benchmark's point of the same policy and rate
+    (`bench_cluster.py --json`: its `models[].points`, for this run's fleet), and their ratio:
+    the "live within 10 % of the simulation at the same points" check."""
+    model = _simulated_model(raw)
+    by_point = {(p["config"], float(p["rate"])): p for m in simulated["models"]
+                if m["model"] == model for p in m["points"]}
+    table = Table(title=f"Live beside simulated at the same points ({model}, "
+                        f"{raw['requests']} requests, seed {raw['seed']}; emulated s)")
+    for column in ("policy", "rate/s", "where", "TTFT p50", "TTFT p99", "e2e p50", "e2e p99"):
+        table.add_column(column, justify="right")
+    keys = (("p50", "ttft_p50_s"), ("p99", "ttft_p99_s"))
+    for p in sorted(raw["points"], key=lambda p: (raw["policies"].index(p["policy"]), p["rate"])):
+        sim = by_point.get((p["policy"], float(p["rate"])))
+        live = [p["ttft_s"][k] for k, _ in keys] + [p["e2e_s"][k] for k, _ in keys]
+        stopped = p.get("stopped_early")
+        table.add_row(p["policy"], f"{p['rate']:g}", "live",
+                      *(("-",) * 4 if stopped else tuple(fmt(v, 3) for v in live)))
+        if sim is None:
+            continue
+        simulated_row = [sim[s] for _, s in keys] + [sim["e2e_p50_s"], sim["e2e_p99_s"]]
+        table.add_row("", "", "simulated", *(fmt(v, 3) for v in simulated_row))
+        if not stopped:
+            table.add_row("", "", "live / simulated", *(
+                fmt(a / b if a is not None and b else None, 3)
+                for a, b in zip(live, simulated_row, strict=True)))
     return table
 
 

@@ -165,3 +165,19 @@ def test_engine_stall_counts_time_beyond_the_steps_only_while_work_waits() -> No
     assert stall.worst_gap_s == pytest.approx(0.3)
     assert stall.share == pytest.approx(0.3 / 0.7)
     assert stats.engine_stall([step(0.0, 0.1, False)]).share is None
+
+
+def test_live_points_are_put_beside_the_simulated_ones_of_the_same_fleet_policy_and_rate() -> None:
+    _stats()
+    report = importlib.import_module("live_bench.report")
+    fleet = "4xllama-2-7b-a100+8xllama-2-7b-a30"
+    live = {"fleet_label": fleet, "requests": 2000, "seed": 0, "policies": ["block_slo"],
+            "points": [{"policy": "block_slo", "rate": 58.0, "stopped_early": False,
+                        "ttft_s": {"p50": 0.05, "p99": 0.40}, "e2e_s": {"p50": 9.0, "p99": 30.0}}]}
+    point = {"config": "block_slo", "rate": 58.0, "ttft_p50_s": 0.04, "ttft_p99_s": 0.32,
+             "e2e_p50_s": 9.0, "e2e_p99_s": 24.0}
+    simulated = {"models": [{"model": "12xqwen2-7b-a30", "points": [dict(point, rate=1.0)]},
+                            {"model": fleet, "points": [point]}]}
+    table = report.versus_simulated_points(live, simulated)
+    assert [c._cells for c in table.columns][2] == ["live", "simulated", "live / simulated"]
+    assert [c._cells for c in table.columns][4][2] == "1.250"  # TTFT p99 0.40 / 0.32
