@@ -31,13 +31,14 @@ from workers.predict.dataset import (
     load_benchmark_prompts,
     read_many_models,
 )
-from workers.predict.encoder import Encoder, EncoderConfig
 from workers.predict.length_model import default_encoder, train
+from workers.predict.static_encoder import StaticEncoder
 
 ENCODERS = {
-    "static": ("static embeddings (distilled MiniLM, 128 dims) + features", default_encoder),
-    "minilm": ("MiniLM-L6 (6 layers, 64 tokens, torch) + features",
-               lambda: Encoder(EncoderConfig(num_threads=1))),
+    "static": ("static embeddings (distilled MiniLM, 128 dims) + features + neighbours",
+               StaticEncoder.load),
+    "minilm": ("MiniLM-L6 (6 layers, 64 tokens, torch) + features + neighbours (default)",
+               default_encoder),
     "features": ("cheap features only (length, regexes)", evaluation.FeaturesOnly),
 }
 

@@ -40,7 +40,8 @@ from workers.predict.dataset import (
     write_rows,
 )
 from workers.predict.encoder import Encoder, EncoderConfig
-from workers.predict.length_model import BOOTSTRAP_ARTIFACT, TrainConfig, default_encoder, train
+from workers.predict.length_model import BOOTSTRAP_ARTIFACT, TrainConfig, train
+from workers.predict.static_encoder import StaticEncoder
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="train on the conversations/ rows instead of lengths/")
     parser.add_argument("--licence", default=None,
                         help="licence of --rows, recorded in the artifact")
-    parser.add_argument("--encoder", default="static",
-                        help="'static' (the distilled matrix, default), 'minilm' (the packaged "
-                             "MiniLM) or a local Hugging Face encoder directory")
+    parser.add_argument("--encoder", default="minilm",
+                        help="'minilm' (the packaged MiniLM, default), 'static' (the distilled "
+                             "matrix, no torch) or a local Hugging Face encoder directory")
     parser.add_argument("--max-seq-len", type=int, default=EncoderConfig().max_seq_len)
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     args = parser.parse_args(argv)
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.encoder == "static":
-        encoder = default_encoder()
+        encoder = StaticEncoder.load()
     else:
         encoder = Encoder(EncoderConfig(path=None if args.encoder == "minilm" else args.encoder,
                                         max_seq_len=args.max_seq_len, num_threads=args.threads))

@@ -277,7 +277,7 @@ def new_models(rows: Sequence[LengthRow], encoder: AnyEncoder, held: Sequence[st
                                                MAX_TOKENS, correction)
                     calibrated = predictor.with_head(head.with_correction(model, fitted))
                 out = results[n]
-                out.setdefault("length model (static encoder + effects)", []).append(
+                out.setdefault(f"length model ({encoder.name} + effects)", []).append(
                     _predict(calibrated, rows, test_rows))
                 for name, values in baseline_predictions(
                         data, train_rows, test_rows, {model: first}).items():

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 
 from workers.predict.dataset import read_length_jsonl
-from workers.predict.encoder import Encoder, EncoderConfig
 from workers.predict.length_model import (
     BOOTSTRAP_ARTIFACT,
     AnyEncoder,
@@ -22,6 +21,7 @@ from workers.predict.length_model import (
     default_encoder,
     train,
 )
+from workers.predict.static_encoder import StaticEncoder
 
 __all__ = ["CachedEncoder", "PREDICT_CAP", "artifact_summary", "make_encoder", "predict_file",
            "train_file"]
@@ -55,9 +55,9 @@ class CachedEncoder:
 def make_encoder(kind: str) -> AnyEncoder:
     """"static" (the shipped distilled matrix) or "minilm" (the packaged transformer)."""
     if kind == "static":
-        return default_encoder()
+        return StaticEncoder.load()
     if kind == "minilm":
-        return Encoder(EncoderConfig(num_threads=1))
+        return default_encoder()
     raise ValueError(f"encoder must be 'static' or 'minilm', got {kind!r}")
 
 

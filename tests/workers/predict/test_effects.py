@@ -6,11 +6,18 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 
 from workers.learn.correction import CorrectionConfig, correction_config, fit_correction
 from workers.learn.evaluation import FeaturesOnly
 from workers.predict.dataset import LengthRow, prompt_id_of
-from workers.predict.effects import EffectsConfig, decompose, fit_effects, group_median
+from workers.predict.effects import (
+    EffectsConfig,
+    decompose,
+    fit_effects,
+    group_median,
+    neighbour_effect,
+)
 from workers.predict.length_model import TrainConfig, design_matrix, train
 
 
@@ -107,3 +114,70 @@ def test_a_new_model_is_calibrated_from_its_first_answers(counter) -> None:
         maes[n] = np.abs(predicted - actual).mean()
     assert maes[50] < 0.5 * maes[0]
     assert maes[200] <= maes[50] * 1.05
+
+
+def test_neighbour_effect_is_a_softmax_over_the_nearest_anchors() -> None:
+    anchors = np.array([[1.0, 0.0], [0.0, 2.0], [-1.0, 0.0]])
+    effects = np.array([1.0, 2.0, 3.0])
+    queries = np.array([[3.0, 0.1], [0.0, 1.0], [1.0, 1.0]])
+    sharp = neighbour_effect(queries, anchors, effects, neighbours=2, temperature=0.01)
+    np.testing.assert_allclose(sharp[:2], [1.0, 2.0], atol=1e-6)
+    # Equally near two anchors: their mean; the third is not among the 2 nearest.
+    assert sharp[2] == pytest.approx(1.5)
+    flat = neighbour_effect(queries[:1], anchors, effects, neighbours=3, temperature=1e6)
+    assert flat[0] == pytest.approx(2.0)
+    assert neighbour_effect(queries, anchors[:0], effects[:0], neighbours=2,
+                            temperature=0.1).tolist() == [0.0, 0.0, 0.0]
+
+
+def _clustered_panel(num_prompts: int = 240, seed: int = 0):
+    """Prompts in 12 tight clusters whose effects are not linear in the inputs."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(12, 4))
+    cluster = rng.integers(0, 12, size=num_prompts)
+    x = centres[cluster] + rng.normal(scale=0.05, size=(num_prompts, 4))
+    a = rng.choice([-0.8, 0.0, 0.8], size=12)[cluster]
+    b = np.array([4.0, 5.0, 6.0, 5.5])
+    prompts = np.repeat(np.arange(num_prompts), len(b))
+    models = np.tile(np.arange(len(b)), num_prompts)
+    noise = rng.normal(scale=0.2, size=len(prompts))
+    tokens = np.maximum(np.rint(np.exp(b[models] + a[prompts] + noise)), 1)
+    return x, prompts, models, tokens, len(b)
+
+
+def _held_out_mae(fit, x, prompts, models, tokens, test, config: EffectsConfig) -> float:
+    f = x @ fit.prompt_weights + fit.prompt_bias
+    if fit.neighbour_share:
+        f = f + neighbour_effect(x, x[fit.neighbour_prompts], fit.neighbour_effects,
+                                 neighbours=config.neighbours,
+                                 temperature=config.neighbour_temperature)
+    log_pred = fit.model_effects[models[test]] + fit.sensitivities[models[test]] * f[
+        prompts[test]]
+    return float(np.abs(np.exp(log_pred) - tokens[test]).mean())
+
+
+def test_neighbours_lend_a_prompt_effect_that_the_ridge_cannot_fit() -> None:
+    x, prompts, models, tokens, num_models = _clustered_panel()
+    train_rows, test = prompts < 180, prompts >= 180
+    maes = {}
+    for shares in ((0.0,), (0.0, 0.5, 1.0)):
+        config = EffectsConfig(alphas=(0.3, 3.0), ranks=(0,), neighbours=5,
+                               neighbour_temperature=0.05, neighbour_shares=shares)
+        fit = fit_effects(x, prompts[train_rows], models[train_rows], tokens[train_rows],
+                          num_models, config, neighbour_inputs=x)
+        maes[shares] = _held_out_mae(fit, x, prompts, models, tokens, test, config)
+        if len(shares) > 1:
+            assert fit.neighbour_share > 0
+            assert len(fit.neighbour_prompts) == len(fit.neighbour_effects) == 180
+    assert maes[(0.0, 0.5, 1.0)] < 0.8 * maes[(0.0,)]
+
+
+def test_no_neighbours_without_an_embedding() -> None:
+    x, prompts, models, tokens, num_models = _clustered_panel(num_prompts=60)
+    fit = fit_effects(x, prompts, models, tokens, num_models,
+                      EffectsConfig(alphas=(3.0,), ranks=(0,), neighbour_shares=(1.0,)),
+                      neighbour_inputs=np.zeros((len(x), 0)))
+    assert fit.neighbour_share == 0.0 and not len(fit.neighbour_prompts)
+    with pytest.raises(ValueError, match="one row per row"):
+        fit_effects(x, prompts, models, tokens, num_models, EffectsConfig(alphas=(3.0,)),
+                    neighbour_inputs=x[:10])

@@ -1,6 +1,6 @@
 """`blockq models length-train|length-predict|length-info` on files, no service: the round trip,
 zero-shot for a model never trained on, one-line errors for bad input, licences in the artifact,
-and the static encoder the commands train on by default."""
+the MiniLM encoder the commands train on by default, and the static one on request."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from app.cli.models import models
+from workers.predict.encoder import DEFAULT_ENCODER
 from workers.predict.length_model import BOOTSTRAP_ARTIFACT, LengthHead
 from workers.predict.static_encoder import StaticEncoder
 
@@ -71,7 +72,7 @@ def _predict(files: dict[str, Path], data: Path) -> list[int]:
     result = CliRunner().invoke(models, ["length-predict", "--artifact", str(files["artifact"]),
                                          "--data", str(data)])
     assert result.exit_code == 0, result.output
-    return [json.loads(line)["predicted_tokens"] for line in result.output.splitlines()]
+    return [json.loads(line)["predicted_tokens"] for line in result.stdout.splitlines()]
 
 
 def test_round_trip_predicts_each_test_line_in_order(files) -> None:
@@ -150,7 +151,20 @@ def test_the_artifact_records_its_sources_and_licences(files) -> None:
         {"name": "fixture", "licence": "CC0-1.0", "rows": 180}]
     result = CliRunner().invoke(models, ["length-info", "--artifact", str(files["artifact"])])
     assert result.exit_code == 0 and "CC0-1.0" in result.output and "fixture" in result.output
-    assert head.encoder["kind"] == "static"
+    # The default encoder: the packaged MiniLM, with the neighbours' part of the prompt effect.
+    assert head.encoder["name"] == DEFAULT_ENCODER and head.encoder.get("kind") != "static"
+    assert head.encoder["dim"] == 6 * 384
+
+
+def test_the_static_encoder_on_request(files, tmp_path: Path) -> None:
+    artifact = tmp_path / "static.npz"
+    result = CliRunner().invoke(models, ["length-train", "--data", str(files["folder"]
+                                         / "train.jsonl"), "--out", str(artifact),
+                                         "--encoder", "static"])
+    assert result.exit_code == 0, result.output
+    assert LengthHead.load(artifact).encoder["kind"] == "static"
+    predicted = _predict({"artifact": artifact}, files["test"])
+    assert len(predicted) == len(files["test"].read_text().splitlines())
 
 
 def test_the_shipped_artifact_carries_the_alpaca_eval_licence() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from tests.workers.synthetic_lengths import synthetic_rows
 from workers.predict.dataset import split_by_prompt
+from workers.predict.effects import EffectsConfig
 from workers.predict.length_model import (
     BOOTSTRAP_ARTIFACT,
     LengthHead,
@@ -155,3 +156,25 @@ def test_shipped_bootstrap_artifact_predicts() -> None:
         "gpt-4-0613", 4096)
     assert 1 <= short.tokens < long.tokens <= 4096
     assert predictor.predict("Hello", "some-new-model", 16).tokens <= 16
+
+
+def test_neighbours_travel_with_the_artifact(tiny_encoder, counter, tmp_path: Path) -> None:
+    """A head whose prompt effect borrows from its training prompts' neighbours predicts the
+    same after a save and load (anchors stored as float16), and a training prompt is pulled
+    towards its own effect."""
+    rows = synthetic_rows(num_prompts=40)
+    config = dataclasses.replace(CONFIG, effects=EffectsConfig(neighbour_shares=(0.5,)))
+    predictor, metrics = train(rows, encoder=tiny_encoder, counter=counter, config=config)
+    head = predictor.head
+    assert metrics["neighbour_share"] == 0.5 and head.neighbours == 20
+    assert head.neighbour_embeddings is not None
+    assert head.neighbour_embeddings.shape == (40, tiny_encoder.dim)
+    assert head.neighbour_effects is not None and len(head.neighbour_effects) == 40
+    prompts = [r.prompt for r in rows[:12]]
+    before = predictor.predict_batch(prompts, "big-model", 4096)
+    loaded = LengthHead.load(head.save(tmp_path / "length.npz"))
+    assert loaded.neighbour_embeddings is not None and loaded.neighbours == head.neighbours
+    assert predictor.with_head(loaded).predict_batch(prompts, "big-model", 4096) == before
+    # Without the neighbours' part the points move: it is applied.
+    plain = dataclasses.replace(loaded, neighbour_embeddings=None, neighbour_effects=None)
+    assert predictor.with_head(plain).predict_batch(prompts, "big-model", 4096) != before
