@@ -31,14 +31,13 @@ from workers.predict.dataset import (
     load_benchmark_prompts,
     read_many_models,
 )
-from workers.predict.length_model import default_encoder, train
-from workers.predict.static_encoder import StaticEncoder
+from workers.predict.length_model import default_encoder, minilm_encoder, train
 
 ENCODERS = {
-    "static": ("static embeddings (distilled MiniLM, 128 dims) + features + neighbours",
-               StaticEncoder.load),
-    "minilm": ("MiniLM-L6 (6 layers, 64 tokens, torch) + features + neighbours (default)",
-               default_encoder),
+    "static": ("static embeddings (distilled MiniLM, 128 dims) + features + neighbours "
+               "(default)", default_encoder),
+    "minilm": ("MiniLM-L6 (6 layers, 64 tokens, torch) + features + neighbours",
+               minilm_encoder),
     "features": ("cheap features only (length, regexes)", evaluation.FeaturesOnly),
 }
 

@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="train on the conversations/ rows instead of lengths/")
     parser.add_argument("--licence", default=None,
                         help="licence of --rows, recorded in the artifact")
-    parser.add_argument("--encoder", default="minilm",
-                        help="'minilm' (the packaged MiniLM, default), 'static' (the distilled "
-                             "matrix, no torch) or a local Hugging Face encoder directory")
+    parser.add_argument("--encoder", default="static",
+                        help="'static' (the distilled matrix, default), 'minilm' (the packaged "
+                             "MiniLM) or a local Hugging Face encoder directory")
     parser.add_argument("--max-seq-len", type=int, default=EncoderConfig().max_seq_len)
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     args = parser.parse_args(argv)

@@ -19,9 +19,9 @@ from workers.predict.length_model import (
     LengthPredictor,
     TrainConfig,
     default_encoder,
+    minilm_encoder,
     train,
 )
-from workers.predict.static_encoder import StaticEncoder
 
 __all__ = ["CachedEncoder", "PREDICT_CAP", "artifact_summary", "make_encoder", "predict_file",
            "train_file"]
@@ -55,9 +55,9 @@ class CachedEncoder:
 def make_encoder(kind: str) -> AnyEncoder:
     """"static" (the shipped distilled matrix) or "minilm" (the packaged transformer)."""
     if kind == "static":
-        return StaticEncoder.load()
-    if kind == "minilm":
         return default_encoder()
+    if kind == "minilm":
+        return minilm_encoder()
     raise ValueError(f"encoder must be 'static' or 'minilm', got {kind!r}")
 
 

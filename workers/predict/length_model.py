@@ -78,6 +78,7 @@ __all__ = [
     "evaluate",
     "fit_head",
     "length_metrics",
+    "minilm_encoder",
     "predict",
     "train",
 ]
@@ -323,9 +324,15 @@ class LengthHead:
         slot = {key: k for k, key in enumerate(first)}
         rows = np.array([slot[key] for key in keys], dtype=np.int64)
         distinct = embeddings[np.fromiter(first.values(), dtype=np.int64)]
-        return neighbour_effect(distinct, self.neighbour_embeddings, self.neighbour_effects,
-                                neighbours=self.neighbours,
-                                temperature=self.neighbour_temperature)[rows]
+        # NOTE: one BLAS thread: OpenBLAS threads the (prompts x anchors) product, and its
+        # threads then spin on the other core while the encoder runs, which doubled the CPU of
+        # a batched prediction (static: 1.9 against 0.9 ms a prompt); the limit costs ~0.5 ms a
+        # call.
+        with threadpool_limits(limits=1, user_api="blas"):
+            borrowed = neighbour_effect(distinct, self.neighbour_embeddings,
+                                        self.neighbour_effects, neighbours=self.neighbours,
+                                        temperature=self.neighbour_temperature)
+        return borrowed[rows]
 
     def with_correction(self, model: str, correction: ModelCorrection | None) -> LengthHead:
         """This head with `model`'s correction replaced (None: removed); a new version."""
@@ -925,14 +932,18 @@ def encoder_info(encoder: AnyEncoder) -> dict:
             "num_layers": encoder.config.num_layers}
 
 
-def default_encoder() -> Encoder:
-    """The encoder new heads are trained on: the packaged MiniLM, its six layers pooled over
-    64 tokens, on one torch thread.
+def default_encoder() -> StaticEncoder:
+    """The encoder new heads are trained on: the shipped static one (no torch).
 
-    NOTE: it replaced the static encoder (`StaticEncoder.load()`, no torch) as the default in
-    issue 33: 124.9 against 141 tokens of MAE on unseen prompts, for about 4.5 against 0.9 ms
-    of CPU per prompt, within the 5 ms budget (docs/benchmarks_length.md).
+    NOTE: MiniLM (`minilm_encoder`) is more accurate (125.0 against 139.9 tokens of MAE on
+    unseen prompts, with the neighbours) but measured 8.5 ms of CPU per prompt batched on this
+    machine, over the 5 ms budget; the static encoder costs 0.95 ms (docs/benchmarks_length.md).
     """
+    return StaticEncoder.load()
+
+
+def minilm_encoder() -> Encoder:
+    """The packaged MiniLM, its six layers pooled over 64 tokens, on one torch thread."""
     return Encoder(EncoderConfig(num_threads=1))
 
 

@@ -1,6 +1,6 @@
 """`blockq models length-train|length-predict|length-info` on files, no service: the round trip,
 zero-shot for a model never trained on, one-line errors for bad input, licences in the artifact,
-the MiniLM encoder the commands train on by default, and the static one on request."""
+the static encoder the commands train on by default, and MiniLM on request."""
 
 from __future__ import annotations
 
@@ -151,18 +151,17 @@ def test_the_artifact_records_its_sources_and_licences(files) -> None:
         {"name": "fixture", "licence": "CC0-1.0", "rows": 180}]
     result = CliRunner().invoke(models, ["length-info", "--artifact", str(files["artifact"])])
     assert result.exit_code == 0 and "CC0-1.0" in result.output and "fixture" in result.output
-    # The default encoder: the packaged MiniLM, with the neighbours' part of the prompt effect.
-    assert head.encoder["name"] == DEFAULT_ENCODER and head.encoder.get("kind") != "static"
-    assert head.encoder["dim"] == 6 * 384
+    assert head.encoder["kind"] == "static"
 
 
-def test_the_static_encoder_on_request(files, tmp_path: Path) -> None:
-    artifact = tmp_path / "static.npz"
+def test_the_minilm_encoder_on_request(files, tmp_path: Path) -> None:
+    artifact = tmp_path / "minilm.npz"
     result = CliRunner().invoke(models, ["length-train", "--data", str(files["folder"]
                                          / "train.jsonl"), "--out", str(artifact),
-                                         "--encoder", "static"])
+                                         "--encoder", "minilm"])
     assert result.exit_code == 0, result.output
-    assert LengthHead.load(artifact).encoder["kind"] == "static"
+    head = LengthHead.load(artifact)
+    assert head.encoder["name"] == DEFAULT_ENCODER and head.encoder.get("kind") != "static"
     predicted = _predict({"artifact": artifact}, files["test"])
     assert len(predicted) == len(files["test"].read_text().splitlines())
 
