@@ -58,6 +58,19 @@ ensure_chromium() {
   fi
 }
 
+ensure_rig_tools() {
+  # Debian's haproxy (the load balancer in front of the API hosts) and iptables (a host cut off)
+  # for the multi-host rig (scripts/multihost.py, tests/stack/test_multihost.py).
+  command -v haproxy >/dev/null 2>&1 && command -v iptables >/dev/null 2>&1 && return
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing Debian's haproxy and iptables (for the multi-host rig)"
+    apt-get install -y -q haproxy iptables >/dev/null 2>&1 || \
+      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q haproxy iptables >/dev/null; }
+  else
+    log "haproxy or iptables missing and apt-get unavailable: the multi-host test is skipped"
+  fi
+}
+
 ensure_model() {
   "$VENV/bin/python" scripts/build_tiny_model.py --out "$MODEL_DIR"
   # The second model of another architecture, served beside it (make demo, the tests).
@@ -69,4 +82,5 @@ ensure_redis
 [ "${BLOCKQ_SETUP_POSTGRES:-1}" = 1 ] && ensure_postgres
 ensure_model
 [ "${BLOCKQ_SETUP_CHROMIUM:-1}" = 1 ] && ensure_chromium
+[ "${BLOCKQ_SETUP_RIG:-1}" = 1 ] && ensure_rig_tools
 log "ready"
