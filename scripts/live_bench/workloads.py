@@ -169,7 +169,7 @@ def sharegpt_azure(data_dir: Path, *, num_requests: int, max_model_len: int, see
         prompt_tokens, output_tokens = lengths.num_prompt_tokens[i], lengths.num_output_tokens[i]
         while True:
             ids = [rng.randrange(_FIRST_PLAIN_ID, vocab_size) for _ in range(prompt_tokens)]
-            key = decode(ids).replace("\x00", "\ufffd")  # as app.commands stores it
+            key = decode(ids)  # as app.commands stores it (NUL included: app.models.ExactText)
             if key not in seen:
                 break
         seen.add(key)
@@ -217,7 +217,7 @@ def mooncake(data_dir: Path, *, num_requests: int, max_model_len: int, seed: int
         prompt_tokens = trace.num_prompt_tokens[i]
         ids = mooncake_token_ids(trace.prefix_hashes_of(i), prompt_tokens, f"{seed}:{i}",
                                  vocab_size)
-        key = decode(ids).replace("\x00", "\ufffd")  # as app.commands stores it
+        key = decode(ids)  # as app.commands stores it (NUL included: app.models.ExactText)
         if key in seen:
             raise ValueError(f"mooncake request {i}: two prompts decode to the same text")
         seen.add(key)
