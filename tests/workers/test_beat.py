@@ -29,6 +29,11 @@ def worker_app(configure_worker: Callable[..., Runtime]) -> Iterator[tuple[Celer
     rt = configure_worker(broker_url="memory://")
     celery = create_celery(rt.settings, set_as_current=False, task_cls="workers.beat:BeatTask")
     runs: list[int] = []
+    # NOTE: finalized first, then the real sweep dropped: once any test has imported the task
+    # modules, finalizing adds their shared tasks, and a task defined under a name already
+    # registered is the registered one, not the stand-in.
+    celery.finalize(auto=True)
+    celery.tasks.pop("health.requeue_orphans", None)
 
     @celery.task(name="health.requeue_orphans", shared=False)
     def sweep() -> None:
