@@ -81,9 +81,9 @@ class ShowcaseFleet:
     identical-A30 showcase's 3, so that four passes take about as long as its three did (a stream of
     25 s instead of 33 s); a low rate on small instances, rather than many requests on large ones,
     because the control plane shares the demo machine's CPUs with the emulated engines (at 8 req/s a
-    loaded 2-core machine's predictor fell behind under block's what-ifs). KV blocks are one setting
-    for every emulated instance: the A30's 1,052, so that the H100s have no more cache than the A30s
-    (where block's end-to-end objective collapses and block_slo does not,
+    loaded 2-core machine's predictor fell behind under block's what-ifs). Every instance has the
+    A30's 1,052 KV blocks (`emulated_num_blocks`), so that the H100s have no more cache than the
+    A30s (where block's end-to-end objective collapses and block_slo does not,
     docs/benchmarks_cluster.md); no run above preempted."""
 
     #: (execution-time model, instances) in queue order: gpu.0 and gpu.1 fast, then the slow.
