@@ -74,8 +74,8 @@ class ShowcaseFleet:
     0.07-0.25 s under least_requests and 0.06-0.21 s under block_slo; end-to-end p50 4.1-4.9,
     2.8-3.0 and 2.2-2.4 s, p99 17.6-24.4, 16.1-18.4 and 5.8-9.6 s. least_requests balances request
     counts, so its first tokens come about as soon as block_slo's, but it still gives the slow A30s
-    about a third of the stream (29 and 33 of 100 requests in the two live runs of
-    docs/benchmarks.md), long answers included, where an H100's decode step takes about a third of
+    about a third of the stream (30 of 100 requests in the quiet run of docs/benchmarks.md),
+    long answers included, where an H100's decode step takes about a third of
     theirs (workers/sim/models): what a newcomer sees is the end-to-end latency. (On 2 x A100 +
     2 x A30 the gap is narrower: end-to-end p99 17-21 against 12-18 s.) 4 req/s rather than the
     identical-A30 showcase's 3, so that four passes take about as long as its three did (a stream of
