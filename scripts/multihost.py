@@ -1,12 +1,13 @@
 """The multi-host rig: blockq across hosts made of network namespaces, under host-level faults.
 
 Makes a data host (its own PostgreSQL and Redis), two control hosts (API, predict, route, health,
-batches, webhooks on both, beat on the first), three engine hosts (one emulated instance each),
-a balancer host (HAProxy over the two APIs) and a client host (the load and the webhook
-receiver), each a network namespace with its own hostname and data directory, on one bridge.
-During a mixed job (chaos_harness.workload) it kills an engine host and a control host outright,
-cuts an engine host off from the data host for --partition-s, restarts Redis, and restarts the
-second control host with its wall clock --clock-skew-s ahead. Then it settles and runs the chaos
+batches, webhooks on both, beat on the first), three engine hosts (one emulated instance each,
+and on the third a real vLLM instance on the tiny model too, unless --no-vllm), a balancer
+host (HAProxy over the two APIs) and a client host (the load and the webhook receiver), each
+a network namespace with its own hostname and data directory, on one bridge. During a mixed
+job (chaos_harness.workload) it kills an engine host and a control host outright, cuts an
+engine host off from the data host for --partition-s, restarts Redis, and restarts the second
+control host with its wall clock --clock-skew-s ahead. Then it settles and runs the chaos
 run's checks.
 
     nice -n 5 .venv/bin/python scripts/multihost.py --requests 300 --broker redis
@@ -51,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=defaults.time_scale)
     parser.add_argument("--settle-timeout", type=float, default=defaults.settle_timeout_s)
     parser.add_argument("--model-path", type=Path)
+    parser.add_argument("--vllm", action=argparse.BooleanOptionalAction, default=defaults.vllm,
+                        help="run a real vLLM engine on the tiny model on eng-3 beside its "
+                        "emulated one (default: on)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = parser.parse_args(argv)
     config = RigConfig(
@@ -59,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         duration_s=args.duration, down_s=args.down_s, partition_s=args.partition_s,
         clock_skew_s=args.clock_skew_s,
         time_scale=args.time_scale, settle_timeout_s=args.settle_timeout,
-        model_path=args.model_path, keep=args.keep)
+        model_path=args.model_path, vllm=args.vllm, keep=args.keep)
     stop_stacks_on_sigterm()
     console = Console(width=200, stderr=True)
     result = run(config, log=lambda message: console.log(message))

@@ -32,7 +32,7 @@ from chaos_harness.settle import settle
 from chaos_harness.stack_setup import create_teams, signing_secrets, stack_env, stack_settings
 from chaos_harness.summaries import summarize_faults, workload_summary
 from chaos_harness.workload import Workload
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 
 from app.cli.stack import LOCAL_RATE_LIMIT_RPM
 from app.db import Database
@@ -67,7 +67,13 @@ class RigConfig:
     settle_timeout_s: float = 420.0
     recover_timeout_s: float = 180.0
     model_path: Path | None = None
+    #: A real vLLM engine on the tiny model beside eng-3's emulated one (layout.Fleet).
+    vllm: bool = True
     keep: bool = False
+
+    @property
+    def fleet(self) -> layout.Fleet:
+        return layout.Fleet(vllm=self.vllm)
 
     def traffic_s(self) -> float:
         if self.duration_s is not None:
@@ -145,7 +151,8 @@ def _work_dir(config: RigConfig) -> Iterator[Path]:
 
 
 def _chaos_config(config: RigConfig) -> RunConfig:
-    return RunConfig(requests=config.requests, seed=config.seed, instances=len(layout.ENGINE),
+    return RunConfig(requests=config.requests, seed=config.seed,
+                     instances=config.fleet.instance_count(),
                      clients=config.clients, crash_after_commit=0.0,
                      webhook_fail_first=config.webhook_fail_first, time_scale=config.time_scale,
                      settle_timeout_s=config.settle_timeout_s, model_path=config.model_path)
@@ -170,12 +177,13 @@ def _run(rig: _Rig) -> dict[str, Any]:
     services.start()
     upgrade(services.database_url)
     chaos = _chaos_config(config)
-    base = stack_settings(chaos, services, rig.work_dir / "hosts")
+    base = stack_settings(chaos, services, rig.work_dir / "hosts").model_copy(
+        update={"fleet": config.fleet.specs()})
     if config.broker == "rabbitmq":
         rig.rabbitmq = OwnRabbitMQ(rig.work_dir / "rabbitmq", layout.DATA.ip, layout.DATA.name)
         rig.rabbitmq.start()
         base = base.model_copy(update={"broker_url": rig.rabbitmq.url})
-    hosts = layout.blockq_hosts()
+    hosts = layout.blockq_hosts(config.fleet)
     for host in hosts:
         settings = _host_settings(base, rig.work_dir, host)
         stack = HostStack(settings, env=stack_env(settings, chaos), host=host.name)
@@ -212,7 +220,7 @@ def _wait_ready(rig: _Rig, settings: Settings, url: str, timeout_s: float = 300.
     front = FrontDoor(url, key)
     with front.client(timeout=5) as client:
         while time.monotonic() < deadline:
-            if _alive_engines(client) >= len(layout.ENGINE):
+            if _alive_engines(client) >= rig.config.fleet.instance_count():
                 return front
             time.sleep(1)
     raise RuntimeError(f"the rig was not ready after {timeout_s:.0f} s; logs under "
@@ -226,12 +234,13 @@ def _ready(client: httpx.Client, base: str) -> bool:
         return False
 
 
-def _alive(client: httpx.Client, instance_id: str) -> bool:
+def _alive(client: httpx.Client, instance_ids: tuple[str, ...]) -> bool:
+    """Every one of `instance_ids` is alive."""
     try:
-        return any(i["id"] == instance_id and i["alive"]
-                   for i in client.get("/v1/instances").json()["data"])
+        alive = {i["id"] for i in client.get("/v1/instances").json()["data"] if i["alive"]}
     except (httpx.HTTPError, KeyError, ValueError):
         return False
+    return alive.issuperset(instance_ids)
 
 
 def _alive_engines(client: httpx.Client) -> int:
@@ -268,20 +277,25 @@ def _traffic_under_faults(rig: _Rig, front: FrontDoor, settings: Settings,
         control = {h.name: h.ip for h in layout.CONTROL}
         if fault.target in control:
             return _ready(probe, f"http://{control[fault.target]}:{layout.API_PORT}")
-        engines = [h.name for h in layout.ENGINE]
+        engines = config.fleet.by_host()
         if fault.target in engines:
-            return _alive(probe, f"gpu.{engines.index(fault.target)}")
-        return _alive_engines(probe) >= len(layout.ENGINE)
+            return _alive(probe, engines[fault.target])
+        return _alive_engines(probe) >= config.fleet.instance_count()
 
     def load() -> dict[str, int]:
+        """Engine host -> requests routed to or running on its instances now."""
         assert rig.db is not None
-        hosts_of = {f"gpu.{k}": h.name for k, h in enumerate(layout.ENGINE)}
+        hosts_of = config.fleet.host_of()
         r = InferenceRequest
         with rig.db.session() as session:
             rows = session.execute(
                 select(r.instance_id, func.count()).where(r.status.in_(["routed", "running"]))
                 .group_by(r.instance_id)).all()
-        return {hosts_of[i]: n for i, n in rows if i in hosts_of}
+        load: dict[str, int] = {}
+        for instance_id, n in rows:
+            if instance_id in hosts_of:
+                load[hosts_of[instance_id]] = load.get(hosts_of[instance_id], 0) + n
+        return load
 
     injector = HostFaults(
         stacks=rig.stacks, watches=rig.watches, processes={h.name: list(h.processes)
@@ -326,41 +340,63 @@ def _result(rig: _Rig, settings: Settings, front: FrontDoor, workload: Workload,
             findings["leftover queue messages"].add(f"rabbitmq {entry}")
     unexpected = findings["unexpected process exits"] = _unexpected(rig)
     rig.timings["total_s"] = time.monotonic() - began
+    fleet = rig.config.fleet
     fault_rows = [{**f.to_json(), "in_flight": n, "recovery_s": t, "last_request": rid,
-                   "moved_off": _moved_off(rig.db, f)}
+                   "moved_off": _moved_off(rig.db, fleet, f)}
                   for f, (n, t, rid) in zip(faults, recovery, strict=True)]
     return summary(
         requests=workload.submitted, broker=rig.config.broker,
         findings={name: asdict(f) for name, f in findings.items()}, settle=settled,
         fault_summary=summarize_faults(faults, recovery), faults=fault_rows,
         batches_not_terminal=max(0, settled.get("batches_unfinished", 0)),
-        extra={"examples": {name: f.examples[:3] for name, f in findings.items() if f.count},
+        extra={"instances": _by_instance(rig.db, fleet),
+               "examples": {name: f.examples[:3] for name, f in findings.items() if f.count},
                "unexpected_exits": unexpected.count,
                "workload": workload_summary(workload),
                "timings": {k: round(v, 1) for k, v in
                                                         rig.timings.items()}})
 
 
-def _moved_off(db: Database, fault: Fault) -> dict[str, int] | None:
-    """For a fault on an engine host: the requests re-routed off its instance from the fault's
-    start until 60 s after it healed, and how many of them then succeeded elsewhere as a later
-    attempt (the host's own stale attempts lost: fencing)."""
-    hosts = [h.name for h in layout.ENGINE]
-    if fault.target not in hosts:
+def _moved_off(db: Database, fleet: layout.Fleet, fault: Fault) -> dict[str, int] | None:
+    """For a fault on an engine host: the requests re-routed off its instances from the
+    fault's start until 60 s after it healed, and how many of them then succeeded elsewhere as
+    a later attempt (the host's own stale attempts lost: fencing)."""
+    instances = fleet.by_host().get(fault.target)
+    if instances is None:
         return None
-    instance = f"gpu.{hosts.index(fault.target)}"
     start = datetime.fromtimestamp(fault.start, UTC)
     until = datetime.fromtimestamp(fault.end + 60, UTC)
+    requeued = or_(*(RequestEvent.detail.like(f"requeued: instance {i} %") for i in instances))
     with db.session() as session:
         ids = set(session.scalars(select(RequestEvent.request_id).where(
-            RequestEvent.detail.like(f"requeued: instance {instance} %"),
-            RequestEvent.at >= start, RequestEvent.at <= until)))
+            requeued, RequestEvent.at >= start, RequestEvent.at <= until)))
         rows = session.execute(select(InferenceRequest.status, InferenceRequest.instance_id,
                                       InferenceRequest.attempt)
                                .where(InferenceRequest.id.in_(ids))).all() if ids else []
     elsewhere = sum(1 for status, on, attempt in rows
-                    if status == "succeeded" and on != instance and attempt > 1)
+                    if status == "succeeded" and on not in instances and attempt > 1)
     return {"rerouted": len(ids), "succeeded_elsewhere_later_attempt": elsewhere}
+
+
+def _by_instance(db: Database, fleet: layout.Fleet) -> dict[str, dict[str, Any]]:
+    """Instance -> its host, engine kind, the requests its engine admitted (any attempt) and
+    those that ended on it, by status (a request re-routed counts on its last attempt's)."""
+    r, e = InferenceRequest, RequestEvent
+    with db.session() as session:
+        ended = session.execute(select(r.instance_id, r.status, func.count())
+                                .where(r.instance_id.is_not(None))
+                                .group_by(r.instance_id, r.status)).all()
+        admitted = session.execute(select(e.detail, func.count(func.distinct(e.request_id)))
+                                   .where(e.detail.like("admitted by %"))
+                                   .group_by(e.detail)).all()
+    table: dict[str, dict[str, Any]] = {
+        i: {"host": host, "engine": fleet.engine_of(i), "admitted": 0}
+        for i, host in sorted(fleet.host_of().items())}
+    for detail, n in admitted:
+        table.setdefault(detail.removeprefix("admitted by "), {})["admitted"] = n
+    for instance_id, status, n in ended:
+        table.setdefault(instance_id, {})[status] = n
+    return table
 
 
 def _unexpected(rig: _Rig) -> Finding:

@@ -1,7 +1,8 @@
 """A short run of the multi-host rig (scripts/multihost.py): blockq on hosts made of network
-namespaces (a data host, two control hosts behind HAProxy, three engine hosts), 30 requests
-while one engine host is SIGKILLed wholesale and boots again, and then a control host restarts
-with its wall clock 30 s ahead; then the chaos run's checks.
+namespaces (a data host, two control hosts behind HAProxy, three engine hosts: emulated
+instances, and on the third the real vLLM engine with the tiny model too), 30 requests while one
+engine host is SIGKILLed wholesale and boots again, and then a control host restarts with its
+wall clock 30 s ahead; then the chaos run's checks, and the vLLM instance served requests.
 
 Needs root (network namespaces, veth pairs, a bridge) and haproxy: skipped, saying which, when
 either is missing. The rig runs its own PostgreSQL and Redis in its data host's namespace.
@@ -21,7 +22,7 @@ import pytest
 
 from tests.environment import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.stack]
+pytestmark = [pytest.mark.slow, pytest.mark.stack, pytest.mark.vllm]
 
 
 def _rig() -> ModuleType:
@@ -62,3 +63,5 @@ def test_an_engine_host_killed_and_a_host_30s_ahead_lose_nothing_across_hosts(
     assert headline == {"lost": 0, "completed_twice": 0, "missing_webhooks": 0,
                         "not_terminal": 0}, json.dumps(result, indent=1, default=str)
     assert result["violations"] == {}, json.dumps(result, indent=1, default=str)
+    vllm = result["instances"][config.fleet.vllm_instance]
+    assert vllm["engine"] == "vllm" and vllm["admitted"] > 0, result["instances"]
