@@ -67,6 +67,16 @@ class Subscription:
     def events(self, *, block_ms: int = 1000) -> Iterator[StreamEvent | None]:
         """The stream's events as they come; None after each `block_ms` without news (the caller
         checks its row, deadline and client). Raises the hub's RedisError when Redis fails."""
+        for batch in self.batches(block_ms=block_ms):
+            if batch is None:
+                yield None
+            else:
+                yield from batch
+
+    def batches(self, *, block_ms: int = 1000) -> Iterator[list[StreamEvent] | None]:
+        """The stream's events as the hub read them: each batch is the entries one read found
+        (at least one, in order); None after each `block_ms` without news. Raises the hub's
+        RedisError when Redis fails."""
         while True:
             try:
                 batch = self.queue.get(timeout=block_ms / 1000)
@@ -75,7 +85,7 @@ class Subscription:
                 continue
             if isinstance(batch, _Failed):
                 raise batch.error
-            yield from batch
+            yield batch
 
     def close(self) -> None:
         self.hub.unsubscribe(self)
@@ -116,7 +126,8 @@ class StreamHub:
                 # one reads them itself, under the lock, so that the hub's next entries come
                 # after them in its queue.
                 backlog = self.waker.xrange(subscription.key, "-", last_id)
-                subscription.queue.put([parse_event(fields) for _, fields in backlog])
+                if backlog:
+                    subscription.queue.put([parse_event(fields) for _, fields in backlog])
             self._waiters.setdefault(subscription.key, set()).add(subscription)
             self._last_ids.setdefault(subscription.key, "0-0")
             self._start_locked()

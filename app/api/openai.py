@@ -11,6 +11,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Generator, Iterator
+from functools import cached_property
 from typing import Any
 
 import redis
@@ -39,6 +40,7 @@ from app.services import Services
 from app.sessions import session_from_headers
 from app.slo import SloMissAction, SloUnmeetable, merge_header_targets
 from app.stream_hub import Subscription
+from app.streams import StreamEvent
 
 logger = logging.getLogger(__name__)
 
@@ -296,6 +298,7 @@ class _Relay:
         self.model = submitted.model or svc.settings.default_model
         self.finished = False
         self.sent_at = time.monotonic()
+        self.attempt: int | None = None  # the routing attempt whose text the stream relays
 
     def events(self) -> Iterator[str]:
         try:
@@ -328,24 +331,48 @@ class _Relay:
     def _relay(self, subscription: Subscription, deadline: float, sent: list[str]
                ) -> Iterator[str]:
         """The events of the request's stream, until its end; the text relayed is kept in
-        `sent`. Raises RedisError when the stream cannot be read (the caller polls the row)."""
-        attempt: int | None = None
-        for event in subscription.events(block_ms=_quiet_ms(deadline)):
+        `sent`. What one read of the hub brought goes out in one write. Raises RedisError when
+        the stream cannot be read (the caller polls the row)."""
+        for batch in subscription.batches(block_ms=_quiet_ms(deadline)):
+            written, ended = _gathered(self._batch(batch, deadline, sent))
+            if written:
+                yield written
+            if ended:
+                return
+
+    def _batch(self, batch: list[StreamEvent] | None, deadline: float, sent: list[str]
+               ) -> Generator[str, None, bool]:
+        """The events of one read of the hub (None: a quiet spell); whether the stream ended.
+        Text deltas that came together go out as one chunk: OpenAI's clients take the text in
+        any split."""
+        pending: list[str] = []
+        for event in batch or (None,):
             if event is not None and event.kind == "text":
-                if attempt is not None and event.attempt != attempt:
+                if self.attempt is not None and event.attempt != self.attempt:
+                    yield from self._text(pending, sent)
                     yield from self._error("The request was restarted on another instance; "
                                            "the stream cannot continue.", "stream_interrupted")
-                    return
-                attempt = event.attempt
-                sent.append(event.value)
-                yield self._chunk(self._delta(event.value), None)
+                    return True
+                self.attempt = event.attempt
+                pending.append(event.value)
                 continue
+            yield from self._text(pending, sent)
             row = _terminal_row(self.svc, self.request.id)
             if row is not None:
                 yield from self._finish(row, "".join(sent))
-                return
+                return True
             if (yield from self._quiet_tick(deadline)):
-                return
+                return True
+        yield from self._text(pending, sent)
+        return False
+
+    def _text(self, pending: list[str], sent: list[str]) -> Iterator[str]:
+        """One chunk of the text deltas in `pending` (emptied), kept in `sent`."""
+        if pending:
+            text = "".join(pending)
+            pending.clear()
+            sent.append(text)
+            yield self._text_chunk(text)
 
     def _quiet_tick(self, deadline: float) -> Generator[str, None, bool]:
         """While nothing comes: the deadline, the client, a keep-alive comment when due;
@@ -396,7 +423,7 @@ class _Relay:
                                    "generation_failed")
             return
         if len(output) > len(sent):
-            yield self._chunk(self._delta(output[len(sent):]), None)
+            yield self._text_chunk(output[len(sent):])
         empty: dict[str, Any] | str = {} if self.kind == fmt.KIND_CHAT else ""
         yield self._chunk(empty, fmt.finish_reason_of(row))
         if self.include_usage:
@@ -420,6 +447,34 @@ class _Relay:
 
     def _chunk(self, delta: dict[str, Any] | str, finish_reason: str | None) -> str:
         return _sse(self._base(delta, finish_reason))
+
+    def _text_chunk(self, text: str) -> str:
+        """`_chunk` of a text delta: the same event, from the frame built once per stream."""
+        head, tail = self._text_frame
+        return head + json.dumps(text) + tail
+
+    @cached_property
+    def _text_frame(self) -> tuple[str, str]:
+        """A text delta's event before and after its JSON-encoded text. The text is the last
+        string of the event that a client could choose (the model's name comes before it)."""
+        head, found, tail = self._chunk(self._delta(_TEXT_MARKER), None).rpartition(
+            json.dumps(_TEXT_MARKER))
+        assert found, "the delta's text is not in its event"
+        return head, tail
+
+
+#: Stands for a delta's text while the frame of its event is built (`_Relay._text_frame`).
+_TEXT_MARKER = "\x00text\x00"
+
+
+def _gathered(events: Generator[str, None, bool]) -> tuple[str, bool]:
+    """What `events` yields, joined, and what it returns."""
+    pieces: list[str] = []
+    while True:
+        try:
+            pieces.append(next(events))
+        except StopIteration as stop:
+            return "".join(pieces), stop.value
 
 
 def _sse(payload: dict[str, Any]) -> str:
