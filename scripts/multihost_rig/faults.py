@@ -4,7 +4,8 @@
   after `down_s`.
 - `control-host:kill`: the same for the control host that runs beat.
 - `engine-host:partition`: an engine host's packets to and from the data host dropped
-  (iptables in its namespace) for `partition_s`, then allowed again.
+  (iptables in its namespace) for `partition_s`, then allowed again. The host is
+  `partition_host` when set (the rig's vLLM host), else the busiest.
 - `redis:restart`: the data host's Redis SIGKILLed and started again, empty.
 - `host:clock-skew`: a control host's processes stopped (SIGTERM, as a reboot does) and started
   again with their wall clock `skew_s` ahead (hosts.skewed_env); it stays so to the end.
@@ -54,25 +55,37 @@ class HostFaults:
     #: The host a clock-skew fault restarts with its clock off, and by how much (seconds).
     skew_host: str = "ctl-b"
     skew_s: float = 30.0
+    #: The engine host a partition cuts off; None: the busiest. The rig names its vLLM host:
+    #: a real engine that goes on generating the requests re-routed off it meanwhile.
+    partition_host: str | None = None
 
-    def busiest_engine(self, rng: random.Random) -> tuple[str, int]:
-        """The engine host holding the most requests (and how many), waiting up to
-        busy_wait_s for one that holds any: a fault on an idle host tests nothing."""
+    def busiest_engine(self, rng: random.Random,
+                       among: list[str] | None = None) -> tuple[str, int]:
+        """The engine host (of `among`, default every one) holding the most requests, and
+        how many, waiting up to busy_wait_s for one that holds any: a fault on an idle host
+        tests nothing."""
+        hosts = among or self.engine_hosts
         deadline = time.monotonic() + self.busy_wait_s
         while True:
             try:
                 load = self.load()
             except Exception:  # noqa: BLE001 - the database may be busy: pick at random
                 load = {}
-            busiest = max(self.engine_hosts, key=lambda h: (load.get(h, 0), rng.random()))
+            busiest = max(hosts, key=lambda h: (load.get(h, 0), rng.random()))
             if load.get(busiest, 0) or time.monotonic() > deadline:
                 return busiest, load.get(busiest, 0)
             time.sleep(0.2)
 
+    def engine_target(self, kind: str, rng: random.Random) -> tuple[str, int]:
+        """The engine host a fault of `kind` hits, and the requests it holds."""
+        if kind == "engine-host:partition" and self.partition_host is not None:
+            return self.busiest_engine(rng, [self.partition_host])
+        return self.busiest_engine(rng)
+
     def inject(self, kind: str, rng: random.Random) -> Fault:
         note = ""
         if kind.startswith("engine-host:"):
-            target, holding = self.busiest_engine(rng)
+            target, holding = self.engine_target(kind, rng)
             note = f"{holding} requests on it"
         start = time.time()
         if kind == "engine-host:kill":

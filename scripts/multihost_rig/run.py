@@ -304,7 +304,8 @@ def _traffic_under_faults(rig: _Rig, front: FrontDoor, settings: Settings,
         engine_hosts=[h.name for h in layout.ENGINE], control_host=layout.CONTROL[0].name,
         down_s=config.down_s, partition_s=config.partition_s, fleet_back=fleet_back,
         recover_timeout_s=config.recover_timeout_s, load=load,
-        skew_host=layout.CONTROL[1].name, skew_s=config.clock_skew_s)
+        skew_host=layout.CONTROL[1].name, skew_s=config.clock_skew_s,
+        partition_host=layout.VLLM_HOST if config.vllm else None)
     faults: list[Fault] = []
     stop = threading.Event()
     start = time.monotonic() + 1.0

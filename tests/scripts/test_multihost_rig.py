@@ -1,5 +1,6 @@
 """The multi-host rig's pure parts (scripts/multihost_rig/): the hosts and their processes, the
-command that runs a process as a host, HAProxy's configuration, the summary's counts. The rig
+fleet (emulated instances and one vLLM), the faults' targets, the command that runs a process
+as a host, HAProxy's configuration, the summary's counts. The rig
 itself runs in tests/stack/test_multihost.py (root only)."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -14,6 +16,7 @@ from types import ModuleType
 
 import pytest
 
+from app.settings import Settings
 from tests.environment import ROOT
 
 
@@ -24,17 +27,51 @@ def _rig(module: str) -> ModuleType:
     return importlib.import_module(f"multihost_rig.{module}")
 
 
-def test_every_host_has_its_own_address_and_engine_queues_are_unique() -> None:
+@pytest.mark.parametrize("vllm", [True, False])
+def test_every_host_has_its_own_address_and_engine_queues_are_unique(vllm: bool) -> None:
     layout = _rig("layout")
     addresses = [h.ip for h in layout.ALL]
     assert len(set(addresses)) == len(addresses)
-    hosts = layout.blockq_hosts()
+    fleet = layout.Fleet(vllm=vllm)
+    hosts = layout.blockq_hosts(fleet)
     beat = [h.name for h in hosts if "beat" in h.processes]
     assert beat == ["ctl-a"]  # exactly one beat in the fleet
     engines = [p for h in hosts for p in h.processes if p.startswith("gpu.")]
-    assert engines == [f"gpu.{k}" for k in range(layout.instance_count())]
+    assert engines == [f"gpu.{k}" for k in range(fleet.instance_count())]
     for host in hosts[:2]:  # both control hosts run every control process
         assert set(layout.CONTROL_PROCESSES) <= set(host.processes)
+
+
+def test_the_fleet_setting_runs_a_vllm_instance_beside_eng_3s_emulated_one() -> None:
+    layout = _rig("layout")
+    fleet = layout.Fleet(vllm=True)
+    settings = Settings(fleet=fleet.specs())
+    kinds = {i: settings.for_instance(i).engine_kind for i in settings.instance_ids}
+    assert kinds == {"gpu.0": "emulated", "gpu.1": "emulated", "gpu.2": "emulated",
+                     "gpu.3": "vllm"}
+    assert {i: fleet.engine_of(i) for i in kinds} == kinds
+    assert fleet.by_host()[layout.VLLM_HOST] == ("gpu.2", "gpu.3")
+    assert {settings.for_instance(i).model_name for i in kinds} == {layout.MODEL}
+    # Every host gets the fleet through the environment, as a real host's settings file.
+    env = Settings(fleet=fleet.specs()).as_env()
+    assert Settings(fleet=env["BLOCKQ_FLEET"]).instance_ids == settings.instance_ids
+    assert Settings(fleet=layout.Fleet(vllm=False).specs()).instance_ids == [
+        "gpu.0", "gpu.1", "gpu.2"]
+
+
+def test_the_partition_cuts_off_the_named_host_and_a_kill_the_busiest() -> None:
+    faults = _rig("faults")
+    load = {"eng-1": 5, "eng-2": 0, "eng-3": 2}
+    injector = faults.HostFaults(
+        stacks={}, watches={}, processes={}, services=None, data_ip="10.213.0.10",
+        engine_hosts=["eng-1", "eng-2", "eng-3"], control_host="ctl-a", down_s=0,
+        partition_s=0, fleet_back=lambda fault: True, recover_timeout_s=0,
+        load=lambda: load, busy_wait_s=0, partition_host="eng-3")
+    rng = random.Random(1)
+    assert injector.engine_target("engine-host:partition", rng) == ("eng-3", 2)
+    assert injector.engine_target("engine-host:kill", rng) == ("eng-1", 5)
+    injector.partition_host = None
+    assert injector.engine_target("engine-host:partition", rng) == ("eng-1", 5)
 
 
 def test_a_host_command_runs_in_its_namespace_under_its_hostname() -> None:
