@@ -31,13 +31,13 @@ from workers.predict.dataset import (
     load_benchmark_prompts,
     read_many_models,
 )
-from workers.predict.length_model import default_encoder, minilm_encoder, train
+from workers.predict.length_model import make_encoder, minilm_encoder, train
 
 ENCODERS = {
     "static": ("static embeddings (distilled MiniLM, 128 dims) + features + neighbours "
-               "(default)", default_encoder),
-    "minilm": ("MiniLM-L6 (6 layers, 64 tokens, torch) + features + neighbours",
-               minilm_encoder),
+               "(shipped for CPUs without AMX)", lambda: make_encoder("static")),
+    "minilm": ("MiniLM-L6 (6 layers, 64 tokens, torch) + features + neighbours (shipped for "
+               "CPUs with AMX)", minilm_encoder),
     "features": ("cheap features only (length, regexes)", evaluation.FeaturesOnly),
 }
 

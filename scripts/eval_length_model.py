@@ -51,10 +51,10 @@ from workers.predict.dataset import (
 from workers.predict.encoder import Encoder, EncoderConfig
 from workers.predict.features import FEATURE_NAMES, TokenCounter
 from workers.predict.length_model import (
-    BOOTSTRAP_ARTIFACT,
     Design,
     LengthPredictor,
     TrainConfig,
+    bootstrap_artifact,
     design_matrix,
     encoder_info,
     fit_head,
@@ -384,11 +384,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost", action="store_true", help="time the shipped predictor instead")
     parser.add_argument("--sweep", action="store_true",
                         help="with --cost: time the encoder alone under several settings")
-    parser.add_argument("--artifact", type=Path, default=BOOTSTRAP_ARTIFACT)
+    parser.add_argument("--artifact", type=Path, default=None,
+                        help="default: this CPU's shipped head")
     parser.add_argument("--batch-size", type=int, default=32,
                         help="prompts per predict_batch call in --cost")
     parser.add_argument("--num-prompts", type=int, default=512)
     args = parser.parse_args(argv)
+    args.artifact = args.artifact or bootstrap_artifact()
     console = Console(width=140)
     if args.cost:
         (sweep if args.sweep else cost)(args, console)

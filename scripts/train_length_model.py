@@ -5,14 +5,17 @@ Rows are JSON objects with ``prompt`` (text or chat messages), ``model`` (the se
 ``--rows`` files are concatenated, e.g. the bootstrap rows plus an export of the request history.
 
 The shipped artifact is trained on ``lengths/alpaca_eval_many_models.jsonl`` (534 AlpacaEval
-prompts, 224 models' answers; licence CC BY-NC 4.0, recorded in the artifact) with the static
-encoder. ``--conversations`` trains on the older ``conversations/`` rows (7 models) instead.
+prompts, 224 models' answers; licence CC BY-NC 4.0, recorded in the artifact), once per encoder:
+on MiniLM (``length_bootstrap.npz``) and on the static encoder (``--encoder static``,
+``length_bootstrap_static.npz``, for CPUs without AMX). ``--conversations`` trains
+on the older ``conversations/`` rows (7 models) instead.
 ``blockq models length-train`` trains the same way from any JSONL file.
 
 Usage::
 
-    # the shipped bootstrap model
+    # the shipped bootstrap models
     python scripts/train_length_model.py
+    python scripts/train_length_model.py --encoder static
     # write the bootstrap rows (all, and a split by prompt) to reuse or inspect
     python scripts/train_length_model.py --export-rows build/length_rows
     # train from JSONL rows into another artifact
@@ -40,7 +43,7 @@ from workers.predict.dataset import (
     write_rows,
 )
 from workers.predict.encoder import Encoder, EncoderConfig
-from workers.predict.length_model import BOOTSTRAP_ARTIFACT, TrainConfig, train
+from workers.predict.length_model import TrainConfig, bootstrap_artifact, train
 from workers.predict.static_encoder import StaticEncoder
 
 
@@ -50,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="shared data folder (default: ../shared/data beside the repo)")
     parser.add_argument("--rows", type=Path, nargs="*", default=None,
                         help="JSONL row files to train on instead of building from --data")
-    parser.add_argument("--out", type=Path, default=BOOTSTRAP_ARTIFACT,
-                        help="artifact to write (.npz; a .json summary is written beside it)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="artifact to write (.npz; a .json summary is written beside it; "
+                             "default: the shipped head of --encoder minilm or static)")
     parser.add_argument("--export-rows", type=Path, default=None, metavar="DIR",
                         help="write rows.jsonl, train.jsonl and test.jsonl to DIR and stop")
     parser.add_argument("--test-share", type=float, default=0.2,
@@ -60,12 +64,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="train on the conversations/ rows instead of lengths/")
     parser.add_argument("--licence", default=None,
                         help="licence of --rows, recorded in the artifact")
-    parser.add_argument("--encoder", default="static",
-                        help="'static' (the distilled matrix, default), 'minilm' (the packaged "
-                             "MiniLM) or a local Hugging Face encoder directory")
+    parser.add_argument("--encoder", default="minilm",
+                        help="'minilm' (the packaged MiniLM, default), 'static' (the distilled "
+                             "matrix) or a local Hugging Face encoder directory")
     parser.add_argument("--max-seq-len", type=int, default=EncoderConfig().max_seq_len)
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     args = parser.parse_args(argv)
+    if args.out is None:
+        if args.encoder not in ("minilm", "static"):
+            parser.error("--out is required with an encoder directory")
+        args.out = bootstrap_artifact(args.encoder)
     console = Console(width=100)
 
     if args.rows:

@@ -16,7 +16,7 @@ from app.cli.stack import Stack
 from app.db import Database
 from app.models import RequestOutcome
 from tests.stack.native_requests import submit, wait_terminal
-from workers.predict.length_model import BOOTSTRAP_ARTIFACT, LengthHead
+from workers.predict.length_model import LengthHead, bootstrap_artifact
 
 
 def _wave(client: httpx.Client, first: int, count: int) -> dict[str, dict]:
@@ -36,7 +36,7 @@ def _outcomes(stack: Stack) -> dict[str, RequestOutcome]:
 
 
 def _promote_renamed_bootstrap(stack: Stack, version: str) -> None:
-    head = dataclasses.replace(LengthHead.load(BOOTSTRAP_ARTIFACT), version=version)
+    head = dataclasses.replace(LengthHead.load(bootstrap_artifact()), version=version)
     db = Database(stack.settings.resolved_database_url)
     try:
         with db.session() as session:
@@ -92,6 +92,6 @@ def test_history_hot_reload_and_fallback_in_the_running_stack(
                for r in second.values())
 
     # The predictor worker picked up the promoted version without a restart.
-    bootstrap = LengthHead.load(BOOTSTRAP_ARTIFACT).name
+    bootstrap = LengthHead.load(bootstrap_artifact()).name
     assert {r["predictor"] for r in first.values()} == {bootstrap}
     assert {r["predictor"] for r in third.values()} == {"length_model:hotreload01"}

@@ -13,18 +13,15 @@ import numpy as np
 
 from workers.predict.dataset import read_length_jsonl
 from workers.predict.length_model import (
-    BOOTSTRAP_ARTIFACT,
     AnyEncoder,
     LengthHead,
     LengthPredictor,
     TrainConfig,
-    default_encoder,
-    minilm_encoder,
+    bootstrap_artifact,
     train,
 )
 
-__all__ = ["CachedEncoder", "PREDICT_CAP", "artifact_summary", "make_encoder", "predict_file",
-           "train_file"]
+__all__ = ["CachedEncoder", "PREDICT_CAP", "artifact_summary", "predict_file", "train_file"]
 
 #: Cap of a prediction when a TEST line gives no max_tokens (above any answer in the data).
 PREDICT_CAP = 16_384
@@ -50,15 +47,6 @@ class CachedEncoder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([self._rows[t] for t in texts])
-
-
-def make_encoder(kind: str) -> AnyEncoder:
-    """"static" (the shipped distilled matrix) or "minilm" (the packaged transformer)."""
-    if kind == "static":
-        return default_encoder()
-    if kind == "minilm":
-        return minilm_encoder()
-    raise ValueError(f"encoder must be 'static' or 'minilm', got {kind!r}")
 
 
 def train_file(data: Path | str, out: Path | str, *, source_name: str | None = None,
@@ -97,8 +85,10 @@ def _cap(row: Mapping) -> int:
         else PREDICT_CAP
 
 
-def artifact_summary(path: Path | str = BOOTSTRAP_ARTIFACT) -> dict:
-    """What `blockq models length-info` shows: version, encoder, sources and their licences."""
+def artifact_summary(path: Path | str | None = None) -> dict:
+    """What `blockq models length-info` shows: version, encoder, sources and their licences
+    (default: this CPU's shipped head)."""
+    path = bootstrap_artifact() if path is None else path
     head = LengthHead.load(path)
     metrics = head.metrics
     return {"artifact": str(path), "version": head.version, "trained_at": head.trained_at,

@@ -62,9 +62,13 @@ AnyEncoder = Encoder | StaticEncoder
 
 __all__ = [
     "BOOTSTRAP_ARTIFACT",
+    "ENCODER_KINDS",
+    "STATIC_BOOTSTRAP_ARTIFACT",
     "AnyEncoder",
+    "bootstrap_artifact",
     "build_encoder",
     "default_encoder",
+    "default_encoder_kind",
     "fit_effects_head",
     "Design",
     "LengthHead",
@@ -78,13 +82,18 @@ __all__ = [
     "evaluate",
     "fit_head",
     "length_metrics",
+    "make_encoder",
     "minilm_encoder",
     "predict",
     "train",
 ]
 
-#: The model shipped with the package, trained on ../shared/data/conversations.
+#: The heads shipped with the package, trained on the many-models lengths
+#: (scripts/train_length_model.py): on MiniLM (the accurate one) and on the static encoder.
 BOOTSTRAP_ARTIFACT = Path(__file__).resolve().parent / "models" / "length_bootstrap.npz"
+STATIC_BOOTSTRAP_ARTIFACT = BOOTSTRAP_ARTIFACT.with_name("length_bootstrap_static.npz")
+#: Encoders a head can be trained on by name ("auto": `default_encoder_kind`).
+ENCODER_KINDS = ("auto", "minilm", "static")
 ARTIFACT_FORMAT = 4
 #: Formats `LengthHead.from_bytes` reads (1: no per-model corrections; 2: no effects fit;
 #: 3: no neighbours).
@@ -490,15 +499,16 @@ class LengthPredictor:
         return self.head.name
 
     @classmethod
-    def load(cls, path: Path | str = BOOTSTRAP_ARTIFACT, *, encoder_path: str | None = None,
+    def load(cls, path: Path | str | None = None, *, encoder_path: str | None = None,
              dtype: str = "auto", num_threads: int | None = None,
              batch_size: int = 8) -> LengthPredictor:
-        """Load an artifact and the encoder it was trained with (the packaged one by default).
+        """Load an artifact (default: this CPU's shipped head, `bootstrap_artifact`) and the
+        encoder it was trained with.
 
         A head trained on another encoder needs `encoder_path`: the local directory of that
         transformer, or the file of that static matrix.
         """
-        head = LengthHead.load(path)
+        head = LengthHead.load(bootstrap_artifact() if path is None else path)
         if head.encoder.get("kind") == "static":
             encoder = build_encoder(head.encoder, encoder_path)
         else:
@@ -546,7 +556,7 @@ class LengthPredictor:
 
 @functools.cache
 def _shipped() -> LengthPredictor:
-    return LengthPredictor.load(BOOTSTRAP_ARTIFACT, num_threads=1)
+    return LengthPredictor.load(bootstrap_artifact(), num_threads=1)
 
 
 def predict(prompts: Sequence[Prompt], model_names: Sequence[str] | str) -> list[int]:
@@ -792,8 +802,8 @@ def train(rows: Iterable, *, encoder: AnyEncoder | None = None,
 
     Rows are `dataset.LengthRow` objects or mappings with those keys (e.g. exported from the
     PostgreSQL request history; prompts may be chat message lists). Rows without a prompt_id are
-    grouped by prompt text; rows with no output token are skipped. `encoder` defaults to the
-    shipped static encoder; `sources` ({"name", "licence", "rows"}) are recorded in the artifact.
+    grouped by prompt text; rows with no output token are skipped. `encoder` defaults to this
+    CPU's `default_encoder`; `sources` ({"name", "licence", "rows"}) are recorded in the artifact.
     Returns the predictor and its out-of-fold metrics (MAE in tokens, median relative error,
     share within 25%, Spearman, p90 coverage, chosen penalty, row and prompt counts).
 
@@ -926,14 +936,50 @@ def encoder_info(encoder: AnyEncoder) -> dict:
             "num_layers": encoder.config.num_layers}
 
 
-def default_encoder() -> StaticEncoder:
-    """The encoder new heads are trained on: the shipped static one (no torch).
+def cpu_has_amx_bf16() -> bool:
+    """True when this CPU has AMX tiles for bfloat16 (Intel Sapphire Rapids and later), read
+    from the kernel's CPU flags without importing torch; False where they cannot be read."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "amx_bf16" in flags
 
-    NOTE: MiniLM (`minilm_encoder`) is more accurate (125.0 against 139.9 tokens of MAE on
-    unseen prompts, with the neighbours) but measured 8.5 ms of CPU per prompt batched on this
-    machine, over the 5 ms budget; the static encoder costs 0.95 ms (docs/benchmarks_length.md).
+
+def default_encoder_kind() -> str:
+    """"minilm" where the CPU runs it within the hot path's budget, else "static".
+
+    NOTE: MiniLM is the accurate encoder (125.0 against 139.9 tokens of MAE on unseen prompts,
+    with the neighbours). Its CPU cost per prompt, batched, depends on the matrix units: about
+    2.5 ms with AMX, 4.4-8.5 ms measured on an AMD EPYC with AVX512-BF16 but no AMX, about 11 ms
+    in float32 without native bfloat16, against a 5 ms budget. Without AMX the static encoder
+    (about 1 ms, no torch) answers instead (docs/benchmarks_length.md).
     """
-    return StaticEncoder.load()
+    return "minilm" if cpu_has_amx_bf16() else "static"
+
+
+def bootstrap_artifact(kind: str = "auto") -> Path:
+    """The shipped head for an encoder kind ("auto": this CPU's `default_encoder_kind`)."""
+    kind = default_encoder_kind() if kind == "auto" else kind
+    if kind not in ENCODER_KINDS:
+        raise ValueError(f"encoder must be one of {', '.join(ENCODER_KINDS)}, got {kind!r}")
+    return BOOTSTRAP_ARTIFACT if kind == "minilm" else STATIC_BOOTSTRAP_ARTIFACT
+
+
+def make_encoder(kind: str = "auto") -> AnyEncoder:
+    """An encoder by kind: "minilm" (the packaged transformer), "static" (the shipped distilled
+    matrix, no torch) or "auto" (`default_encoder_kind`)."""
+    kind = default_encoder_kind() if kind == "auto" else kind
+    if kind == "minilm":
+        return minilm_encoder()
+    if kind == "static":
+        return StaticEncoder.load()
+    raise ValueError(f"encoder must be one of {', '.join(ENCODER_KINDS)}, got {kind!r}")
+
+
+def default_encoder() -> AnyEncoder:
+    """The encoder new heads are trained on when none is given: this CPU's default kind."""
+    return make_encoder("auto")
 
 
 def minilm_encoder() -> Encoder:

@@ -123,13 +123,10 @@ class LearnedLengths:
     def packaged(self) -> LengthPredictor:
         """The configured or packaged model, encoder included: loaded once per process."""
         # NOTE: torch and transformers load here, in predictor workers only, not at import.
-        from workers.predict.length_model import (  # noqa: PLC0415
-            BOOTSTRAP_ARTIFACT,
-            LengthPredictor,
-        )
+        from workers.predict.length_model import LengthPredictor  # noqa: PLC0415
 
-        return LengthPredictor.load(self.rt.settings.length_model_path or BOOTSTRAP_ARTIFACT,
-                                    num_threads=1)
+        # Unset, this CPU's shipped head (`length_model.bootstrap_artifact`).
+        return LengthPredictor.load(self.rt.settings.length_model_path, num_threads=1)
 
     @cached_property
     def active(self) -> ActiveModel[LengthPredictor]:

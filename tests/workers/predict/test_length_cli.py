@@ -1,6 +1,7 @@
 """`blockq models length-train|length-predict|length-info` on files, no service: the round trip,
 zero-shot for a model never trained on, one-line errors for bad input, licences in the artifact,
-the static encoder the commands train on by default, and MiniLM on request."""
+the encoder the commands train on by default (this CPU's: MiniLM with AMX, else the static
+one), and each encoder on request."""
 
 from __future__ import annotations
 
@@ -13,9 +14,16 @@ import pytest
 from click.testing import CliRunner
 
 from app.cli.models import models
+from workers.predict import length_model
 from workers.predict.encoder import DEFAULT_ENCODER
-from workers.predict.length_model import BOOTSTRAP_ARTIFACT, LengthHead
-from workers.predict.static_encoder import StaticEncoder
+from workers.predict.length_model import (
+    BOOTSTRAP_ARTIFACT,
+    STATIC_BOOTSTRAP_ARTIFACT,
+    LengthHead,
+    bootstrap_artifact,
+    default_encoder_kind,
+)
+from workers.predict.static_encoder import STATIC_ENCODER, StaticEncoder
 
 #: Serving models of the fixture: how verbose each is, and one that always says the same.
 VERBOSITY = {"terse": 0.5, "plain": 1.0, "wordy": 2.0}
@@ -151,19 +159,37 @@ def test_the_artifact_records_its_sources_and_licences(files) -> None:
         {"name": "fixture", "licence": "CC0-1.0", "rows": 180}]
     result = CliRunner().invoke(models, ["length-info", "--artifact", str(files["artifact"])])
     assert result.exit_code == 0 and "CC0-1.0" in result.output and "fixture" in result.output
-    assert head.encoder["kind"] == "static"
+    expected = DEFAULT_ENCODER if default_encoder_kind() == "minilm" else STATIC_ENCODER
+    assert head.encoder["name"] == expected  # trained on this CPU's default encoder
 
 
-def test_the_minilm_encoder_on_request(files, tmp_path: Path) -> None:
-    artifact = tmp_path / "minilm.npz"
+@pytest.mark.parametrize(("kind", "name"), [("minilm", DEFAULT_ENCODER),
+                                            ("static", STATIC_ENCODER)])
+def test_each_encoder_on_request(files, tmp_path: Path, kind: str, name: str) -> None:
+    artifact = tmp_path / f"{kind}.npz"
     result = CliRunner().invoke(models, ["length-train", "--data", str(files["folder"]
                                          / "train.jsonl"), "--out", str(artifact),
-                                         "--encoder", "minilm"])
+                                         "--encoder", kind])
     assert result.exit_code == 0, result.output
     head = LengthHead.load(artifact)
-    assert head.encoder["name"] == DEFAULT_ENCODER and head.encoder.get("kind") != "static"
+    assert head.encoder["name"] == name and (head.encoder.get("kind") == "static") == (
+        kind == "static")
     predicted = _predict({"artifact": artifact}, files["test"])
     assert len(predicted) == len(files["test"].read_text().splitlines())
+
+
+@pytest.mark.parametrize(("amx", "kind", "artifact"), [
+    (True, "minilm", BOOTSTRAP_ARTIFACT), (False, "static", STATIC_BOOTSTRAP_ARTIFACT)])
+def test_the_cpu_picks_the_shipped_head(monkeypatch: pytest.MonkeyPatch, amx: bool,
+                                        kind: str, artifact: Path) -> None:
+    """MiniLM only where the CPU has AMX (elsewhere it is over the 5 ms budget); the static
+    head everywhere else. Both heads ship and carry the same sources."""
+    monkeypatch.setattr(length_model, "cpu_has_amx_bf16", lambda: amx)
+    assert default_encoder_kind() == kind and bootstrap_artifact() == artifact
+    assert bootstrap_artifact("static") == STATIC_BOOTSTRAP_ARTIFACT
+    assert LengthHead.load(artifact).sources == LengthHead.load(BOOTSTRAP_ARTIFACT).sources
+    with pytest.raises(ValueError, match="encoder must be one of"):
+        bootstrap_artifact("bert")
 
 
 def test_the_shipped_artifact_carries_the_alpaca_eval_licence() -> None:
