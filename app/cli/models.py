@@ -116,10 +116,11 @@ def _fail(message: str) -> None:
               help="Artifact to write (.npz; a readable .json summary is written beside it).")
 @click.option("--source-name", default=None, help="Name of the rows' source (default: the file).")
 @click.option("--licence", default=None, help="Licence of the rows, recorded in the artifact.")
-@click.option("--encoder", type=click.Choice(["auto", "minilm", "static"]), default="auto",
-              help="minilm: the packaged MiniLM transformer (accurate; about 2.5 ms of CPU a "
-                   "prompt with AMX); static: distilled token embeddings, no torch (about 1 ms, "
-                   "less accurate); auto (default): minilm where the CPU has AMX, else static.")
+@click.option("--encoder", type=click.Choice(["minilm", "static", "auto"]), default="minilm",
+              help="minilm (default): the packaged MiniLM transformer, the accurate one (about "
+                   "4 ms of CPU a prompt where the serving CPU has AMX, twice that or more "
+                   "without); static: distilled token embeddings, no torch (about 1 ms, less "
+                   "accurate), for serving on CPUs without AMX; auto: as this CPU would pick.")
 def length_train(data: Path, out: Path, source_name: str | None, licence: str | None,
                  encoder: str) -> None:
     """Train the output-length model on your own rows (no service needed)."""
