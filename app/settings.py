@@ -212,6 +212,13 @@ class Settings(BaseSettings):
     state_publish_interval_s: float = Field(
         0.1, gt=0, description="How often an engine worker publishes its state to Redis."
     )
+    stream_flush_interval_s: float = Field(
+        0.05, gt=0, le=1.0, description="How often an engine worker writes the new text of its "
+        "streamed requests to their output streams (one Redis pipeline for all of them); a "
+        "request's first text is written at once, so this sets the cadence of a stream's "
+        "chunks, not its time to first token. Every write is read and relayed by the API: a "
+        "shorter interval sends smaller chunks, more often, at more CPU per request.",
+    )
     heartbeat_ttl_s: float = Field(
         3.0,
         gt=0,

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import redis
 
-__all__ = ["StreamWriter", "StreamEvent", "read_stream", "parse_event", "stream_key", "close_stream"]
+__all__ = ["StreamWriter", "StreamEvent", "read_stream", "parse_event", "stream_key",
+           "close_stream"]
 
 #: How long a finished stream stays readable.
 RETAIN_S = 600
@@ -42,13 +43,16 @@ class StreamWriter:
     """Batches text deltas from the engine thread and appends them from a background thread
     (the engine loop must not wait for Redis); `end`/`fail` flush a request's text first.
 
-    The background thread writes every `flush_interval_s`, one pipeline for every request with
-    new text, except that a request's first text wakes it at once: the time to first token is
-    not held back by the batching, while later deltas (one per request per engine step) are
-    still written together, a round trip per interval rather than per step.
+    The background thread writes every `flush_interval_s` (Settings.stream_flush_interval_s),
+    one pipeline for every request with new text, except that a request's first text wakes it
+    at once: the time to first token is not held back by the batching, while later deltas (one
+    per request per engine step) are still written together, a round trip per interval rather
+    than per step. The API relays what it reads of a stream at once as one chunk
+    (app/api/openai.py): the interval is the chunks' cadence, and each write costs the API a
+    read of the stream hub and a write to the client.
     """
 
-    def __init__(self, client: redis.Redis, *, flush_interval_s: float = 0.02) -> None:
+    def __init__(self, client: redis.Redis, *, flush_interval_s: float) -> None:
         self.redis = client
         self.flush_interval_s = flush_interval_s
         # NOTE: two locks. `_lock` guards the buffers and is held only for moments (the engine

@@ -251,7 +251,7 @@ def engine_stand_in(app: Flask, *, interval_s: float = 0.02) -> Iterator[None]:
     and answers 504. Only the operations in WAITING_OPERATIONS are fuzzed with it running."""
     with app.app_context():
         svc = services()
-    writer = StreamWriter(svc.fleet.redis)
+    writer = StreamWriter(svc.fleet.redis, flush_interval_s=0.02)
     stop = threading.Event()
 
     def finish() -> None:

@@ -34,7 +34,7 @@ def test_waiters_read_their_streams_from_the_start_however_late(
     empty_redis: redis.Redis,
 ) -> None:
     hub = StreamHub(redis.Redis.from_url(TEST_REDIS_URL), empty_redis, block_ms=LONG_BLOCK_MS)
-    writer = StreamWriter(empty_redis)
+    writer = StreamWriter(empty_redis, flush_interval_s=0.02)
     writer.follow("req_a", attempt=0)
     writer.add("req_a", "Hello")
     writer.flush()

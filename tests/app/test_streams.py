@@ -54,7 +54,7 @@ def read_until_end(client: redis.Redis, request_id: str) -> list[StreamEvent]:
 
 def test_the_end_entry_never_overtakes_text_a_flush_has_taken(client: redis.Redis) -> None:
     slow = SlowFlushRedis(client, stall_s=0.3)
-    writer = StreamWriter(slow)  # type: ignore[arg-type] - the proxy forwards what it uses
+    writer = StreamWriter(slow, flush_interval_s=0.02)  # type: ignore[arg-type] - the proxy forwards what it uses
     writer.follow("req_1", attempt=1)
     writer.add("req_1", "the whole ")
     writer.add("req_1", "answer")

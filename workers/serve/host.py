@@ -70,7 +70,8 @@ class EngineHost(EngineListener):
         self.declared = declared or Declared(model=settings.model_name)
         self._step_metrics = metrics.EngineStepMetrics(instance_id, settings.engine_kind,
                                                        model=self.model_name)
-        self.streams = StreamWriter(runtime.redis)
+        self.streams = StreamWriter(runtime.redis,
+                                    flush_interval_s=settings.stream_flush_interval_s)
         feedback = LengthFeedback(runtime.redis, runtime.bias_watch, self.model_name)
         self.records = RequestRecords(instance_id, self.model_name, runtime.outbox,
                                       self.streams, feedback)

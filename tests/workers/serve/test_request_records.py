@@ -19,7 +19,8 @@ from workers.serve.request_records import RequestRecords
 
 def records_of(rt: Runtime, instance_id: str) -> RequestRecords:
     model = rt.settings.model_name
-    return RequestRecords(instance_id, model, rt.outbox, StreamWriter(rt.redis),
+    streams = StreamWriter(rt.redis, flush_interval_s=rt.settings.stream_flush_interval_s)
+    return RequestRecords(instance_id, model, rt.outbox, streams,
                           LengthFeedback(rt.redis, rt.bias_watch, model))
 
 
