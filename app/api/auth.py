@@ -3,9 +3,15 @@ endpoint, the caller's team in `flask.g.principal`, and a per-team request rate 
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import redis
 from flask import Flask, g, request
 from flask_limiter import HeaderNames, Limiter
+from limits import RateLimitItem, WindowStats
+from limits.storage import RedisStorage, Storage
+from limits.strategies import STRATEGIES, MovingWindowRateLimiter
 
 from app.api.services import services
 from app.errors import Unauthorized
@@ -41,6 +47,78 @@ def _authenticate() -> None:
     g.principal = principal
 
 
+#: The moving window of limits' `moving-window` strategy (its two Lua scripts, acquire and
+#: read, in one): KEYS[1] the window's list; ARGV: now, limit, expiry (s), cost. Returns
+#: {1 if acquired else 0, the oldest entry in the window or false, the entries in the window}.
+_ACQUIRE_AND_READ = """
+local now, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+local expiry, cost = tonumber(ARGV[3]), tonumber(ARGV[4])
+local acquired = 0
+if cost <= limit then
+    local entry = redis.call('lindex', KEYS[1], limit - cost)
+    if not (entry and tonumber(entry) >= now - expiry) then
+        local entries = {}
+        for i = 1, cost do entries[i] = now end
+        for i = 1, #entries, 5000 do
+            redis.call('lpush', KEYS[1], unpack(entries, i, math.min(i + 4999, #entries)))
+        end
+        redis.call('ltrim', KEYS[1], 0, limit - 1)
+        redis.call('expire', KEYS[1], expiry)
+        acquired = 1
+    end
+end
+local low, high, found = 0, limit - 1, nil
+while low <= high do
+    local mid = math.floor((low + high) / 2)
+    local value = tonumber(redis.call('lindex', KEYS[1], mid))
+    if value and value >= now - expiry then
+        found, low = mid, mid + 1
+    else
+        high = mid - 1
+    end
+end
+if not found then return {acquired, false, 0} end
+return {acquired, redis.call('lindex', KEYS[1], found), found + 1}
+"""
+#: The strategy's name in limits' registry, which flask-limiter builds its strategies from.
+STRATEGY = "blockq-moving-window"
+
+
+class MovingWindowOneTrip(MovingWindowRateLimiter):
+    """limits' moving window, whose hit reads the window too: flask-limiter reads it after each
+    hit for the response's X-RateLimit headers, a second Redis round trip on every call. The
+    window read with the hit serves that request's headers (and its 429's Retry-After); other
+    storages (the in-memory fallback while Redis is down) count as limits does."""
+
+    def __init__(self, storage: Storage) -> None:
+        super().__init__(storage)
+        self._script = (storage.get_connection().register_script(_ACQUIRE_AND_READ)
+                        if isinstance(storage, RedisStorage) else None)
+
+    def hit(self, item: RateLimitItem, *identifiers: str, cost: int = 1) -> bool:
+        if self._script is None:
+            return super().hit(item, *identifiers, cost=cost)
+        key, now, expiry = item.key_for(*identifiers), time.time(), item.get_expiry()
+        storage: Any = self.storage
+        acquired, oldest, count = self._script(
+            keys=[storage.prefixed_key(key)], args=[now, item.amount, expiry, cost])
+        start = float(oldest) if count else now
+        _windows()[key] = WindowStats(start + expiry, item.amount - int(count))
+        return bool(acquired)
+
+    def get_window_stats(self, item: RateLimitItem, *identifiers: str) -> WindowStats:
+        window = _windows().get(item.key_for(*identifiers))
+        return window if window is not None else super().get_window_stats(item, *identifiers)
+
+
+def _windows() -> dict[str, WindowStats]:
+    """The windows this request's hits read, by limit key."""
+    return g.setdefault("rate_limit_windows", {})
+
+
+STRATEGIES[STRATEGY] = MovingWindowOneTrip
+
+
 def init_app(app: Flask, settings: Settings, pool: redis.ConnectionPool) -> Limiter:
     """Authenticate first, then count the request against its team's limit (Redis-backed, so
     every API process shares the count).
@@ -63,7 +141,7 @@ def init_app(app: Flask, settings: Settings, pool: redis.ConnectionPool) -> Limi
         application_limits_exempt_when=lambda: g.get("principal") is None,
         storage_uri=settings.redis_url,
         storage_options={"connection_pool": pool},  # the worker's shared, bounded pool
-        strategy="moving-window",
+        strategy=STRATEGY,
         headers_enabled=True,
         # The limiter would set Retry-After on every response, overwriting the one a 503 or a
         # held-connection 429 gives; a rate-limit 429 gets its own (app.api.errors).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -109,6 +110,25 @@ def test_rate_limit_answers_429_with_retry_after_for_that_team_only(
     assert 0 < int(refused.headers["Retry-After"]) <= 60
     assert all("Retry-After" not in r.headers for r in accepted), "only a refusal says retry"
     assert anonymous.post("/v1/requests", json=BODY, headers=_as(other)).status_code == 202
+
+
+def test_rate_limit_headers_count_the_team_s_calls_in_the_window(
+    anonymous: FlaskClient,
+) -> None:
+    """The window read with each call's hit (one Redis round trip) gives its headers."""
+    with services_of(anonymous).db.session() as session:
+        limited = issue_key(session, create_team(session, "counted", rate_limit_rpm=3)).key
+    started = time.time()
+    answers = [anonymous.get("/v1/instances", headers=_as(limited)) for _ in range(3)]
+
+    assert [r.status_code for r in answers] == [200, 200, 200]
+    assert [r.headers["X-RateLimit-Limit"] for r in answers] == ["3", "3", "3"]
+    assert [r.headers["X-RateLimit-Remaining"] for r in answers] == ["2", "1", "0"]
+    resets = {int(r.headers["X-RateLimit-Reset"]) for r in answers}
+    assert len(resets) == 1 and started + 60 <= resets.pop() + 1 <= time.time() + 62
+    refused = anonymous.get("/v1/instances", headers=_as(limited))
+    assert refused.status_code == 429 and refused.headers["X-RateLimit-Remaining"] == "0"
+    assert 0 < int(refused.headers["Retry-After"]) <= 60
 
 
 def test_admin_commands_create_teams_issue_and_revoke_keys(
