@@ -30,6 +30,38 @@ __all__ = ["Fleet", "InstanceStatus"]
 
 _CANCEL_TTL_S = 24 * 3600
 
+# NOTE: the reads of every instance in one script: one round trip where a pipeline needs the
+# instance ids first (two). The scripts build the instances' keys from their ids (ARGV[1]: the
+# prefix), which a single Redis allows.
+#: KEYS[1]: the instances set; ARGV: prefix, and the start of the recent window ("": none).
+#: Per instance: id, state, alive, assigned (values), control[, recent assignments].
+_STATUSES = """
+local out = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+    local key = ARGV[1] .. ':instance:' .. id .. ':'
+    out[#out + 1] = id
+    out[#out + 1] = redis.call('GET', key .. 'state')
+    out[#out + 1] = redis.call('EXISTS', key .. 'alive')
+    out[#out + 1] = redis.call('HVALS', key .. 'assigned')
+    out[#out + 1] = redis.call('GET', key .. 'control')
+    if ARGV[2] ~= '' then
+        out[#out + 1] = redis.call('ZRANGEBYSCORE', key .. 'recent', ARGV[2], '+inf')
+    end
+end
+return out
+"""
+#: KEYS[1]: the instance_models hash; ARGV[1]: the prefix. Per instance: id, model, alive.
+_MODEL_INSTANCES = """
+local out = {}
+local declared = redis.call('HGETALL', KEYS[1])
+for i = 1, #declared, 2 do
+    out[#out + 1] = declared[i]
+    out[#out + 1] = declared[i + 1]
+    out[#out + 1] = redis.call('EXISTS', ARGV[1] .. ':instance:' .. declared[i] .. ':alive')
+end
+return out
+"""
+
 
 class Fleet:
     """Reads and writes instance states, heartbeats, assignments and cancellations."""
@@ -41,6 +73,8 @@ class Fleet:
         self.prefix = prefix
         # Routing history kept per instance for its expected future load (0: none kept).
         self.recent_window_s = recent_window_s
+        self._statuses = client.register_script(_STATUSES)
+        self._model_instances = client.register_script(_MODEL_INSTANCES)
 
     def _key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -132,31 +166,20 @@ class Fleet:
         self.redis.set(self._key("cancel", request_id), "1", ex=_CANCEL_TTL_S)
 
     def statuses(self) -> list[InstanceStatus]:
-        """Every registered instance, alive or not, sorted by id."""
-        ids = sorted(
-            m.decode() if isinstance(m, bytes) else m
-            for m in self.redis.smembers(self._key("instances"))
-        )
-        if not ids:
-            return []
+        """Every registered instance, alive or not, sorted by id (one round trip)."""
         window_s = self.recent_window_s
         since = time.time() - window_s
-        with self.redis.pipeline(transaction=False) as pipe:
-            for instance_id in ids:
-                pipe.get(self._key("instance", instance_id, "state"))
-                pipe.exists(self._key("instance", instance_id, "alive"))
-                pipe.hvals(self._key("instance", instance_id, "assigned"))
-                pipe.get(self._key("instance", instance_id, "control"))
-                if window_s > 0:
-                    pipe.zrangebyscore(self._key("instance", instance_id, "recent"), since, "+inf")
-            replies = pipe.execute()
+        replies = self._statuses(keys=[self._key("instances")],
+                                 args=[self.prefix, repr(since) if window_s > 0 else ""])
         now = time.time()
-        width = 5 if window_s > 0 else 4
+        width = 6 if window_s > 0 else 5
+        groups = sorted((replies[i : i + width] for i in range(0, len(replies), width)),
+                        key=lambda group: _text(group[0]))
         statuses = []
-        for i, instance_id in enumerate(ids):
-            status = _status(instance_id, *replies[width * i : width * i + 4], now=now)
+        for raw_id, *reads in groups:
+            status = _status(_text(raw_id), *reads[:4], now=now)
             if window_s > 0:
-                recent = (Assignment.from_json(json.loads(raw)) for raw in replies[width * i + 4])
+                recent = (Assignment.from_json(json.loads(raw)) for raw in reads[4])
                 status = dataclasses.replace(
                     status, future_load=future_load_of(recent, now, window_s))
             statuses.append(status)
@@ -164,21 +187,14 @@ class Fleet:
 
     def model_instances(self) -> dict[str, dict[str, bool]]:
         """Model -> {instance id: whether its heartbeat is fresh} over every instance that has
-        declared a model (two round trips, no state read: what the API checks a request's
+        declared a model (one round trip, no state read: what the API checks a request's
         model against)."""
-        declared = {_text(k): _text(v)
-                    for k, v in self.redis.hgetall(self._key("instance_models")).items()}
-        if not declared:
-            return {}
-        ids = sorted(declared)
-        with self.redis.pipeline(transaction=False) as pipe:
-            for instance_id in ids:
-                pipe.exists(self._key("instance", instance_id, "alive"))
-            alive = pipe.execute()
+        replies = self._model_instances(keys=[self._key("instance_models")], args=[self.prefix])
         models: dict[str, dict[str, bool]] = {}
-        for instance_id, up in zip(ids, alive, strict=True):
-            models.setdefault(declared[instance_id], {})[instance_id] = bool(up)
-        return models
+        for i in range(0, len(replies), 3):
+            instance_id, model, alive = replies[i : i + 3]
+            models.setdefault(_text(model), {})[_text(instance_id)] = bool(alive)
+        return {model: dict(sorted(ids.items())) for model, ids in models.items()}
 
     def live_models(self) -> list[str]:
         """The models an instance with a fresh heartbeat serves, sorted."""
