@@ -33,10 +33,11 @@ _CANCEL_TTL_S = 24 * 3600
 # NOTE: the reads of every instance in one script: one round trip where a pipeline needs the
 # instance ids first (two). The scripts build the instances' keys from their ids (ARGV[1]: the
 # prefix), which a single Redis allows.
-#: KEYS[1]: the instances set; ARGV: prefix, and the start of the recent window ("": none).
-#: Per instance: id, state, alive, assigned (values), control[, recent assignments].
+#: KEYS: the instances set, the routing policy override; ARGV: prefix, and the start of the
+#: recent window ("": none). The override first, then per instance: id, state, alive, assigned
+#: (values), control[, recent assignments].
 _STATUSES = """
-local out = {}
+local out = {redis.call('GET', KEYS[2])}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
     local key = ARGV[1] .. ':instance:' .. id .. ':'
     out[#out + 1] = id
@@ -167,10 +168,21 @@ class Fleet:
 
     def statuses(self) -> list[InstanceStatus]:
         """Every registered instance, alive or not, sorted by id (one round trip)."""
+        return self._read()[0]
+
+    def routing_view(self, model: str | None = None) -> tuple[list[InstanceStatus], str | None]:
+        """What a routing decision reads, in one round trip: the routing candidates (`routable`)
+        and the operator's policy override (`policy_override`)."""
+        statuses, override = self._read()
+        return _routable(statuses, model), override
+
+    def _read(self) -> tuple[list[InstanceStatus], str | None]:
+        """Every registered instance's status, sorted by id, and the policy override."""
         window_s = self.recent_window_s
         since = time.time() - window_s
-        replies = self._statuses(keys=[self._key("instances")],
-                                 args=[self.prefix, repr(since) if window_s > 0 else ""])
+        override, *replies = self._statuses(
+            keys=[self._key("instances"), self._key("routing", "policy")],
+            args=[self.prefix, repr(since) if window_s > 0 else ""])
         now = time.time()
         width = 6 if window_s > 0 else 5
         groups = sorted((replies[i : i + width] for i in range(0, len(replies), width)),
@@ -183,7 +195,7 @@ class Fleet:
                 status = dataclasses.replace(
                     status, future_load=future_load_of(recent, now, window_s))
             statuses.append(status)
-        return statuses
+        return statuses, None if override is None else _text(override)
 
     def model_instances(self) -> dict[str, dict[str, bool]]:
         """Model -> {instance id: whether its heartbeat is fresh} over every instance that has
@@ -203,8 +215,7 @@ class Fleet:
     def routable(self, model: str | None = None) -> list[InstanceStatus]:
         """Instances with a fresh heartbeat that accept new requests: routing candidates (of
         `model` only, when given)."""
-        return [status for status in self.statuses() if status.alive and status.accepting
-                and (model is None or status.model == model)]
+        return _routable(self.statuses(), model)
 
     def ping(self) -> bool:
         return bool(self.redis.ping())
@@ -246,6 +257,11 @@ def _status(
         assigned=tuple(assigned),
         control=raw_control.decode() if raw_control is not None else None,
     )
+
+
+def _routable(statuses: list[InstanceStatus], model: str | None) -> list[InstanceStatus]:
+    return [status for status in statuses if status.alive and status.accepting
+            and (model is None or status.model == model)]
 
 
 def _text(member: bytes | str) -> str:

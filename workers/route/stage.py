@@ -21,7 +21,6 @@ from sqlalchemy.orm import Session
 
 from app import model_registry, store
 from app.db import Database
-from app.fleet import Fleet
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
 from app.settings import Settings
 from app.slo import REJECTED_CODE, RequestTargets
@@ -152,15 +151,14 @@ def prompt_token_ids(rt: Runtime, prompt: str,
     return tuple(rt.prompts.token_ids(prompt))
 
 
-def policy_in_force(fleet: Fleet, settings: Settings,
+def policy_in_force(override: str | None, settings: Settings,
                     candidates: Sequence[InstanceStatus] = ()) -> str:
-    """The operator's run-time override (admin API), else the configured policy for the
-    candidates' pool (`Settings.routing_policy_for`: mixed when their published hardware
-    differs)."""
+    """The operator's run-time override (admin API, `Fleet.policy_override`), else the
+    configured policy for the candidates' pool (`Settings.routing_policy_for`: mixed when their
+    published hardware differs)."""
     hardware = {(c.state.hardware, c.state.exec_model) for c in candidates
                 if c.state is not None}
     configured = settings.routing_policy_for(mixed_hardware=len(hardware) > 1)
-    override = fleet.policy_override()
     if override is None:
         return configured
     if override not in POLICIES.names():

@@ -246,12 +246,12 @@ def _decide(rt: runtime.Runtime, request: stage.RouteInput, hold: LateBinding | 
         started = time.perf_counter()
         # NOTE: only the instances of the request's model (a row from before models were
         # recorded: any); none up: it waits (route retry) until one returns.
-        candidates = rt.fleet.routable(request.model)
+        candidates, override = rt.fleet.routing_view(request.model)
         if not candidates:
             return None
         fallback = rt.bias_watch.fallback()
         policy = (FALLBACK_POLICY if fallback
-                  else stage.policy_in_force(rt.fleet, rt.settings, candidates))
+                  else stage.policy_in_force(override, rt.settings, candidates))
         exec_models = (stage.exec_models(rt).of(
             (c.instance_id for c in candidates),
             {c.instance_id: c.state.exec_model for c in candidates if c.state is not None})
