@@ -15,11 +15,20 @@ transport is attached: the unacknowledged messages are restored to their queues 
 and otherwise stay in Redis' unacked index, restored after the visibility timeout; either way the
 channel is closed once, and the consumer reconnects. The workers use it through
 `BROKER_TRANSPORT` (workers/celery.py); processes that only send tasks (the API) keep kombu's.
+
+The channel also keeps one client for its synchronous commands: kombu built a new redis-py
+client (whose constructor copies its table of response callbacks) for each of them, and a task
+of an acks-late worker costs three (the unacked index on delivery, the ack, the publish of what
+it sends on). Clients share the channel's connection pool and are thread-safe; the kept one is
+replaced when the channel builds a new pool (after a fork or a lost connection).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from queue import Empty
+from typing import Any
 
 from kombu.transport import redis
 
@@ -30,7 +39,21 @@ BROKER_TRANSPORT = "workers.broker:Transport"
 
 
 class Channel(redis.Channel):
-    """kombu's Redis channel whose close survives a lost connection (module docstring)."""
+    """kombu's Redis channel whose close survives a lost connection, with one client for its
+    synchronous commands (module docstring)."""
+
+    _sync_client: Any = None
+
+    @contextmanager
+    def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
+        if client:
+            yield client
+            return
+        pool = self.pool
+        kept = self._sync_client
+        if kept is None or kept.connection_pool is not pool:
+            kept = self._sync_client = self._create_client()
+        yield kept
 
     def close(self) -> None:
         if self._in_poll:
