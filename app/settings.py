@@ -34,6 +34,9 @@ EngineKind = Literal["vllm", "emulated"]
 
 _ENV_NAMES = {"database_url": "DATABASE_URL", "redis_url": "REDIS_URL",
               "prometheus_multiproc_dir": "PROMETHEUS_MULTIPROC_DIR"}
+#: Settings whose being unset means something, passed on to child processes only when set:
+#: an unset routing_policy lets a pool of unlike instances take mixed_fleet_routing_policy.
+_PASSED_ONLY_WHEN_SET = frozenset({"routing_policy"})
 
 
 class Settings(BaseSettings):
@@ -694,7 +697,8 @@ class Settings(BaseSettings):
         env: dict[str, str] = {}
         for name in type(self).model_fields:
             value = getattr(self, name)
-            if value is None:
+            if value is None or (name in _PASSED_ONLY_WHEN_SET
+                                 and name not in self.model_fields_set):
                 continue
             if isinstance(value, SecretStr):
                 value = value.get_secret_value()

@@ -97,6 +97,19 @@ def test_a_pool_of_unlike_instances_routes_with_the_mixed_fleet_policy_unless_on
         mixed_hardware=True) == "capacity_weighted"
 
 
+def test_the_stack_s_processes_keep_an_unset_routing_policy_unset(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`blockq serve` hands its settings to every process as the environment: a routing policy
+    nobody set must stay unset there, or no mixed fleet would ever route with its own policy."""
+    monkeypatch.delenv("BLOCKQ_ROUTING_POLICY", raising=False)
+    env = Settings().as_env()
+    assert "BLOCKQ_ROUTING_POLICY" not in env
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert Settings().routing_policy_for(mixed_hardware=True) == "block_slo"
+    assert Settings(routing_policy="llumnix").as_env()["BLOCKQ_ROUTING_POLICY"] == "llumnix"
+
+
 def test_a_fleet_entry_sizes_its_own_instances() -> None:
     """KV blocks, batch size and declared capacity per entry; the others keep the defaults."""
     settings = Settings(fleet='[{"model": "m", "exec_model": "llama-2-7b-a100", "num_blocks": '
