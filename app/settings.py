@@ -351,11 +351,11 @@ class Settings(BaseSettings):
         description="Routing policy of a model whose live instances run on unlike hardware "
         "(their published hardware or execution-time models differ), unless "
         "BLOCKQ_ROUTING_POLICY is set. block_slo (the what-if's time to first token, the "
-        "preemptions it runs into charged): on 4 x A100 + 8 x A30 (simulated) 1.20x llumnix's "
-        "capacity at TTFT p99 3 s and 1.67x least_requests' (capacity_weighted reached one "
-        "3 req/s step more; on 2 x H100 + 10 x A30 block_slo led it, 64 to 61), and the best "
-        "tail where the fast GPUs have no more KV cache than the slow ones, where block "
-        "collapses (docs/benchmarks_cluster.md).",
+        "preemptions it runs into charged): on 4 x A100 + 8 x A30 (simulated, 10,000 requests) "
+        "1.18x llumnix's capacity at TTFT p99 3 s, level with capacity_weighted at the fleet's "
+        "ceiling with better tails below it; on 2 x H100 + 10 x A30 ahead of it, 64 to 61; and "
+        "the best tail where the fast GPUs have no more KV cache than the slow ones, where "
+        "block collapses (docs/benchmarks_cluster.md).",
     )
     routing_exec_model: str | None = Field(
         None,
