@@ -31,6 +31,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import ClauseElement, Executable
@@ -52,6 +53,7 @@ __all__ = [
     "create_request",
     "create_requests",
     "get_request",
+    "read_request",
     "transition",
     "transition_returning",
     "request_to_dict",
@@ -179,6 +181,16 @@ def get_request(session: Session, request_id: str, *, team_id: str | None = None
     if request is None or (team_id is not None and request.team_id != team_id):
         raise NotFound(f"No request with id '{request_id}'.", param="id", code="not_found")
     return request
+
+
+def read_request(connection: Connection, request_id: str) -> InferenceRequest:
+    """The request as `get_request` gives it (NotFound when there is none), read by one Core
+    SELECT on `connection`, without a session: a transient copy of its columns (what the caller
+    changes on it is not written)."""
+    row = connection.execute(_READ_REQUEST, {"id": request_id}).first()
+    if row is None:
+        raise NotFound(f"No request with id '{request_id}'.", param="id", code="not_found")
+    return InferenceRequest(**row._asdict())
 
 
 def transition(
@@ -390,6 +402,10 @@ _EVENTS = RequestEvent.__table__
 _COLUMN_KEYS = {attr.key: attr.columns[0].key
                 for attr in sa_inspect(InferenceRequest).column_attrs
                 if attr.key != attr.columns[0].key}
+#: `read_request`'s SELECT: every column, labelled with its attribute's name.
+_READ_REQUEST = select(*(attr.columns[0].label(attr.key)
+                         for attr in sa_inspect(InferenceRequest).column_attrs)).where(
+    _REQUESTS.c.id == bindparam("id"))
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -17,7 +17,6 @@ from typing import Any
 import redis
 from flask import Blueprint, Response, jsonify, request, stream_with_context
 from flask.typing import ResponseReturnValue
-from sqlalchemy.orm import Session
 
 from app import openai_format as fmt
 from app import served_models, store
@@ -239,10 +238,10 @@ def _terminal_row(svc: Services, request_id: str) -> InferenceRequest | None:
     """The request's row once it is terminal; None before, and while the database cannot be
     reached (the request was accepted: its client waits out the outage, to the deadline)."""
     try:
-        # NOTE: one SELECT, outside a transaction (Database.autocommit): every held completion
-        # passes here at its end.
-        with svc.db.autocommit() as connection, Session(connection) as session:
-            row = store.get_request(session, request_id)
+        # NOTE: one SELECT, outside a transaction (Database.autocommit) and without a session:
+        # every held completion passes here at its end.
+        with svc.db.autocommit() as connection:
+            row = store.read_request(connection, request_id)
             return row if RequestStatus(row.status).is_terminal else None
     except TRANSIENT_ERRORS as exc:
         logger.warning("row of %s unreadable (%s): waiting", request_id, type(exc).__name__)

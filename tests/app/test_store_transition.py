@@ -8,9 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import event, select, text
+from sqlalchemy import inspect as sa_inspect
 
 from app import store
 from app.db import Database
+from app.errors import NotFound
 from app.models import InferenceRequest, RequestEvent, RequestStatus
 from app.settings import Settings
 
@@ -116,3 +118,25 @@ def test_transitions_of_one_shape_keep_their_own_values(db: Database) -> None:
     assert _events(db, request_id) == [("queued", None), ("predicting", "second")]
     with db.session() as session:
         assert session.get(InferenceRequest, request_id).predictor == "second"
+
+
+def test_a_request_read_without_a_session_has_the_columns_the_session_reads(
+        db: Database) -> None:
+    with db.session() as session:
+        (request,) = store.create_requests(session, [{
+            **FIELDS, "messages": [{"role": "user", "content": "a\x00b"}],
+            "sampling": {"n": 1}, "request_metadata": {"k": "v"}, "stop": ["\n"]}])
+    with db.session() as session:
+        store.transition(session, request.id, RequestStatus.SUCCEEDED,
+                         allowed_from={RequestStatus.QUEUED}, output_text="out\x00put",
+                         output_tokens=3, finish_reason="length")
+        loaded = store.get_request(session, request.id)
+        expected = {attr.key: getattr(loaded, attr.key)
+                    for attr in sa_inspect(InferenceRequest).column_attrs}
+    with db.autocommit() as connection:
+        read = store.read_request(connection, request.id)
+        with pytest.raises(NotFound):
+            store.read_request(connection, "req_missing")
+
+    assert {key: getattr(read, key) for key in expected} == expected
+    assert read.status == RequestStatus.SUCCEEDED and read.output_text == "out\x00put"
