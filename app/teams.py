@@ -11,7 +11,7 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -103,16 +103,20 @@ def revoke_key(session: Session, key_id: str) -> ApiKey:
     return row
 
 
+# NOTE: the columns a principal needs, not the two entities; built once (every call passes
+# here): only the digest is bound per call.
+_PRINCIPAL = (
+    select(Team.id, Team.name, ApiKey.id, ApiKey.is_admin, Team.rate_limit_rpm, Team.share,
+           Team.slo_miss_action)
+    .select_from(ApiKey).join(Team, Team.id == ApiKey.team_id)
+    .where(ApiKey.key_sha256 == bindparam("digest"), ApiKey.revoked_at.is_(None))
+)
+
+
 def principal_of(session: Session | Connection, key: str) -> Principal | None:
     """The principal of a presented key, or None if the key is unknown or revoked (one
     SELECT: an ORM session or a Core connection)."""
-    # NOTE: the columns a principal needs, not the two entities: every call passes here.
-    found = session.execute(
-        select(Team.id, Team.name, ApiKey.id, ApiKey.is_admin, Team.rate_limit_rpm, Team.share,
-               Team.slo_miss_action)
-        .select_from(ApiKey).join(Team, Team.id == ApiKey.team_id)
-        .where(ApiKey.key_sha256 == key_digest(key), ApiKey.revoked_at.is_(None))
-    ).first()
+    found = session.execute(_PRINCIPAL, {"digest": key_digest(key)}).first()
     if found is None:
         return None
     team_id, team_name, key_id, is_admin, rate_limit_rpm, share, slo_miss_action = found
