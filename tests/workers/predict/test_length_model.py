@@ -178,3 +178,15 @@ def test_neighbours_travel_with_the_artifact(tiny_encoder, counter, tmp_path: Pa
     # Without the neighbours' part the points move: it is applied.
     plain = dataclasses.replace(loaded, neighbour_embeddings=None, neighbour_effects=None)
     assert predictor.with_head(plain).predict_batch(prompts, "big-model", 4096) != before
+
+
+def test_distinct_rows_are_found_once_and_map_back() -> None:
+    """A batch repeats a prompt once per serving model: its neighbours are looked up once."""
+    from workers.predict.length_model import _distinct_rows
+
+    rng = np.random.default_rng(0)
+    prompts = rng.normal(size=(3, 2304)).astype(np.float32)
+    batch = prompts[[2, 0, 2, 1, 0, 2]]
+    distinct, rows = _distinct_rows(batch)
+    assert len(distinct) == 3 and rows.shape == (6,)
+    np.testing.assert_array_equal(distinct[rows], batch)
