@@ -62,6 +62,7 @@ from live_bench import quiet  # noqa: E402
 from app.cli.stack import Stack, free_port, stop_stacks_on_sigterm  # noqa: E402
 from app.migrate import recreate_database, upgrade  # noqa: E402
 from app.settings import Settings  # noqa: E402
+from workers.predict.length_model import bootstrap_artifact  # noqa: E402
 from workers.serve.vllm_cli import vllm_cli  # noqa: E402
 
 INPUT_LEN = 128
@@ -359,6 +360,7 @@ def _stack_settings(args: argparse.Namespace, data_dir: Path) -> Settings:
         num_instances=1, engine_kind="vllm", length_predictor="learned",
         routing_policy=args.policy, route_in_predict=not args.route_task,
         held_connections_team_caps={LOCAL_TEAM: TEAM_HELD_CAP},
+        length_model_path=args.length_model,
     )
 
 
@@ -525,6 +527,8 @@ def main() -> int:
                         help="wait for the 1-minute load average to fall below this first")
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--policy", default="block", help="the routing policy of blockq")
+    parser.add_argument("--length-model", type=Path, default=None,
+                        help="the length model's artifact (default: this CPU's shipped head)")
     parser.add_argument("--route-task", action="store_true",
                         help="route in the route task, after a hop (route_in_predict off)")
     parser.add_argument("--ready-timeout-s", type=float, default=900.0,
@@ -565,7 +569,8 @@ def main() -> int:
                    f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
         "Load average (1/5/15 min) before": " / ".join(f"{x:.2f}" for x in load_before),
         "after": " / ".join(f"{x:.2f}" for x in load_after),
-        "blockq": f"policy {args.policy}, learned length predictor, routed " + (
+        "blockq": f"policy {args.policy}, learned length predictor "
+        f"{(args.length_model or bootstrap_artifact()).name}, routed " + (
             "by the route task, after a hop" if args.route_task else "in the predict task")
         + f", team cap {TEAM_HELD_CAP} held connections",
         "Workload": f"random {INPUT_LEN}-token prompts, {OUTPUT_LEN} output tokens, ignore_eos",

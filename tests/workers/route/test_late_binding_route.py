@@ -32,12 +32,16 @@ FULL = engine_state(waiting_request("someone", 10, 10), num_waiting=1, max_num_s
 @pytest.fixture
 def worker(configure_worker: Callable[..., Runtime],
            fresh_services: Settings) -> Callable[..., Runtime]:
-    """A predict and route worker's runtime: baseline lengths, round robin, late binding."""
+    """A predict and route worker's runtime: baseline lengths, round robin, late binding.
+
+    A published state lives a minute: the first task of a process loads the prompt tokenizer
+    (several seconds), which must not outlive the 3 s default heartbeat the test published.
+    """
 
     def make(**overrides: Any) -> Runtime:
         return configure_worker(**{"length_predictor": "baseline",
                                    "routing_policy": "round_robin", "routing_hold": True,
-                                   **overrides})
+                                   "heartbeat_ttl_s": 60.0, **overrides})
 
     return make
 
