@@ -103,6 +103,22 @@ class OwnRabbitMQ:
         self.process.wait()
 
 
+def wait_for_idle_queues(broker: OwnRabbitMQ, within_s: float, interval_s: float = 2.0) -> None:
+    """Wait up to `within_s` for every queue but the delayed-delivery ones to be empty.
+
+    NOTE: a countdown sent from a host whose clock runs ahead carries an ETA that far in the
+    future of the other hosts' clocks: a worker there takes the message when the broker delivers
+    it and holds it unacknowledged until its own clock reaches the ETA (docs/deploy.md,
+    "Clocks"). Such a retry is late by the skew, not left over; one that stays past the skew
+    is.
+    """
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and any(
+            (ready or unacked) and not name.startswith("celery_delayed_")
+            for name, (ready, unacked) in broker.queues().items()):
+        time.sleep(interval_s)
+
+
 def lasting_messages(broker: OwnRabbitMQ, samples: int = 4, interval_s: float = 2.0
                      ) -> list[str]:
     """Queues holding messages in every one of a few samples (beat's periodic tasks come and

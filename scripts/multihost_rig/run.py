@@ -44,7 +44,7 @@ from multihost_rig import layout, network
 from multihost_rig.balancer import haproxy_config, start_haproxy
 from multihost_rig.faults import KINDS, HostFaults, slot_s
 from multihost_rig.hosts import HostStack
-from multihost_rig.rabbitmq import OwnRabbitMQ, lasting_messages
+from multihost_rig.rabbitmq import OwnRabbitMQ, lasting_messages, wait_for_idle_queues
 from multihost_rig.summary import summary
 
 #: Seconds of traffic before the first fault.
@@ -337,6 +337,8 @@ def _result(rig: _Rig, settings: Settings, front: FrontDoor, workload: Workload,
                        dict(teams.values()), front.api_url).run()
     workload.close()
     if rig.rabbitmq is not None:  # the checker looks for leftovers in Redis' lists only
+        if any(f.kind == "host:clock-skew" for f in faults):
+            wait_for_idle_queues(rig.rabbitmq, within_s=rig.config.clock_skew_s + 10.0)
         for entry in lasting_messages(rig.rabbitmq):
             findings["leftover queue messages"].add(f"rabbitmq {entry}")
     unexpected = findings["unexpected process exits"] = _unexpected(rig)

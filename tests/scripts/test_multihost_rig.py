@@ -147,3 +147,29 @@ def test_a_skewed_host_reads_its_wall_clock_off_and_its_monotonic_clock_as_is(
         assert before + offset_s - 1 <= clocks[name] <= after + offset_s + 1, (name, clocks)
     assert 0.1 <= clocks["slept"] < 5.0  # sleeps and waits by the monotonic clock, unchanged
     assert clocks["real_is_datetime"], "datetimes made by C code fail isinstance"
+
+
+class _Queues:
+    """A broker whose webhooks queue holds one unacknowledged retry for `busy` samples."""
+
+    def __init__(self, busy: int) -> None:
+        self.busy, self.calls = busy, 0
+
+    def queues(self) -> dict[str, tuple[int, int]]:
+        self.calls += 1
+        held = 1 if self.calls <= self.busy else 0
+        return {"webhooks": (0, held), "celery_delayed_0": (3, 0)}
+
+
+def test_the_leftover_check_waits_out_a_retry_held_for_a_skewed_eta() -> None:
+    """A countdown from a host whose clock runs ahead is held unacknowledged elsewhere until
+    that ETA: late by the skew, not left over. The wait ends once the queues are empty (the
+    delayed-delivery ones aside), and gives up at its bound."""
+    wait_for_idle_queues = _rig("rabbitmq").wait_for_idle_queues
+    draining = _Queues(busy=3)
+    wait_for_idle_queues(draining, within_s=5.0, interval_s=0.01)
+    assert draining.calls == 4
+    stuck = _Queues(busy=10**6)
+    started = time.monotonic()
+    wait_for_idle_queues(stuck, within_s=0.1, interval_s=0.01)
+    assert 0.1 <= time.monotonic() - started < 1.0
