@@ -118,7 +118,7 @@ def _fail(message: str) -> None:
 @click.option("--licence", default=None, help="Licence of the rows, recorded in the artifact.")
 @click.option("--encoder", type=click.Choice(["minilm", "static", "auto"]), default="minilm",
               help="minilm (default): the packaged MiniLM transformer, the accurate one (about "
-                   "4 ms of CPU a prompt where the serving CPU has AMX, twice that or more "
+                   "3.5 ms of CPU a prompt where the serving CPU has AMX, twice that or more "
                    "without); static: distilled token embeddings, no torch (about 1 ms, less "
                    "accurate), for serving on CPUs without AMX; auto: as this CPU would pick.")
 def length_train(data: Path, out: Path, source_name: str | None, licence: str | None,

@@ -969,7 +969,7 @@ def default_encoder_kind() -> str:
 
     NOTE: MiniLM is the accurate encoder (125.0 against 139.9 tokens of MAE on unseen prompts,
     with the neighbours). Its CPU cost per prompt, batched, depends on the matrix units: about
-    4.1 ms with AMX, 4.4-8.5 ms measured on an AMD EPYC with AVX512-BF16 but no AMX, about 11 ms
+    3.5 ms with AMX, 4.4-8.5 ms measured on an AMD EPYC with AVX512-BF16 but no AMX, about 11 ms
     in float32 without native bfloat16, against a 5 ms budget. Without AMX the static encoder
     (about 1 ms, no torch) answers instead (docs/benchmarks_length.md).
     """
