@@ -113,9 +113,7 @@ def wait_for_idle_queues(broker: OwnRabbitMQ, within_s: float, interval_s: float
     is.
     """
     deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline and any(
-            (ready or unacked) and not name.startswith("celery_delayed_")
-            for name, (ready, unacked) in broker.queues().items()):
+    while time.monotonic() < deadline and _holding(broker):
         time.sleep(interval_s)
 
 
@@ -128,6 +126,11 @@ def lasting_messages(broker: OwnRabbitMQ, samples: int = 4, interval_s: float = 
         if sample:
             time.sleep(interval_s)
         seen.append({f"{name}: {ready} ready, {unacked} unacknowledged"
-                     for name, (ready, unacked) in broker.queues().items()
-                     if (ready or unacked) and not name.startswith("celery_delayed_")})
+                     for name, (ready, unacked) in _holding(broker).items()})
     return sorted(set.intersection(*seen))
+
+
+def _holding(broker: OwnRabbitMQ) -> dict[str, tuple[int, int]]:
+    """The queues holding messages, but the delayed-delivery ones (countdowns due later)."""
+    return {name: (ready, unacked) for name, (ready, unacked) in broker.queues().items()
+            if (ready or unacked) and not name.startswith("celery_delayed_")}

@@ -976,23 +976,22 @@ def default_encoder_kind() -> str:
     return "minilm" if cpu_has_amx_bf16() else "static"
 
 
-def bootstrap_artifact(kind: str = "auto") -> Path:
-    """The shipped head for an encoder kind ("auto": this CPU's `default_encoder_kind`)."""
-    kind = default_encoder_kind() if kind == "auto" else kind
+def _encoder_kind(kind: str) -> str:
+    """"minilm" or "static": `kind` itself, or this CPU's for "auto"."""
     if kind not in ENCODER_KINDS:
         raise ValueError(f"encoder must be one of {', '.join(ENCODER_KINDS)}, got {kind!r}")
-    return BOOTSTRAP_ARTIFACT if kind == "minilm" else STATIC_BOOTSTRAP_ARTIFACT
+    return default_encoder_kind() if kind == "auto" else kind
+
+
+def bootstrap_artifact(kind: str = "auto") -> Path:
+    """The shipped head for an encoder kind ("auto": this CPU's `default_encoder_kind`)."""
+    return BOOTSTRAP_ARTIFACT if _encoder_kind(kind) == "minilm" else STATIC_BOOTSTRAP_ARTIFACT
 
 
 def make_encoder(kind: str = "auto") -> AnyEncoder:
     """An encoder by kind: "minilm" (the packaged transformer), "static" (the shipped distilled
     matrix, no torch) or "auto" (`default_encoder_kind`)."""
-    kind = default_encoder_kind() if kind == "auto" else kind
-    if kind == "minilm":
-        return minilm_encoder()
-    if kind == "static":
-        return StaticEncoder.load()
-    raise ValueError(f"encoder must be one of {', '.join(ENCODER_KINDS)}, got {kind!r}")
+    return minilm_encoder() if _encoder_kind(kind) == "minilm" else StaticEncoder.load()
 
 
 def default_encoder() -> AnyEncoder:
