@@ -246,13 +246,19 @@ class Phase:
     result: dict[str, Any]
     cpu: dict[str, float]  # role -> CPU seconds over the window
     window_s: float
+    #: The 1-minute load average at the phase's start and end: a point taken above 2.5 is
+    #: rerun (a saturating phase raises the next one's start).
+    loads: tuple[float, float] = (0.0, 0.0)
     latency: dict[str, tuple[float, float, int]] = field(default_factory=dict)
 
 
 def _run_phase(server: str, placement: str, load: Load, base_url: str, args: argparse.Namespace,
                meter: CpuMeter, out_dir: Path, api_key: str | None) -> Phase:
     print(f"- {server} / {placement} / {load.label}", flush=True)
+    if load.rate is not None:  # a judged point: not in the wake of a saturating one
+        quiet.wait_for_quiet(args.quiet_load)
     started = datetime.now(UTC)
+    load_at_start = os.getloadavg()[0]
     before = meter.snapshot()
     result = bench_serve(base_url, args.model_path, out_dir,
                          _slug(f"{server}-{placement.split()[0]}-{load.label}"),
@@ -260,7 +266,8 @@ def _run_phase(server: str, placement: str, load: Load, base_url: str, args: arg
                          concurrency=load.concurrency, api_key=api_key, seed=args.seed)
     after = meter.snapshot()
     return Phase(server, placement, load, started, datetime.now(UTC), result,
-                 CpuMeter.delta(before, after), after.at - before.at)
+                 CpuMeter.delta(before, after), after.at - before.at,
+                 loads=(load_at_start, os.getloadavg()[0]))
 
 
 def _slug(text: str) -> str:
@@ -378,8 +385,8 @@ def report(phases: list[Phase], idle: dict[str, float], meta: dict[str, str]) ->
     lines = []
     lines.append("### Served: vLLM's benchmark client against both servers\n")
     lines.append("| server | placement | load | completed | failed | TTFT p50 (ms) | TTFT p99 (ms) "
-                 "| E2E p50 (ms) | output tok/s | req/s |")
-    lines.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+                 "| E2E p50 (ms) | output tok/s | req/s | load average at start / end |")
+    lines.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for p in phases:
         r = p.result
         lines.append(
@@ -387,7 +394,8 @@ def report(phases: list[Phase], idle: dict[str, float], meta: dict[str, str]) ->
             f"| {r.get('failed', 0)} | {_fmt(_metric(r, 'p50_ttft_ms'))} "
             f"| {_fmt(_metric(r, 'p99_ttft_ms'))} | {_fmt(_metric(r, 'p50_e2el_ms'))} "
             f"| {_fmt(_metric(r, 'output_throughput'), 0)} "
-            f"| {_fmt(_metric(r, 'request_throughput'), 2)} |")
+            f"| {_fmt(_metric(r, 'request_throughput'), 2)} "
+            f"| {p.loads[0]:.2f} / {p.loads[1]:.2f} |")
     ratio = _saturation_ratio(phases)
     if ratio is not None:
         lines.append(f"\nOutput throughput at {SATURATION_CONCURRENCY} concurrent, blockq / "
