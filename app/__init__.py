@@ -36,6 +36,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         openapi,
         request_text,
         requests,
+        routing,
     )
     from app.services import Services  # noqa: PLC0415
     from app.settings import Settings  # noqa: PLC0415
@@ -50,6 +51,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     held.init_app(app, settings, services.fleet.redis)
     auth.init_app(app, settings, services.fleet.redis.connection_pool)
     request_text.init_app(app)  # after auth: a caller without a key learns nothing more
+    routing.init_app(app, services)
     for blueprint in (requests.bp, instances.bp, health.bp, openai.bp, files.bp, batches.bp,
                       admin.bp, metrics.bp, openapi.bp):
         app.register_blueprint(blueprint)

@@ -6,6 +6,7 @@ import logging
 from typing import Any, Protocol
 
 from app import dispatch, logs, served_models, store
+from app.dispatch import Message
 from app.errors import Conflict, InvalidRequest, Unprocessable
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
 from app.prompts import PromptCodec
@@ -64,10 +65,15 @@ def submit_request(
 
 def submit_together(services: Services, bodies: list[dict[str, Any]], *, team_id: str | None,
                     stream: bool = False, slo_miss_action: str | None = None,
-                    session_id: str | None = None) -> list[InferenceRequest]:
+                    session_id: str | None = None, defer_predict: bool = False
+                    ) -> tuple[list[InferenceRequest], list[tuple[int, Message]]]:
     """Several requests of one OpenAI call (its prompts, each n times), in order: all are
     validated before any is stored (one bad prompt refuses the call), then stored and enqueued
-    in one transaction. `session_id`: the conversation they belong to (app/sessions.py)."""
+    in one transaction. `session_id`: the conversation they belong to (app/sessions.py).
+
+    `defer_predict`: their predict messages are staged but not sent (routing in the API,
+    `Settings.route_in_api`): the requests and their deferred outbox entries, in order, which
+    the caller retires by routing each request itself or sends."""
     columns = []
     for body in bodies:
         parsed = parse_body(CreateRequest, body)
@@ -79,12 +85,13 @@ def submit_together(services: Services, bodies: list[dict[str, Any]], *, team_id
     with services.outbox.transaction() as tx:
         requests = store.create_requests(tx.session, columns)
         for request in requests:
-            tx.post(dispatch.predict(request.id, priority=Priority(request.priority).rank))
+            tx.post(dispatch.predict(request.id, priority=Priority(request.priority).rank),
+                    defer=defer_predict)
     logs.bind_request_id(requests[0].id)
     logger.info("requests created", extra={"count": len(requests),
                                            "prompt_tokens": requests[0].prompt_tokens,
                                            "max_tokens": requests[0].max_tokens})
-    return requests
+    return requests, tx.deferred
 
 
 def _with_miss_action(fields: dict[str, Any], slo_miss_action: str | None) -> None:

@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -62,9 +62,29 @@ class OutboxTransaction:
 
     session: Session
     messages: list[Message] = field(default_factory=list)
+    #: After the commit: the deferred entries (see `post`), to send or retire.
+    deferred: list[tuple[int, Message]] = field(default_factory=list)
+    _defer: set[int] = field(default_factory=set)  # indices in `messages`
 
-    def post(self, message: Message) -> None:
+    def post(self, message: Message, *, defer: bool = False) -> None:
+        """Send `message` once the transaction committed. `defer`: staged, but not sent after
+        the commit: its committer sends it (`Outbox.send`) or retires it in a later transaction
+        that did what it asks for (`retire`); one it did neither with (a crash) the relay
+        sends."""
+        if defer:
+            self._defer.add(len(self.messages))
         self.messages.append(message)
+
+    def keep_deferred(self, staged: list[tuple[int, Message]]) -> list[tuple[int, Message]]:
+        """Of the staged entries (in posting order), keep the deferred ones in `deferred`;
+        the others, to send now."""
+        self.deferred = [entry for i, entry in enumerate(staged) if i in self._defer]
+        return [entry for i, entry in enumerate(staged) if i not in self._defer]
+
+    def retire(self, entry_ids: Sequence[int]) -> None:
+        """Delete deferred entries in this transaction: it does what they ask for."""
+        if entry_ids:
+            self.session.execute(delete(_OUTBOX).where(_OUTBOX.c.id.in_(list(entry_ids))))
 
     def stage(self) -> list[tuple[int, Message]]:
         """Write the posted messages into the outbox, in the transaction, before its commit:
@@ -111,7 +131,13 @@ class Outbox:
             staged = tx.stage()
         if staged:
             faults.crash_after_commit()
-            self._send_committed(staged)
+            now = tx.keep_deferred(staged)
+            if now:
+                self._send_committed(now)
+
+    def send(self, entries: list[tuple[int, Message]]) -> None:
+        """Send committed entries that were deferred (`OutboxTransaction.post(defer=True)`)."""
+        self._send_committed(entries)
 
     def _send_committed(self, entries: list[tuple[int, Message]]) -> None:
         if self._sender is not None:

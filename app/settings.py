@@ -412,6 +412,13 @@ class Settings(BaseSettings):
         "transaction writes the prediction and the decision; no hop through the route queue). "
         "The route worker still routes what comes back to routing (retries, re-routes).",
     )
+    route_in_api: bool = Field(
+        False, description="The API predicts and routes each held OpenAI completion (streamed "
+        "or not) itself, in the process that accepted it: no hop through the predict queue "
+        "(workers/predict/inline.py). Each API process then loads the length model. Off with "
+        "late binding (routing_hold), whose holds the route worker releases; the native "
+        "/v1/requests and batches always go through the predict queue.",
+    )
 
     # --- reliability ---------------------------------------------------------------------------
     orphan_check_interval_s: float = Field(
@@ -720,6 +727,12 @@ class Settings(BaseSettings):
     @staticmethod
     def env_name(field_name: str) -> str:
         return _ENV_NAMES.get(field_name, f"BLOCKQ_{field_name.upper()}")
+
+    @property
+    def routes_in_api(self) -> bool:
+        """Whether the API routes its held completions itself (`route_in_api`, which late
+        binding turns off: the route worker releases what it holds)."""
+        return self.route_in_api and not self.routing_hold
 
     @property
     def resolved_broker_url(self) -> str:

@@ -366,12 +366,19 @@ def _stack_settings(args: argparse.Namespace, data_dir: Path) -> Settings:
         model_path=args.model_path, api_port=free_port(), flower_port=free_port(),
         num_instances=1, engine_kind="vllm", length_predictor="learned",
         routing_policy=args.policy, route_in_predict=not args.route_task,
+        route_in_api=args.route_in_api,
         held_connections_team_caps={LOCAL_TEAM: TEAM_HELD_CAP},
         length_model_path=args.length_model,
     )
 
 
 # --- report ---------------------------------------------------------------------------------------
+def _routed_where(args: argparse.Namespace) -> str:
+    if args.route_in_api:
+        return "in the API process that accepted the request (route_in_api)"
+    return "by the route task, after a hop" if args.route_task else "in the predict task"
+
+
 def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -537,8 +544,11 @@ def main() -> int:
     parser.add_argument("--policy", default="block", help="the routing policy of blockq")
     parser.add_argument("--length-model", type=Path, default=None,
                         help="the length model's artifact (default: this CPU's shipped head)")
-    parser.add_argument("--route-task", action="store_true",
-                        help="route in the route task, after a hop (route_in_predict off)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--route-task", action="store_true",
+                       help="route in the route task, after a hop (route_in_predict off)")
+    where.add_argument("--route-in-api", action="store_true",
+                       help="the API predicts and routes held completions (route_in_api)")
     parser.add_argument("--ready-timeout-s", type=float, default=900.0,
                         help="how long the stack may take to start (a loaded machine is slow)")
     parser.add_argument("--skip-vllm", action="store_true")
@@ -578,8 +588,7 @@ def main() -> int:
         "Load average (1/5/15 min) before": " / ".join(f"{x:.2f}" for x in load_before),
         "after": " / ".join(f"{x:.2f}" for x in load_after),
         "blockq": f"policy {args.policy}, learned length predictor "
-        f"{(args.length_model or bootstrap_artifact()).name}, routed " + (
-            "by the route task, after a hop" if args.route_task else "in the predict task")
+        f"{(args.length_model or bootstrap_artifact()).name}, routed " + _routed_where(args)
         + f", team cap {TEAM_HELD_CAP} held connections",
         "Workload": f"random {INPUT_LEN}-token prompts, {OUTPUT_LEN} output tokens, ignore_eos",
         "Loads": ", ".join(f"{load.label} x {load.num_prompts}" for load in loads),

@@ -74,6 +74,20 @@ class Runtime:
     def prompts(self) -> PromptCodec:
         return PromptCodec(self.settings.resolved_model_path)
 
+    #: The connections `sharing` may be given.
+    SHAREABLE = frozenset({"db", "redis", "fleet", "celery", "outbox", "prompts"})
+
+    @classmethod
+    def sharing(cls, settings: Settings, **parts: Any) -> Runtime:
+        """A runtime on the given connections instead of its own (the API routing in its
+        process shares its database pool, Redis, fleet view, Celery app and outbox)."""
+        unknown = parts.keys() - cls.SHAREABLE
+        if unknown:
+            raise TypeError(f"not shareable: {sorted(unknown)}")
+        rt = cls(settings)
+        rt.__dict__.update(parts)  # what each cached_property would have built
+        return rt
+
     def component(self, build: Callable[[Runtime], Component]) -> Component:
         """The process's one `build(self)`, made on the first call (keyed by `build`)."""
         with self._components_lock:

@@ -20,6 +20,7 @@ from flask.typing import ResponseReturnValue
 
 from app import openai_format as fmt
 from app import served_models, store
+from app.api import routing
 from app.api.auth import current_principal
 from app.api.held import ClientGone, Hold, held_connections
 from app.api.json_body import json_body
@@ -121,10 +122,13 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
     handed_over = False
     try:
         # One request per choice (a stream has one: the body's validation saw to it).
-        submitted = submit_together(svc, native_bodies(parsed), team_id=team_id,
-                                    stream=parsed.stream,
-                                    slo_miss_action=principal.slo_miss_action,
-                                    session_id=session_id)
+        in_api = routing.enabled()
+        submitted, deferred = submit_together(svc, native_bodies(parsed), team_id=team_id,
+                                              stream=parsed.stream,
+                                              slo_miss_action=principal.slo_miss_action,
+                                              session_id=session_id, defer_predict=in_api)
+        if in_api:
+            routing.route(submitted, deferred)
         if parsed.stream:
             if parsed.slo is not None and principal.slo_miss_action == SloMissAction.REFUSE:
                 _await_routing(svc, submitted[0].id, hold)

@@ -223,13 +223,17 @@ def start(db: Database, request_id: str) -> Started | None:
                 select(*_STARTED_COLUMNS).where(
                     InferenceRequest.id == request_id,
                     InferenceRequest.status == str(RequestStatus.PREDICTING))).first()
-        if request is None:
-            return None
-        query = LengthQuery(request.messages or request.prompt, request.max_tokens,
-                            Priority(request.priority).rank, request.model or "")
-        return Started(query, request.prompt_tokens, request.attempt, RequestTargets.of(
-            request.slo_ttft_ms, request.slo_e2e_ms, request.slo_miss_action,
-            request.created_at), request.prompt, request.prompt_token_ids, request.session_key)
+        return None if request is None else started_of(request)
+
+
+def started_of(request: Any) -> Started:
+    """What the stage needs of a request: a row of `_STARTED_COLUMNS`, or an
+    `InferenceRequest` (the API routing a request it has just stored)."""
+    query = LengthQuery(request.messages or request.prompt, request.max_tokens,
+                        Priority(request.priority).rank, request.model or "")
+    return Started(query, request.prompt_tokens, request.attempt, RequestTargets.of(
+        request.slo_ttft_ms, request.slo_e2e_ms, request.slo_miss_action,
+        request.created_at), request.prompt, request.prompt_token_ids, request.session_key)
 
 
 #: What `start` reads of a request.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from celery import shared_task
 
@@ -10,6 +11,7 @@ from app import dispatch
 from app.models import RequestStatus
 from workers import runtime
 from workers.predict import stage
+from workers.predict.stage import LengthAnswer
 from workers.retries import ON_OUTAGE
 from workers.route import stage as route_stage
 from workers.route import tasks as route_tasks
@@ -31,25 +33,32 @@ def annotate(request_id: str) -> None:
     started = stage.start(rt.db, request_id)
     if started is None:
         return
-    query = started.query
-    answer = stage.length_predictor(rt).predict(query)
-    predicted_at = time.time()
-    timing = {"predict_started_at": started_at, "predicted_at": predicted_at}
-    if rt.settings.route_in_predict:
-        request = route_stage.RouteInput(
-            view=RequestView(request_id=request_id, num_prompt_tokens=started.num_prompt_tokens,
-                             predicted_output_tokens=answer.tokens, max_tokens=query.max_tokens,
-                             prompt_token_ids=route_stage.prompt_token_ids(
-                                 rt, started.prompt, started.prompt_token_ids),
-                             priority_class=query.priority),
-            priority=query.priority, status=RequestStatus.PREDICTING, instance_id=None,
-            attempt=started.attempt, targets=started.targets, session_key=started.session_key,
-            model=query.model or None)
-        if route_tasks.route_request(rt, request, timing, predicted_at,
-                                     allowed_from={RequestStatus.PREDICTING},
-                                     columns=stage.prediction_columns(answer)):
-            return
+    answer = stage.length_predictor(rt).predict(started.query)
+    timing = {"predict_started_at": started_at, "predicted_at": time.time()}
+    if rt.settings.route_in_predict and route_predicted(
+            rt, request_id, started, answer, timing, status=RequestStatus.PREDICTING):
+        return
     with rt.outbox.transaction() as tx:
         if not stage.record(tx.session, request_id, answer):
             return  # cancelled while predicting
-        tx.post(dispatch.route(request_id, priority=query.priority, timing=timing))
+        tx.post(dispatch.route(request_id, priority=started.query.priority, timing=timing))
+
+
+def route_predicted(rt: runtime.Runtime, request_id: str, started: stage.Started,
+                    answer: LengthAnswer, timing: dict[str, float], *, status: RequestStatus,
+                    retire: Sequence[int] = ()) -> route_tasks.Routing:
+    """Route a request just predicted, from `status`, writing its prediction with the
+    decision (`route_tasks.route_request`; `retire`: deferred outbox entries that transaction
+    deletes). Falsy when no instance is routable: nothing was written."""
+    query = started.query
+    request = route_stage.RouteInput(
+        view=RequestView(request_id=request_id, num_prompt_tokens=started.num_prompt_tokens,
+                         predicted_output_tokens=answer.tokens, max_tokens=query.max_tokens,
+                         prompt_token_ids=route_stage.prompt_token_ids(
+                             rt, started.prompt, started.prompt_token_ids),
+                         priority_class=query.priority),
+        priority=query.priority, status=status, instance_id=None, attempt=started.attempt,
+        targets=started.targets, session_key=started.session_key, model=query.model or None)
+    return route_tasks.route_request(rt, request, timing, timing["predicted_at"],
+                                     allowed_from={status},
+                                     columns=stage.prediction_columns(answer), retire=retire)

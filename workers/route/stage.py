@@ -177,6 +177,8 @@ def routing_record(plan: Plan, decision_ms: float, fallback: dict[str, Any] | No
     }
     if fallback:
         routing["fallback"] = fallback
+    if timing.get("in_api"):
+        routing["routed_in"] = "api"  # not by the predict task (workers/predict/inline.py)
     routing.update(overhead(timing, route_started_at))
     return routing
 

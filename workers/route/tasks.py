@@ -8,7 +8,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import redis
@@ -126,14 +126,17 @@ def route_request(rt: runtime.Runtime, request: stage.RouteInput, timing: dict[s
                   route_started_at: float, *,
                   allowed_from: Collection[RequestStatus] = ROUTABLE,
                   columns: dict[str, Any] | None = None,
-                  held_since: float | None = None) -> Routing:
+                  held_since: float | None = None,
+                  retire: Sequence[int] = ()) -> Routing:
     """Decide, record the decision in one transaction (with `columns`: the predict task routes
     the request it has just predicted and writes its prediction in the same UPDATE), and
     publish to the chosen instance's queue through the outbox.
 
     With `routing_hold` (late binding) a request no instance would start soon is held instead
     (its `columns` written, nothing published; `held_since`: it is being released, held since
-    then). NO_INSTANCE when no instance is routable: nothing was written.
+    then). NO_INSTANCE when no instance is routable: nothing was written. `retire`: deferred
+    outbox entries that the transaction recording the decision deletes (the API routing a
+    request itself retires its predict message).
     """
     request_id = request.view.request_id
     hold = _late_binding(rt.settings, held_since)
@@ -157,11 +160,12 @@ def route_request(rt: runtime.Runtime, request: stage.RouteInput, timing: dict[s
     if held_since is not None:
         routing["held_s"] = round(time.time() - held_since, 3)
     if miss is not None and miss.action is SloMissAction.REFUSE:
-        _refuse(rt, request_id, plan, routing, miss, allowed_from, columns or {})
+        _refuse(rt, request_id, plan, routing, miss, allowed_from, columns or {}, retire)
         return Routing.DONE
     demoted = miss is not None and miss.action is SloMissAction.QUEUE
     priority = Priority.BATCH.rank if demoted else request.priority
     with rt.outbox.transaction() as tx:
+        tx.retire(retire)
         attempt = stage.record(tx.session, request_id, plan, routing, fallback=bool(fallback),
                                allowed_from=allowed_from,
                                note=" (latency targets unmeetable: run as batch)" if demoted
@@ -286,10 +290,11 @@ def _decide(rt: runtime.Runtime, request: stage.RouteInput, hold: LateBinding | 
 
 def _refuse(rt: runtime.Runtime, request_id: str, plan: Plan, routing: dict[str, Any],
             miss: targets.Miss, allowed_from: Collection[RequestStatus],
-            columns: dict[str, Any]) -> None:
+            columns: dict[str, Any], retire: Sequence[int]) -> None:
     """End the request rejected (its latency targets are out of reach and its team refuses
     such requests), then wake whoever waits for its end (a held OpenAI call answers 429)."""
     with rt.outbox.transaction() as tx:
+        tx.retire(retire)
         refused = stage.reject(tx.session, request_id, plan, routing, miss,
                                allowed_from=allowed_from, **columns)
         if refused is not None and refused.webhook_url:

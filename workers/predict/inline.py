@@ -1,0 +1,60 @@
+"""Predicting and routing a held completion in the API process that accepted it
+(`Settings.route_in_api`).
+
+A held completion's client waits at the socket for its first token, so the hop through the
+predict queue (a publish, a predictor worker's consume, its claim of the request in a
+transaction of its own) is latency and CPU that buys nothing. Here the API predicts the length
+and routes the request itself, with the same stages the predict task runs
+(`tasks.route_predicted`), and the transaction recording the decision deletes the request's
+predict message, which the API had staged in the outbox, deferred, with the request. Whatever
+stops this on the way (no instance up, an error, a crash of the API process) leaves that
+message to the predict task: the API sends it at once, or the outbox relay sends it after a
+crash. Either way one decision is recorded: each is conditional on the request's status.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from app.dispatch import Message
+from app.models import InferenceRequest, RequestStatus
+from app.settings import Settings
+from workers.predict import stage, tasks
+from workers.runtime import Runtime
+
+__all__ = ["InlineRouter"]
+
+logger = logging.getLogger(__name__)
+
+
+class InlineRouter:
+    """Routes requests the API has just stored, on the API's own connections."""
+
+    def __init__(self, settings: Settings, **connections: Any) -> None:
+        """`connections`: the API's (`Runtime.SHAREABLE`)."""
+        self.rt = Runtime.sharing(settings, **connections)
+
+    def route(self, request: InferenceRequest, predict_entry: tuple[int, Message]) -> bool:
+        """Predict and route `request` (stored queued a moment ago) and retire its deferred
+        predict message; whether that happened. When it did not, the message is sent: the
+        predict task takes the request over."""
+        try:
+            routed = self._route(request, predict_entry[0])
+        except Exception:  # noqa: BLE001 - the predict task takes over
+            logger.exception("routing in the API failed; the predict task takes it over")
+            routed = False
+        if not routed:
+            self.rt.outbox.send([predict_entry])
+        return routed
+
+    def _route(self, request: InferenceRequest, entry_id: int) -> bool:
+        started_at = time.time()
+        started = stage.started_of(request)
+        answer = stage.length_predictor(self.rt).predict(started.query)
+        timing = {"predict_started_at": started_at, "predicted_at": time.time(),
+                  "in_api": 1.0}
+        return bool(tasks.route_predicted(self.rt, request.id, started, answer, timing,
+                                          status=RequestStatus.QUEUED,
+                                          retire=[entry_id]))
