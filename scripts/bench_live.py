@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_cluster import NUM_BLOCKS  # noqa: E402 - each emulated GPU's KV blocks, as simulated
-from live_bench import quiet, workloads  # noqa: E402
+from live_bench import models, quiet, workloads  # noqa: E402
 from live_bench.point import POLICIES, PointSpec, run_point  # noqa: E402
 from live_bench.report import fmt, plot, print_report, versus_simulated_points  # noqa: E402
 from live_bench.stats import rates_around_simulated, search_capacity  # noqa: E402
@@ -75,6 +75,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fleet", help="a fleet of unlike emulated instances in the "
                                         "BLOCKQ_FLEET JSON format (each entry's exec_model its "
                                         "hardware), instead of --instances x --exec-model")
+    parser.add_argument("--model-share", nargs="+", default=[], metavar="MODEL=SHARE",
+                        help="with a --fleet of several models: each request names one, drawn "
+                             "with --seed by these shares (e.g. llama-2-7b=0.75 "
+                             "llama-3-8b=0.25); required there")
     parser.add_argument("--quiet-load", type=float, default=1.0,
                         help="wait for the 1-minute load average to fall below this first")
     parser.add_argument("--exec-model", choices=tuple(NUM_BLOCKS), default="qwen2-7b-a30",
@@ -111,6 +115,17 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "this `bench_cluster.py --json` file")
     parser.add_argument("--plot-dir", type=Path, default=ROOT / "docs" / "img")
     args = parser.parse_args(argv)
+    try:
+        args.model_shares = models.parse_model_shares(args.model_share)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.fleet or args.model_shares:
+        from workers.sim.fleet_spec import parse_fleet  # noqa: PLC0415
+
+        served = models.fleet_models(parse_fleet(args.fleet)) if args.fleet else []
+        if (len(served) > 1 or args.model_shares) and set(served) != set(args.model_shares):
+            parser.error(f"--model-share must name exactly the fleet's models {served}, "
+                         f"got {list(args.model_shares)}")
     if args.smoke:
         for name, value in SMOKE.items():
             if parser.get_default(name) == getattr(args, name):
@@ -176,6 +191,7 @@ def _measure(args: argparse.Namespace, console: Console,
         "exec_model": args.exec_model, "fleet": args.fleet,
         "fleet_label": _fleet_label(args.fleet) if args.fleet else None,
         "requests": args.requests, "seed": args.seed, "bias_watch": args.bias_watch,
+        "model_shares": args.model_shares or None,
         "early_stop": args.early_stop,
         "command": " ".join(sys.argv), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                     time.gmtime()),
@@ -191,6 +207,8 @@ def _measure(args: argparse.Namespace, console: Console,
     raw["simulated"] = simulated
     for name in args.workloads:
         workload = _load_workload(name, args)
+        if args.model_shares:
+            workload = models.assign_models(workload, args.model_shares, args.seed)
         fleet = _declared_fleet(args, workload) if args.fleet else None
         console.print(f"[bold]{name}[/bold]: {len(workload.requests)} requests, mean output "
                       f"{workload.mean_output_tokens:.0f} tokens, serving model "
@@ -256,18 +274,22 @@ def _measure(args: argparse.Namespace, console: Console,
 
 
 def _declared_fleet(args: argparse.Namespace, workload: workloads.LiveWorkload) -> str:
-    """`--fleet` as the stack runs it (BLOCKQ_FLEET JSON): every entry serving the workload's
-    model on an emulated engine, sized as the discrete-event benchmark sizes it."""
+    """`--fleet` as the stack runs it (BLOCKQ_FLEET JSON): every entry on an emulated engine
+    (serving the workload's model, or with several models each its own: `models.stack_fleet`),
+    sized as the discrete-event benchmark sizes it."""
     from workers.cluster_sim import Workload, declared_fleet  # noqa: PLC0415
     from workers.sim.fleet_spec import parse_fleet  # noqa: PLC0415
 
     lengths = Workload(workload.name, tuple(float(i) for i in range(len(workload.requests))),
                        tuple(r.prompt_tokens for r in workload.requests),
                        tuple(r.output_tokens for r in workload.requests))
-    specs = [spec.model_copy(update={"model": workload.serving_model, "engine": "emulated"})
-             for spec in parse_fleet(args.fleet)]
+    specs = models.stack_fleet(parse_fleet(args.fleet), serving_model=workload.serving_model,
+                               model_path=args.model_path)
     sized = declared_fleet(specs, lengths, max_model_len=args.max_model_len)
-    return json.dumps([spec.model_dump(mode="json", exclude_none=True, exclude={"model_path"})
+    # One model: the stack's model_path serves it (Settings.instances), so none is declared.
+    keep_path = len(models.fleet_models(sized)) > 1
+    return json.dumps([spec.model_dump(mode="json", exclude_none=True,
+                                       exclude=None if keep_path else {"model_path"})
                        for spec in sized])
 
 

@@ -27,6 +27,7 @@ from app.cli.stack import Stack
 from app.fleet import Fleet
 from app.migrate import recreate_database, upgrade
 from app.settings import Settings
+from live_bench.models import split_by_model
 from live_bench.stats import (
     RequestProgress,
     count_done_and_late,
@@ -244,6 +245,8 @@ async def _send(base_url: str, api_key: str, workload: LiveWorkload,
                 return {"i": i, "due": due, "sent": sent, "answered": sent, "status": 0,
                         "id": None, "error": "not sent"}
             body = {"prompt": r.prompt, "max_tokens": r.max_tokens, "temperature": 0}
+            if r.model is not None:
+                body["model"] = r.model
             answer, attempts = await _post(client, body, idempotency_key=f"bench-{i}")
             status, rid = _status_and_id(answer)
             accepted = status in (200, 202) and rid is not None
@@ -393,7 +396,7 @@ def run_point(spec: PointSpec, log: Any = print) -> dict[str, Any]:
         # it, and the other figures describe a cut-off run.
         result |= {"stopped_early": True, "late_at_stop": watcher.late,
                    "ttft_s": {"p50": None, "p99": math.inf, "count": len(workload.requests)},
-                   "e2e_s": {"p50": None, "p99": None, "count": 0}}
+                   "e2e_s": {"p50": None, "p99": None, "count": 0}, "by_model": {}}
     idle = {"control_plane": sum(v for k, v in idle_cores.items() if k in CONTROL_PLANE),
             "engines": sum(v for k, v in idle_cores.items() if k not in CONTROL_PLANE)}
     result["idle_cores"] = idle
@@ -413,8 +416,9 @@ def _result(spec: PointSpec, sends: list[dict[str, Any]], rows: list[dict[str, A
     by_id = {r["id"]: r for r in rows}
     index = {s["id"]: s["i"] for s in sends if s["id"] is not None}
     inf = float("inf")
-    ttft, e2e, overhead, samples = [], [], [], []
+    ttft, e2e, overhead, samples, models = [], [], [], [], []
     for rid, i in index.items():
+        models.append(spec.workload.requests[i].model)
         row = by_id.get(rid)
         ok = row is not None and row["status"] == "succeeded" and row["first_token"] is not None
         t = float(row["first_token"] - row["created"]) if ok else inf
@@ -462,6 +466,8 @@ def _result(spec: PointSpec, sends: list[dict[str, Any]], rows: list[dict[str, A
         "stopped_early": False,
         "ttft_s": summarize(ttft, scale).as_dict(),
         "e2e_s": summarize(e2e, scale).as_dict(),
+        # Each model's pool (a fleet of several models): what its own simulation compares with.
+        "by_model": split_by_model(models, ttft, e2e, scale),
         "accept_to_routed_s": summarize(overhead, scale).as_dict(),
         "accept_to_routed_wall_ms": {"p50": percentile(overhead, 50) * 1000,
                                      "p99": percentile(overhead, 99) * 1000},

@@ -63,6 +63,9 @@ def print_report(raw: dict[str, Any], console: Console | None = None) -> None:
                 fmt(p.get("cpu_ms_per_request_above_idle", p["cpu_ms_per_request"])
                    ["control_plane"], 1))
         console.print(table)
+        pools = _by_model_table(raw, points)
+        if pools is not None:
+            console.print(pools)
         cap = Table(title=f"Capacity at TTFT p99 <= {slo:g} s (emulated), {workload}")
         for column in ("policy", "capacity req/s", "first failing", "x round_robin"):
             cap.add_column(column, justify="right")
@@ -84,6 +87,23 @@ def print_report(raw: dict[str, Any], console: Console | None = None) -> None:
             console.print(f"  [yellow]{p['policy']} @ {p['rate']:g}: table misses "
                           f"{p['table_misses']}, failed {p['failed']}, rerouted {p['rerouted']}, "
                           f"HTTP errors {p['http_errors']}[/yellow]")
+
+
+def _by_model_table(raw: dict[str, Any], points: list[dict[str, Any]]) -> Table | None:
+    """Each model's pool at each point (a fleet of several models), or None."""
+    pooled = [p for p in points if p.get("by_model")]
+    if not pooled:
+        return None
+    table = Table(title="Per model's pool (emulated s)")
+    for column in ("policy", "rate/s", "model", "requests", "TTFT p50", "TTFT p99", "e2e p50",
+                   "e2e p99"):
+        table.add_column(column, justify="right")
+    for p in sorted(pooled, key=lambda p: (raw["policies"].index(p["policy"]), p["rate"])):
+        for model, pool in p["by_model"].items():
+            table.add_row(p["policy"], f"{p['rate']:g}", model, str(pool["requests"]),
+                          fmt(pool["ttft_s"]["p50"], 3), fmt(pool["ttft_s"]["p99"], 3),
+                          fmt(pool["e2e_s"]["p50"]), fmt(pool["e2e_s"]["p99"]))
+    return table
 
 
 def _simulated_model(raw: dict[str, Any]) -> str:
