@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from app.dispatch import Message
-from app.models import InferenceRequest, RequestStatus
+from app.models import InferenceRequest, RequestStatus, utcnow
 from app.settings import Settings
 from workers.predict import stage, tasks
 from workers.runtime import Runtime
@@ -27,6 +27,12 @@ from workers.runtime import Runtime
 __all__ = ["InlineRouter"]
 
 logger = logging.getLogger(__name__)
+
+#: A request this long after its commit is left to the predict task: its API process is
+#: saturated (each of its calls waits its turn on the event loop), and the outbox relay sends a
+#: deferred entry `outbox_relay_after_s` (2 s) after its commit, which would then race with the
+#: API's own routing (one decision is still recorded, but both predict and route it).
+MAX_DELAY_S = 0.5
 
 
 class InlineRouter:
@@ -39,9 +45,11 @@ class InlineRouter:
     def route(self, request: InferenceRequest, predict_entry: tuple[int, Message]) -> bool:
         """Predict and route `request` (stored queued a moment ago) and retire its deferred
         predict message; whether that happened. When it did not, the message is sent: the
-        predict task takes the request over."""
+        predict task takes the request over (also when the API reaches it `MAX_DELAY_S` or
+        more after its commit)."""
         try:
-            routed = self._route(request, predict_entry[0])
+            routed = (_delay_s(request) < MAX_DELAY_S
+                      and self._route(request, predict_entry[0]))
         except Exception:  # noqa: BLE001 - the predict task takes over
             logger.exception("routing in the API failed; the predict task takes it over")
             routed = False
@@ -58,3 +66,8 @@ class InlineRouter:
         return bool(tasks.route_predicted(self.rt, request.id, started, answer, timing,
                                           status=RequestStatus.QUEUED,
                                           retire=[entry_id]))
+
+
+def _delay_s(request: InferenceRequest) -> float:
+    """Seconds since the request was stored (its `created_at`, set by the API itself)."""
+    return (utcnow() - request.created_at).total_seconds()

@@ -7,6 +7,7 @@ the order. Real PostgreSQL and Redis."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from app.settings import Settings
 from tests.app.flask_client import api_client, error_body, services_of
 from tests.engine_states import engine_state
 from tests.workers.request_rows import REQUEST_FIELDS, stored_request
+from workers.predict import inline
 from workers.predict import stage as predict_stage
 from workers.predict import tasks as predict_tasks
 from workers.predict.inline import InlineRouter
@@ -140,6 +142,21 @@ def test_what_the_api_cannot_route_the_predict_task_takes_over(
     predict_tasks.annotate(request.id)
     row = stored_request(rt.db, request.id)
     assert (row.status, row.instance_id, row.attempt) == (RequestStatus.ROUTED, "gpu.0", 1)
+
+
+def test_a_saturated_api_leaves_a_late_request_to_the_predict_task(
+        worker: Callable[..., Runtime]) -> None:
+    """An API process that reaches a request MAX_DELAY_S after its commit (its event loop
+    saturated) sends it to the predict queue rather than race the outbox relay."""
+    rt = worker()
+    rt.fleet.publish("gpu.0", engine_state(model=rt.settings.model_name))
+    request, entry = _stored(rt)
+    request.created_at -= timedelta(seconds=inline.MAX_DELAY_S)
+
+    assert not _router(rt).route(request, entry)
+
+    assert stored_request(rt.db, request.id).status == RequestStatus.QUEUED
+    assert _in_queue(rt, "predict") == {request.id} and _in_queue(rt, "gpu.0") == set()
 
 
 def test_after_an_api_crash_the_relay_sends_the_deferred_predict_message(
