@@ -15,12 +15,13 @@ from sqlalchemy import select
 
 from app import dispatch, store
 from app.dispatch import Message
-from app.models import InferenceRequest, OutboxEntry, RequestEvent, RequestStatus
+from app.models import InferenceRequest, RequestStatus
 from app.queues import request_ids_in_broker
 from app.settings import Settings
 from tests.app.flask_client import api_client, error_body, services_of
 from tests.engine_states import engine_state
 from tests.workers.request_rows import REQUEST_FIELDS, stored_request
+from tests.workers.route.pipeline_checks import events, in_queue, outbox_tasks
 from workers.predict import inline
 from workers.predict import stage as predict_stage
 from workers.predict import tasks as predict_tasks
@@ -55,22 +56,6 @@ def _router(rt: Runtime) -> InlineRouter:
                         outbox=rt.outbox)
 
 
-def _events(rt: Runtime, request_id: str) -> list[str]:
-    with rt.db.session() as session:
-        return list(session.scalars(select(RequestEvent.status).where(
-            RequestEvent.request_id == request_id).order_by(RequestEvent.id)))
-
-
-def _outbox(rt: Runtime) -> list[str]:
-    assert rt.outbox.flush()
-    with rt.db.session() as session:
-        return list(session.scalars(select(OutboxEntry.task)))
-
-
-def _in_queue(rt: Runtime, queue: str) -> set[str]:
-    return request_ids_in_broker(rt.redis, [queue], fresh_s=0)
-
-
 def test_a_held_completion_is_routed_by_the_api_without_the_predict_queue(
         fresh_services: Settings) -> None:
     settings = fresh_services.model_copy(update={**IN_API, "sync_timeout_s": 0.3})
@@ -87,18 +72,10 @@ def test_a_held_completion_is_routed_by_the_api_without_the_predict_queue(
         (row,) = session.scalars(select(InferenceRequest)).all()
     assert (row.status, row.instance_id, row.attempt) == (RequestStatus.ROUTED, "gpu.0", 1)
     assert row.predicted_output_tokens is not None and row.routing["routed_in"] == "api"
-    assert _events_of(svc.db, row.id) == ["queued", "routed"]
+    assert events(svc.db, row.id) == ["queued", "routed"]
     assert request_ids_in_broker(svc.fleet.redis, ["gpu.0"], fresh_s=0) == {row.id}
     assert request_ids_in_broker(svc.fleet.redis, ["predict"], fresh_s=0) == set()
-    assert svc.outbox.flush()
-    with svc.db.session() as session:
-        assert session.scalars(select(OutboxEntry)).all() == []  # predict's entry retired
-
-
-def _events_of(db: Any, request_id: str) -> list[str]:
-    with db.session() as session:
-        return list(session.scalars(select(RequestEvent.status).where(
-            RequestEvent.request_id == request_id).order_by(RequestEvent.id)))
+    assert outbox_tasks(svc.db, svc.outbox) == []  # predict's entry retired
 
 
 def test_the_api_retires_the_predict_message_in_the_decisions_transaction(
@@ -106,15 +83,15 @@ def test_the_api_retires_the_predict_message_in_the_decisions_transaction(
     rt = worker()
     rt.fleet.publish("gpu.0", engine_state(model=rt.settings.model_name))
     request, entry = _stored(rt)
-    assert _outbox(rt) == [dispatch.TASK_PREDICT]  # staged, not sent
+    assert outbox_tasks(rt.db, rt.outbox) == [dispatch.TASK_PREDICT]  # staged, not sent
 
     assert _router(rt).route(request, entry)
 
     row = stored_request(rt.db, request.id)
     assert (row.status, row.instance_id, row.attempt) == (RequestStatus.ROUTED, "gpu.0", 1)
-    assert _events(rt, request.id) == ["queued", "routed"]
-    assert _outbox(rt) == []
-    assert _in_queue(rt, "gpu.0") == {request.id} and _in_queue(rt, "predict") == set()
+    assert events(rt.db, request.id) == ["queued", "routed"]
+    assert outbox_tasks(rt.db, rt.outbox) == []
+    assert in_queue(rt, "gpu.0") == {request.id} and in_queue(rt, "predict") == set()
 
 
 @pytest.mark.parametrize("failure", ["no instance", "error"])
@@ -134,8 +111,8 @@ def test_what_the_api_cannot_route_the_predict_task_takes_over(
     assert not router.route(request, entry)
 
     assert stored_request(rt.db, request.id).status == RequestStatus.QUEUED
-    assert _in_queue(rt, "predict") == {request.id}  # sent at once
-    assert _outbox(rt) == []
+    assert in_queue(rt, "predict") == {request.id}  # sent at once
+    assert outbox_tasks(rt.db, rt.outbox) == []
     # The predict task routes it as any other (here: once an instance is up).
     monkeypatch.undo()
     rt.fleet.publish("gpu.0", engine_state(model=rt.settings.model_name))
@@ -156,7 +133,7 @@ def test_a_saturated_api_leaves_a_late_request_to_the_predict_task(
     assert not _router(rt).route(request, entry)
 
     assert stored_request(rt.db, request.id).status == RequestStatus.QUEUED
-    assert _in_queue(rt, "predict") == {request.id} and _in_queue(rt, "gpu.0") == set()
+    assert in_queue(rt, "predict") == {request.id} and in_queue(rt, "gpu.0") == set()
 
 
 def test_after_an_api_crash_the_relay_sends_the_deferred_predict_message(
@@ -166,8 +143,8 @@ def test_after_an_api_crash_the_relay_sends_the_deferred_predict_message(
 
     assert rt.outbox.relay(older_than_s=0) == 1
 
-    assert _in_queue(rt, "predict") == {request.id}
-    assert _outbox(rt) == []
+    assert in_queue(rt, "predict") == {request.id}
+    assert outbox_tasks(rt.db, rt.outbox) == []
 
 
 def test_one_decision_when_the_relayed_predict_task_routes_first(
@@ -185,9 +162,9 @@ def test_one_decision_when_the_relayed_predict_task_routes_first(
     row = stored_request(rt.db, request.id)
     assert (row.status, row.attempt) == (RequestStatus.ROUTED, 1)
     assert "routed_in" not in row.routing  # the predict task's decision stands
-    assert _events(rt, request.id) == ["queued", "predicting", "routed"]
-    assert _in_queue(rt, "gpu.0") == {request.id}
-    assert _outbox(rt) == []
+    assert events(rt.db, request.id) == ["queued", "predicting", "routed"]
+    assert in_queue(rt, "gpu.0") == {request.id}
+    assert outbox_tasks(rt.db, rt.outbox) == []
 
 
 def test_late_binding_keeps_routing_with_the_route_worker() -> None:

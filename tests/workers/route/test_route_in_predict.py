@@ -9,14 +9,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import update
 
 from app import store
-from app.models import InferenceRequest, OutboxEntry, RequestEvent, RequestStatus
-from app.queues import request_ids_in_broker
+from app.models import InferenceRequest, RequestStatus
 from app.settings import Settings
 from tests.engine_states import engine_state
 from tests.workers.request_rows import new_request, stored_request
+from tests.workers.route.pipeline_checks import events, in_queue, outbox_tasks
 from workers.predict import stage as predict_stage
 from workers.predict import tasks as predict_tasks
 from workers.runtime import Runtime
@@ -48,23 +48,6 @@ def _row(rt: Runtime, request_id: str) -> InferenceRequest:
     return stored_request(rt.db, request_id)
 
 
-def _events(rt: Runtime, request_id: str) -> list[str]:
-    with rt.db.session() as session:
-        return list(session.scalars(select(RequestEvent.status).where(
-            RequestEvent.request_id == request_id).order_by(RequestEvent.id)))
-
-
-def _outbox(rt: Runtime) -> list[str]:
-    """Entries left once this process's deletes of sent entries (its own thread) are done."""
-    assert rt.outbox.flush()
-    with rt.db.session() as session:
-        return list(session.scalars(select(OutboxEntry.task)))
-
-
-def _in_queue(rt: Runtime, queue: str) -> set[str]:
-    return request_ids_in_broker(rt.redis, [queue], fresh_s=0)
-
-
 def test_predict_routes_in_one_transaction_and_publishes_to_the_engine(
         worker: Callable[..., Runtime], queued: Callable[[Runtime], str]) -> None:
     rt = worker()
@@ -78,15 +61,15 @@ def test_predict_routes_in_one_transaction_and_publishes_to_the_engine(
     assert row.predicted_output_tokens is not None and row.predictor is not None
     assert row.predicted_at is not None and row.routed_at is not None
     assert row.routing is not None and row.routing["stages_ms"]["handoff"] == 0
-    assert _events(rt, request_id) == ["queued", "predicting", "routed"]
-    assert _in_queue(rt, "gpu.0") == {request_id}
-    assert _in_queue(rt, "route") == set()  # no hop through the router
-    assert _outbox(rt) == []  # sent after the commit, then forgotten
+    assert events(rt.db, request_id) == ["queued", "predicting", "routed"]
+    assert in_queue(rt, "gpu.0") == {request_id}
+    assert in_queue(rt, "route") == set()  # no hop through the router
+    assert outbox_tasks(rt.db, rt.outbox) == []  # sent after the commit, then forgotten
 
     # A redelivered predict message changes nothing: the request is past the stage.
     predict_tasks.annotate(request_id)
     assert _row(rt, request_id).attempt == 1
-    assert _in_queue(rt, "gpu.0") == {request_id}
+    assert in_queue(rt, "gpu.0") == {request_id}
 
 
 @pytest.mark.parametrize("inline", [True, False])
@@ -102,8 +85,8 @@ def test_without_an_instance_or_inline_routing_the_route_task_takes_over(
     row = _row(rt, request_id)
     assert row.status == RequestStatus.PREDICTING and row.predicted_output_tokens is not None
     assert row.instance_id is None and row.attempt == 0
-    assert _in_queue(rt, "route") == {request_id}
-    assert _in_queue(rt, "gpu.0") == set()
+    assert in_queue(rt, "route") == {request_id}
+    assert in_queue(rt, "gpu.0") == set()
 
 
 def test_a_request_cancelled_while_predicting_is_not_routed(
@@ -126,8 +109,8 @@ def test_a_request_cancelled_while_predicting_is_not_routed(
 
     row = _row(rt, request_id)
     assert (row.status, row.instance_id, row.attempt) == (RequestStatus.CANCELLED, None, 0)
-    assert _in_queue(rt, "gpu.0") == set() and _in_queue(rt, "route") == set()
-    assert _outbox(rt) == []
+    assert in_queue(rt, "gpu.0") == set() and in_queue(rt, "route") == set()
+    assert outbox_tasks(rt.db, rt.outbox) == []
     (status,) = rt.fleet.statuses()
     assert status.assigned == ()  # the decision's assignment was taken back
 
@@ -164,7 +147,7 @@ def test_a_redelivered_predict_of_a_request_already_predicting_predicts_and_rout
     row = _row(rt, request_id)
     assert (row.status, row.instance_id, row.attempt) == (RequestStatus.ROUTED, "gpu.0", 1)
     assert row.predicted_output_tokens is not None
-    assert _events(rt, request_id) == ["queued", "predicting", "routed"]
+    assert events(rt.db, request_id) == ["queued", "predicting", "routed"]
     assert _generate_attempts(rt, "gpu.0") == [1]
 
 
@@ -198,8 +181,8 @@ def test_a_request_past_predicting_is_left_alone(
     predict_tasks.annotate(request_id)
 
     assert _row(rt, request_id).status == RequestStatus.CANCELLED
-    assert _events(rt, request_id) == ["queued", "cancelled"]
-    assert _in_queue(rt, "gpu.0") == set()
+    assert events(rt.db, request_id) == ["queued", "cancelled"]
+    assert in_queue(rt, "gpu.0") == set()
 
 
 @pytest.mark.parametrize("inline", [True, False])
@@ -225,7 +208,7 @@ def test_a_request_goes_only_to_an_instance_of_its_model_and_waits_for_one(
     # fails, and never goes to another model's instance.
     assert (_row(rt, other).status, _row(rt, other).instance_id) == (
         RequestStatus.PREDICTING, None)
-    assert _in_queue(rt, "route") >= {other}
+    assert in_queue(rt, "route") >= {other}
     rt.fleet.publish("gpu.2", engine_state().published("gpu.2", "gone", accepting=True))
     route_tasks.route(other)
     assert (_row(rt, other).status, _row(rt, other).instance_id) == (RequestStatus.ROUTED,
