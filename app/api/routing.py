@@ -19,12 +19,14 @@ def init_app(app: Flask, services: Services) -> None:
     if not services.settings.routes_in_api:
         return
     # NOTE: the one place the HTTP layer imports worker code (pyproject's import contracts):
-    # the length model and the router, loaded on the first request that needs them.
+    # the length model and the router, loaded as the app is made.
     from workers.predict.inline import InlineRouter  # noqa: PLC0415
 
-    app.extensions[_EXTENSION] = InlineRouter(
+    router = InlineRouter(
         services.settings, db=services.db, redis=services.fleet.redis, fleet=services.fleet,
         celery=services.celery, outbox=services.outbox, prompts=services.prompts)
+    router.warm_up()
+    app.extensions[_EXTENSION] = router
 
 
 def enabled() -> bool:

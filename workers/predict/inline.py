@@ -42,6 +42,13 @@ class InlineRouter:
         """`connections`: the API's (`Runtime.SHAREABLE`)."""
         self.rt = Runtime.sharing(settings, **connections)
 
+    def warm_up(self) -> None:
+        """Load the learned length model now, as the API starts (as the tokenizer is), not on
+        the first completion each API process serves."""
+        predictor = stage.length_predictor(self.rt)
+        if isinstance(predictor, stage.LearnedLengths):
+            _ = predictor.packaged
+
     def route(self, request: InferenceRequest, predict_entry: tuple[int, Message]) -> bool:
         """Predict and route `request` (stored queued a moment ago) and retire its deferred
         predict message; whether that happened. When it did not, the message is sent: the

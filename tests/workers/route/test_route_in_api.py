@@ -26,6 +26,7 @@ from workers.predict import inline
 from workers.predict import stage as predict_stage
 from workers.predict import tasks as predict_tasks
 from workers.predict.inline import InlineRouter
+from workers.predict.length_model import bootstrap_artifact
 from workers.runtime import Runtime
 
 IN_API = {"route_in_api": True, "length_predictor": "baseline", "routing_policy": "round_robin"}
@@ -171,3 +172,14 @@ def test_late_binding_keeps_routing_with_the_route_worker() -> None:
     settings = Settings(route_in_api=True, routing_hold=True)
     assert not settings.routes_in_api
     assert Settings(route_in_api=True).routes_in_api
+
+
+def test_the_api_loads_its_length_model_as_it_starts(fresh_services: Settings) -> None:
+    """Not on the first completion each API process serves."""
+    settings = fresh_services.model_copy(update={
+        **IN_API, "length_predictor": "learned",
+        "length_model_path": bootstrap_artifact("static")})
+    client = api_client(settings)
+
+    router = client.application.extensions["blockq.inline_router"]
+    assert "packaged" in predict_stage.learned_lengths(router.rt).__dict__
