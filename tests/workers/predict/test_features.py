@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workers.predict import features as features_module
 
 from workers.predict.features import (
     FEATURE_NAMES,
@@ -129,3 +134,48 @@ def test_token_counter_counts_qwen_tokens(counter) -> None:
     assert counter("") == 0
     assert 1 <= counter("Hello world") <= 3
     assert counter("<|im_end|>") > 1  # special-token text in a prompt is plain text
+
+
+# The phrases' fast path (lowered ASCII text, case-sensitive search) must find exactly what the
+# case-insensitive search finds: the trained heads were fitted on the latter.
+_PHRASES = [value for value in vars(features_module).values()
+            if isinstance(value, features_module._Phrases)]
+_WORDS = sorted({word for phrases in _PHRASES
+                 for word in re.findall(r"[a-z][a-z ;\-]*[a-z]", phrases.any_case.pattern)})
+_ASCII_TEXT = st.lists(
+    st.one_of(st.sampled_from(_WORDS), st.sampled_from(["50", "3", "?", ".", "\n", "-", "  "]),
+              st.text(alphabet=st.characters(max_codepoint=127), max_size=6)),
+    max_size=30,
+).flatmap(lambda parts: st.tuples(st.just(parts), st.lists(st.booleans(), min_size=len(parts),
+                                                             max_size=len(parts))))
+
+
+def _cased(parts_and_flips: tuple[list[str], list[bool]]) -> str:
+    parts, flips = parts_and_flips
+    return " ".join(part.upper() if flip else part.title() if len(part) % 2 else part
+                    for part, flip in zip(parts, flips, strict=True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ASCII_TEXT.map(_cased))
+def test_the_lowered_search_of_ascii_text_finds_what_the_case_insensitive_one_finds(
+        text: str) -> None:
+    fast, reference = features_module._Text.of(text), features_module._Text(text, None)
+    assert fast.lowered is not None
+    for phrases in _PHRASES:
+        assert fast.has(phrases) == reference.has(phrases), phrases.any_case.pattern[:60]
+        assert ([m.span() for m in fast.finditer(phrases)]
+                == [m.span() for m in reference.finditer(phrases)])
+    assert features_module._requested_words(fast) == features_module._requested_words(reference)
+
+
+def test_a_phrase_pattern_must_be_written_in_lower_case() -> None:
+    with pytest.raises(ValueError, match="lower case"):
+        features_module._Phrases(r"\bSELECT\b")
+    features_module._Phrases(r"(?P<unit>\w+)\S")  # escapes and group names are not words
+
+
+def test_non_ascii_text_takes_the_case_insensitive_search() -> None:
+    f = features("Écris un ESSAY de 3 PARAGRAPHS, s'il te plaît, en DÉTAIL")
+    assert f["asks_long_form"] == 1.0 and f["has_length_request"] == 1.0
+    assert f["non_ascii_share"] == pytest.approx(3 / 56)
