@@ -413,9 +413,11 @@ class Settings(BaseSettings):
         "The route worker still routes what comes back to routing (retries, re-routes).",
     )
     route_in_api: bool = Field(
-        False, description="The API predicts and routes each held OpenAI completion (streamed "
+        True, description="The API predicts and routes each held OpenAI completion (streamed "
         "or not) itself, in the process that accepted it: no hop through the predict queue "
-        "(workers/predict/inline.py). Each API process then loads the length model. Off with "
+        "(workers/predict/inline.py); what it cannot route (no instance up, an error, a "
+        "saturated API process) the predict task takes over. Each API process loads the "
+        "length model. Off: every request goes through the predict queue. Off with "
         "late binding (routing_hold), whose holds the route worker releases; the native "
         "/v1/requests and batches always go through the predict queue.",
     )
@@ -784,8 +786,9 @@ class Settings(BaseSettings):
 
     @property
     def default_model(self) -> str:
-        """The model of a native request that names none: the first instance's."""
-        return self.instances[0].model
+        """The model of a native request that names none: the first instance's (read on every
+        request: not through `instances`, which copies each spec)."""
+        return self.fleet[0].model if self.fleet else self.model_name
 
     def for_instance(self, instance_id: str) -> Settings:
         """These settings as engine instance `instance_id` (gpu.<k>) of the fleet runs them:

@@ -366,15 +366,19 @@ def _stack_settings(args: argparse.Namespace, data_dir: Path) -> Settings:
         model_path=args.model_path, api_port=free_port(), flower_port=free_port(),
         num_instances=1, engine_kind="vllm", length_predictor="learned",
         routing_policy=args.policy, route_in_predict=not args.route_task,
-        route_in_api=args.route_in_api,
+        route_in_api=_routes_in_api(args),
         held_connections_team_caps={LOCAL_TEAM: TEAM_HELD_CAP},
         length_model_path=args.length_model,
     )
 
 
 # --- report ---------------------------------------------------------------------------------------
+def _routes_in_api(args: argparse.Namespace) -> bool:
+    return not (args.predict_task or args.route_task)
+
+
 def _routed_where(args: argparse.Namespace) -> str:
-    if args.route_in_api:
+    if _routes_in_api(args):
         return "in the API process that accepted the request (route_in_api)"
     return "by the route task, after a hop" if args.route_task else "in the predict task"
 
@@ -545,10 +549,15 @@ def main() -> int:
     parser.add_argument("--length-model", type=Path, default=None,
                         help="the length model's artifact (default: this CPU's shipped head)")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--route-task", action="store_true",
-                       help="route in the route task, after a hop (route_in_predict off)")
     where.add_argument("--route-in-api", action="store_true",
-                       help="the API predicts and routes held completions (route_in_api)")
+                       help="the API predicts and routes held completions (route_in_api: the "
+                       "default)")
+    where.add_argument("--predict-task", action="store_true",
+                       help="predict and route in the predict task, after a hop through the "
+                       "predict queue (route_in_api off)")
+    where.add_argument("--route-task", action="store_true",
+                       help="predict in the predict task, route in the route task, after a "
+                       "second hop (route_in_api and route_in_predict off)")
     parser.add_argument("--ready-timeout-s", type=float, default=900.0,
                         help="how long the stack may take to start (a loaded machine is slow)")
     parser.add_argument("--skip-vllm", action="store_true")

@@ -76,7 +76,7 @@ def settings_of(args: argparse.Namespace, data_dir: Path) -> Settings:
         model_path=args.model_path, api_port=free_port(), flower_port=free_port(),
         num_instances=args.instances, engine_kind="emulated", emulated_time_scale=1.0,
         emulated_output_lengths="max_tokens", length_predictor=args.predictor,
-        routing_policy=args.policy, route_in_predict=True, route_in_api=args.route_in_api,
+        routing_policy=args.policy, route_in_predict=True, route_in_api=not args.predict_task,
         max_model_len=2048,
         learn_retrain_interval_s=0, learn_refit_interval_s=0,
         held_connections_team_caps={"local": 256}, log_format="text")
@@ -215,8 +215,12 @@ def main() -> int:
     parser.add_argument("--database-url",
                         default="postgresql+psycopg://postgres@127.0.0.1:5432/blockq_bench")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
-    parser.add_argument("--route-in-api", action="store_true",
-                        help="the API predicts and routes held completions (route_in_api)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--route-in-api", action="store_true",
+                       help="the API predicts and routes held completions (route_in_api: the "
+                       "default)")
+    where.add_argument("--predict-task", action="store_true",
+                       help="predict and route in the predict task (route_in_api off)")
     parser.add_argument("--profile", default=None, help="stack process name to py-spy")
     parser.add_argument("--profile-dir", type=Path, default=Path("."))
     parser.add_argument("--threads-of", default=None,
