@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workers.predict import features as features_module
-
 from workers.predict.features import (
     FEATURE_NAMES,
     embedding_text,
