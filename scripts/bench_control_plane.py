@@ -210,7 +210,8 @@ def bench_serve(base_url: str, model_path: Path, out_dir: Path, label: str, *, n
         "--random-output-len", str(OUTPUT_LEN), "--num-prompts", str(num_prompts),
         "--ignore-eos", "--seed", str(seed), "--disable-tqdm",
         "--percentile-metrics", "ttft,tpot,e2el", "--metric-percentiles", "50,99",
-        "--save-result", "--result-dir", str(out_dir), "--result-filename", result.name,
+        "--save-result", "--save-detailed", "--result-dir", str(out_dir),
+        "--result-filename", result.name,
     ]
     command += ["--request-rate", str(rate) if rate is not None else "inf"]
     if concurrency is not None:

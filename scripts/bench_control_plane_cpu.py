@@ -160,10 +160,15 @@ def latencies(database_url: str, start: datetime, end: datetime
         engine.dispose()
 
 
-def profile(pids: list[int], seconds: float, out_dir: Path) -> list[subprocess.Popen[bytes]]:
+def profile(pids: list[int], seconds: float, out_dir: Path, *,
+            native: bool = False) -> list[subprocess.Popen[bytes]]:
+    """py-spy on each process: its Python threads while they hold the GIL, or (`native`) every
+    thread on the CPU, with the native frames (libpq, the tokenizers, numpy) that run without
+    the GIL."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    mode = ["--native"] if native else ["--nonblocking", "--gil"]
     return [subprocess.Popen(
-        [spy, "record", "--nonblocking", "--gil", "-p", str(pid), "-d", str(int(seconds)),
+        [spy, "record", *mode, "-p", str(pid), "-d", str(int(seconds)),
          "-f", "raw", "-o", str(out_dir / f"profile-{pid}.txt")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in pids]
 
@@ -223,6 +228,9 @@ def main() -> int:
                        help="predict and route in the predict task (route_in_api off)")
     parser.add_argument("--profile", default=None, help="stack process name to py-spy")
     parser.add_argument("--profile-dir", type=Path, default=Path("."))
+    parser.add_argument("--profile-native", action="store_true",
+                        help="profile every thread on the CPU with its native frames (pauses "
+                        "the process at each sample: its CPU figures are not comparable)")
     parser.add_argument("--threads-of", default=None,
                         help="stack process name whose threads' CPU to report")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
@@ -268,7 +276,8 @@ def main() -> int:
                 import psutil  # noqa: PLC0415
 
                 pids = [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
-                spies = profile(pids, args.duration_s + 5, args.profile_dir)
+                spies = profile(pids, args.duration_s + 5, args.profile_dir,
+                                native=args.profile_native)
             print(f"sending {len(prompts)} requests at {args.rate} req/s", flush=True)
             stats_before = db_stats(args.database_url)
             load_started = datetime.now(UTC)

@@ -399,9 +399,10 @@ class _Relay:
         return True
 
     def _keep_alive(self) -> Iterator[str]:
-        """An SSE comment when nothing was sent for `sse_keepalive_s`: proxies keep the stream
-        open, and writing to a client that left fails (which cancels the request)."""
-        if time.monotonic() - self.sent_at >= self.svc.settings.sse_keepalive_s:
+        """An SSE comment when nothing was sent for `sse_keepalive_s` (when set): proxies keep
+        the stream open."""
+        period = self.svc.settings.sse_keepalive_s
+        if period is not None and time.monotonic() - self.sent_at >= period:
             yield ": keep-alive\n\n"
 
     def _delta(self, text: str) -> dict[str, Any] | str:

@@ -44,9 +44,9 @@ def _request(**columns: Any) -> InferenceRequest:
     return InferenceRequest(id="req_abc", created_at=CREATED, prompt_tokens=3, **columns)
 
 
-def _relay(batches: list[list[StreamEvent] | None], kind: str, *, include_usage: bool = False
-           ) -> openai_api._Relay:
-    settings = SimpleNamespace(sync_timeout_s=60.0, sse_keepalive_s=15.0,
+def _relay(batches: list[list[StreamEvent] | None], kind: str, *, include_usage: bool = False,
+           keepalive_s: float | None = 15.0) -> openai_api._Relay:
+    settings = SimpleNamespace(sync_timeout_s=60.0, sse_keepalive_s=keepalive_s,
                                default_model="tiny-llama")
     svc = SimpleNamespace(settings=settings, streams=SimpleNamespace(
         subscribe=lambda request_id: FakeSubscription(batches)))
@@ -124,3 +124,59 @@ def test_text_the_stream_lost_is_sent_with_the_end() -> None:
     text, final, done = _payloads(last)
     assert json.loads(text)["choices"][0]["text"] == ", world!"
     assert json.loads(final)["choices"][0]["finish_reason"] == "length" and done == "[DONE]"
+
+
+@pytest.fixture
+def finished_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The request's row is terminal from its third look on (after two quiet spells)."""
+    row = _request(status=RequestStatus.SUCCEEDED, output_text="Hello",
+                   finish_reason="length", output_tokens=1, model="tiny-llama")
+    looks = iter([None, None])
+    monkeypatch.setattr(openai_api, "_terminal_row", lambda svc, request_id: next(looks, row))
+
+
+def _quiet_for_long(keepalive_s: float | None) -> list[str]:
+    """The writes of a stream whose first text comes after two quiet spells, each longer than
+    a 15 s keep-alive period."""
+    relay = _relay([None, None, [_text("Hello"), END]], fmt.KIND_COMPLETION,
+                   include_usage=True, keepalive_s=keepalive_s)
+    writes = []
+    relay.sent_at -= 20  # each quiet spell outlasts the period
+    for write in relay.events():
+        writes.append(write)
+        relay.sent_at -= 20
+    return writes
+
+
+@pytest.mark.usefixtures("finished_late")
+def test_by_default_a_waiting_stream_sends_nothing_before_its_first_event() -> None:
+    """As vLLM's server: nothing but events (vLLM's benchmark client loses every event after a
+    comment that reaches it alone)."""
+    writes = _quiet_for_long(None)
+    assert all(write.startswith("data: ") for write in writes), writes
+    assert json.loads(_payloads(writes[0])[0])["choices"][0]["text"] == "Hello"
+
+
+@pytest.mark.usefixtures("finished_late")
+def test_a_stream_sends_keep_alive_comments_when_a_period_is_set() -> None:
+    writes = _quiet_for_long(15.0)
+    assert writes[:2] == [": keep-alive\n\n"] * 2
+    assert json.loads(_payloads(writes[2])[0])["choices"][0]["text"] == "Hello"
+
+
+@pytest.mark.vllm
+@pytest.mark.usefixtures("finished_late")
+@pytest.mark.parametrize("keepalive_s", [None, 15.0])
+def test_vllm_benchmark_client_reads_every_event_of_a_default_stream(
+        keepalive_s: float | None) -> None:
+    """vLLM's `bench serve` client strips each read and keeps what it cannot parse: a comment
+    that arrives in a read of its own swallows every later event. The default stream has none;
+    one with keep-alives loses its text, as the client did at 256 concurrent streams."""
+    from vllm.benchmarks.lib.endpoint_request_func import StreamedResponseHandler
+
+    handler = StreamedResponseHandler()
+    messages = [m for write in _quiet_for_long(keepalive_s)  # each write, one read
+                for m in handler.add_chunk(write.encode().strip())]
+    chunks = [json.loads(m.removeprefix("data: ")) for m in messages if m.startswith("data: {")]
+    texts = [chunk["choices"][0]["text"] for chunk in chunks if chunk.get("choices")]
+    assert (texts[:1] == ["Hello"]) == (keepalive_s is None), messages
