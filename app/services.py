@@ -12,6 +12,7 @@ from app.celery_app import create_celery
 from app.db import Database
 from app.fleet import Fleet
 from app.outbox import Outbox
+from app.principal_cache import PrincipalCache
 from app.prompts import PromptCodec
 from app.settings import Settings
 from app.stream_hub import HUB_BLOCK_MS, StreamHub
@@ -49,6 +50,8 @@ class Services:
     outbox: Outbox
     # The one reader of the output streams that held completions wait on (app/stream_hub.py).
     streams: StreamHub
+    # The process's authenticated keys, emptied at every key or team change.
+    principals: PrincipalCache
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -72,4 +75,5 @@ class Services:
                 redis.Redis.from_url(settings.redis_url, socket_timeout=HUB_BLOCK_MS / 1000 + 5,
                                      socket_connect_timeout=2),
                 shared),
+            principals=PrincipalCache.shared(settings.resolved_database_url),
         )

@@ -20,7 +20,7 @@ from app.models import ApiKey, Team, utcnow
 from app.team_secrets import add_secret
 
 __all__ = ["Principal", "IssuedKey", "create_team", "issue_key", "revoke_key", "principal_of",
-           "key_digest", "team_by_name", "ensure_team_key"]
+           "principal_of_digest", "key_digest", "team_by_name", "ensure_team_key"]
 
 KEY_PREFIX = "bq-"
 
@@ -116,7 +116,12 @@ _PRINCIPAL = (
 def principal_of(session: Session | Connection, key: str) -> Principal | None:
     """The principal of a presented key, or None if the key is unknown or revoked (one
     SELECT: an ORM session or a Core connection)."""
-    found = session.execute(_PRINCIPAL, {"digest": key_digest(key)}).first()
+    return principal_of_digest(session, key_digest(key))
+
+
+def principal_of_digest(session: Session | Connection, digest: str) -> Principal | None:
+    """`principal_of` the key whose digest (`key_digest`) is given."""
+    found = session.execute(_PRINCIPAL, {"digest": digest}).first()
     if found is None:
         return None
     team_id, team_name, key_id, is_admin, rate_limit_rpm, share, slo_miss_action = found

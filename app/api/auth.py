@@ -16,7 +16,7 @@ from limits.strategies import STRATEGIES, MovingWindowRateLimiter
 from app.api.services import services
 from app.errors import Unauthorized
 from app.settings import Settings
-from app.teams import Principal, principal_of
+from app.teams import Principal
 
 __all__ = ["init_app", "current_principal"]
 
@@ -39,8 +39,8 @@ def _authenticate() -> None:
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthorized("You didn't provide an API key. Send it in the Authorization header: "
                            "'Authorization: Bearer YOUR_KEY'.", code="missing_api_key")
-    with services().db.autocommit() as connection:
-        principal = principal_of(connection, key.strip())
+    svc = services()
+    principal = svc.principals.lookup(svc.db, key.strip())
     if principal is None:
         raise Unauthorized(f"Incorrect API key provided: {key.strip()[:6]}***.",
                            code="invalid_api_key")

@@ -54,8 +54,16 @@ def test_a_revoked_key_stops_working_at_once(anonymous: FlaskClient) -> None:
     with services_of(anonymous).db.session() as session:
         issued = issue_key(session, create_team(session, "acme"))
     assert anonymous.post("/v1/requests", json=BODY, headers=_as(issued.key)).status_code == 202
+    cache = services_of(anonymous).principals  # the API's key cache (app/principal_cache.py)
+    before = cache.generation
     with services_of(anonymous).db.session() as session:
         revoke_key(session, issued.key_id)
+    # At the revocation's commit PostgreSQL notifies every API process, whose cache empties:
+    # nothing cached outlives the notification (without a listener nothing is cached).
+    deadline = time.monotonic() + 10
+    while cache.listening and cache.generation == before:
+        assert time.monotonic() < deadline, "the key cache never heard of the revocation"
+        time.sleep(0.005)
     response = anonymous.post("/v1/requests", json=BODY, headers=_as(issued.key))
     assert _error(response, 401)["code"] == "invalid_api_key"
 
