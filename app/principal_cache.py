@@ -17,6 +17,7 @@ must be the same after it. Unknown keys are never cached (a guessing client cann
 from __future__ import annotations
 
 import logging
+import select
 import threading
 from collections import OrderedDict
 from typing import ClassVar
@@ -146,8 +147,15 @@ class PrincipalCache:
             self._stopped.wait(RETRY_AFTER_S)
 
     def _relay(self, connection: psycopg.Connection) -> None:
-        """Empty the cache at each notification, until stopped or the connection fails."""
+        """Empty the cache at each notification, until stopped or the connection fails.
+
+        The wait is a `select` on the connection's socket (cooperative under gevent), not
+        psycopg's `notifies(timeout=...)`, which wakes ten times a second to poll (3 ms of CPU a
+        second per idle API process)."""
         while not self._stopped.is_set():
-            for _ in connection.notifies(timeout=CHECK_EVERY_S):
+            readable, _, _ = select.select([connection.fileno()], [], [], CHECK_EVERY_S)
+            if not readable:
+                connection.execute("SELECT 1")  # a connection the server closed fails here
+                continue
+            for _ in connection.notifies(timeout=0):
                 self._empty(listening=True)
-            connection.execute("SELECT 1")  # a connection the server closed fails here
