@@ -68,6 +68,14 @@ def _key(db: Database, team: str = "acme") -> tuple[str, str]:
     return issued.key, issued.key_id
 
 
+def _cached_key(db: Database, listening) -> tuple[PrincipalCache, str, str]:
+    """A listening cache that holds a new key: the cache, the key and its id."""
+    cache = listening()
+    key, key_id = _key(db)
+    assert cache.lookup(db, key) is not None
+    return cache, key, key_id
+
+
 def test_a_key_is_looked_up_once_then_kept(db: Database, listening) -> None:
     cache = listening()
     key, _ = _key(db)
@@ -103,9 +111,7 @@ def test_a_team_change_empties_the_cache(db: Database, listening) -> None:
 
 
 def test_hand_written_sql_empties_the_cache_too(db: Database, listening) -> None:
-    cache = listening()
-    key, key_id = _key(db)
-    assert cache.lookup(db, key) is not None
+    cache, key, key_id = _cached_key(db, listening)
     before = cache.generation
     with db.engine.begin() as connection:
         connection.execute(sa.text("UPDATE api_keys SET revoked_at = now() WHERE id = :id"),
@@ -142,9 +148,7 @@ def test_a_lookup_that_raced_with_a_change_is_not_kept(
 
 def test_a_listener_whose_connection_is_killed_connects_again(db: Database, listening) -> None:
     """Meanwhile nothing is kept; once it listens again, a revocation empties it as before."""
-    cache = listening()
-    key, key_id = _key(db)
-    assert cache.lookup(db, key) is not None
+    cache, key, key_id = _cached_key(db, listening)
     before = cache.generation
     with db.engine.begin() as connection:
         killed = connection.execute(sa.text(
