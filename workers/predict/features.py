@@ -78,7 +78,7 @@ class _Phrases:
 
     def __init__(self, source: str) -> None:
         if any(ch.isupper() for ch in re.sub(r"\\.|\(\?P<\w+>", "", source)):
-            raise ValueError(f"a phrase pattern is written in lower case: {source!r}")
+            raise ValueError(f"a phrase pattern must be written in lower case: {source!r}")
         self.any_case = re.compile(source, re.IGNORECASE)
         self.lowered = re.compile(source)
 
