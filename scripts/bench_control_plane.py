@@ -562,6 +562,9 @@ def main() -> int:
     parser.add_argument("--ready-timeout-s", type=float, default=900.0,
                         help="how long the stack may take to start (a loaded machine is slow)")
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--only", nargs="+", default=None, metavar="LOAD",
+                        help="run only these loads, by label ('8 req/s', '256 concurrent'): one "
+                        "point again, alone")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model-path", type=Path,
                         default=ROOT / ".blockq" / "models" / "tiny-llama")
@@ -584,6 +587,12 @@ def main() -> int:
              Load(f"{SATURATION_CONCURRENCY} concurrent", args.concurrent_prompts, None,
                   SATURATION_CONCURRENCY),
              Load(f"{MANY_CONCURRENT} concurrent", args.many_prompts, None, MANY_CONCURRENT))
+    if args.only:
+        unknown = set(args.only) - {load.label for load in loads}
+        if unknown:
+            parser.error(f"no such load: {', '.join(sorted(unknown))} "
+                         f"(the loads: {', '.join(load.label for load in loads)})")
+        loads = tuple(load for load in loads if load.label in args.only)
     database = sa.engine.make_url(args.database_url).database or ""
     phases: list[Phase] = []
     with contextlib.ExitStack() as measuring:
