@@ -168,19 +168,45 @@ def profile(pids: list[int], seconds: float, out_dir: Path, *,
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     mode = ["--native"] if native else ["--nonblocking", "--gil"]
     return [subprocess.Popen(
-        [spy, "record", *mode, "-p", str(pid), "-d", str(int(seconds)),
+        [spy, "record", *mode, "-r", "250", "-p", str(pid), "-d", str(int(seconds)),
          "-f", "raw", "-o", str(out_dir / f"profile-{pid}.txt")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in pids]
 
 
-def thread_cpu(pid: int) -> dict[int, float]:
-    """CPU seconds so far of each thread of a process (native thread id -> seconds)."""
+def thread_cpu(pid: int) -> dict[tuple[int, int], tuple[float, float]]:
+    """CPU seconds so far, (user, system), of each thread of a process and of its children
+    ((process id, native thread id) -> seconds): an API's threads live in gunicorn's workers."""
     import psutil  # noqa: PLC0415
 
     try:
-        return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
     except psutil.Error:
         return {}
+    spent = {}
+    for process in processes:
+        try:
+            spent.update({(process.pid, t.id): (t.user_time, t.system_time)
+                          for t in process.threads()})
+        except psutil.Error:
+            continue
+    return spent
+
+
+def print_threads(role: str, pid: int, before: dict[tuple[int, int], tuple[float, float]],
+                  requests: int) -> None:
+    """The busiest threads of `role`'s processes since `before`, user and system CPU apart."""
+    spent = thread_cpu(pid)
+    names = {(p, tid): name for p in {p for p, _ in spent}
+             for tid, name in thread_names(p).items()}
+    rows = sorted((((u - before.get(key, (0.0, 0.0))[0]), (k - before.get(key, (0.0, 0.0))[1]),
+                    key) for key, (u, k) in spent.items()),
+                  key=lambda row: row[0] + row[1], reverse=True)
+    per_request = 1000 / max(requests, 1)
+    print(f"\nthreads of {role} (ms of CPU per completed request: user, system):")
+    for user, system, key in rows[:12]:
+        print(f"  {key[0]:7d} {key[1]:8d} {names.get(key, '?'):32s} "
+              f"{user * per_request:7.2f} {system * per_request:7.2f}")
 
 
 def thread_names(pid: int) -> dict[int, str]:
@@ -291,15 +317,8 @@ def main() -> int:
             stats_after = db_stats(args.database_url)
             stages = latencies(args.database_url, load_started, datetime.now(UTC))
             if args.threads_of:
-                pid = stack.processes[args.threads_of].pid
-                spent = thread_cpu(pid)
-                names = thread_names(pid)
-                by_thread = sorted(((s - threads_before.get(tid, 0.0), tid)
-                                    for tid, s in spent.items()), reverse=True)
-                print(f"\nthreads of {args.threads_of} (ms of CPU per completed request):")
-                for seconds, tid in by_thread[:12]:
-                    print(f"  {tid:8d} {names.get(tid, '?'):40s} "
-                          f"{seconds / max(len(prompts), 1) * 1000:8.2f}")
+                print_threads(args.threads_of, stack.processes[args.threads_of].pid,
+                              threads_before, len(prompts))
             for spy in spies:
                 spy.wait()
         finally:

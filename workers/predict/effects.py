@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["EffectsConfig", "EffectsFit", "decompose", "fit_effects", "group_median",
-           "neighbour_effect"]
+           "neighbour_effect", "unit_rows"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,17 +119,23 @@ def group_median(values: np.ndarray, groups: np.ndarray, num_groups: int,
     return out
 
 
+def unit_rows(matrix: np.ndarray) -> np.ndarray:
+    """`matrix` (float32) with each row scaled to unit length (a zero row stays zero)."""
+    rows = np.asarray(matrix, dtype=np.float32)
+    return rows / np.maximum(np.linalg.norm(rows, axis=1), 1e-12)[:, None]
+
+
 def neighbour_effect(queries: np.ndarray, anchors: np.ndarray, effects: np.ndarray, *,
-                     neighbours: int, temperature: float) -> np.ndarray:
+                     neighbours: int, temperature: float,
+                     unit_anchors: bool = False) -> np.ndarray:
     """For each query row, the softmax-weighted mean of the effects of its `neighbours` most
-    cosine-similar anchors (0 with no anchor). Rows need not be unit-norm."""
+    cosine-similar anchors (0 with no anchor). Rows need not be unit-norm; `unit_anchors` says
+    the anchors' are already (`unit_rows`), which saves scaling them on every call: a head
+    predicting one prompt at a time keeps them so (0.4 ms a call on 534 MiniLM anchors)."""
     if not len(anchors) or not len(queries):
         return np.zeros(len(queries))
-    q = np.asarray(queries, dtype=np.float32)
-    a = np.asarray(anchors, dtype=np.float32)
-    similarity = q @ a.T
-    similarity /= np.maximum(np.linalg.norm(q, axis=1), 1e-12)[:, None]
-    similarity /= np.maximum(np.linalg.norm(a, axis=1), 1e-12)[None, :]
+    similarity = unit_rows(queries) @ (
+        np.asarray(anchors, dtype=np.float32) if unit_anchors else unit_rows(anchors)).T
     k = min(neighbours, len(anchors))
     nearest = np.argpartition(-similarity, k - 1, axis=1)[:, :k]
     top = np.take_along_axis(similarity, nearest, 1).astype(np.float64)

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import ThreadpoolController, threadpool_limits
 
-from workers.predict.effects import EffectsConfig, fit_effects, neighbour_effect
+from workers.predict.effects import EffectsConfig, fit_effects, neighbour_effect, unit_rows
 from workers.predict.encoder import DEFAULT_ENCODER, Encoder, EncoderConfig
 from workers.predict.features import (
     FEATURE_NAMES,
@@ -350,10 +350,16 @@ class LengthHead:
         # threads then spin on the other core while the encoder runs, which doubled the CPU of
         # a batched prediction (static: 1.9 against 0.9 ms a prompt).
         with _thread_pools().limit(limits=1, user_api="blas"):
-            borrowed = neighbour_effect(distinct, self.neighbour_embeddings,
-                                        self.neighbour_effects, neighbours=self.neighbours,
-                                        temperature=self.neighbour_temperature)
+            borrowed = neighbour_effect(distinct, self._unit_anchors, self.neighbour_effects,
+                                        neighbours=self.neighbours,
+                                        temperature=self.neighbour_temperature,
+                                        unit_anchors=True)
         return borrowed[rows]
+
+    @functools.cached_property
+    def _unit_anchors(self) -> np.ndarray:
+        """The neighbours' embeddings scaled to unit rows, once per head."""
+        return unit_rows(self.neighbour_embeddings)
 
     def with_correction(self, model: str, correction: ModelCorrection | None) -> LengthHead:
         """This head with `model`'s correction replaced (None: removed); a new version."""

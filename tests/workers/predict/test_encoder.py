@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -42,3 +43,24 @@ def test_fewer_layers_and_bad_settings(tiny_encoder_dir: Path) -> None:
         Encoder(EncoderConfig(path=str(tiny_encoder_dir), layers=(5,)))
     with pytest.raises(ValueError, match="dtype"):
         Encoder(EncoderConfig(path=str(tiny_encoder_dir), dtype="float16"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_frozen_pass_embeds_as_the_eager_module_does(tiny_encoder_dir: Path,
+                                                         dtype: str) -> None:
+    """The traced graph is a fixed recording: it must still follow every width, every batch
+    size and the padding mask (traced on a padded pass, a one-row pass unpadded), as eager
+    mode does."""
+    config = EncoderConfig(path=str(tiny_encoder_dir), dtype=dtype, max_seq_len=48,
+                           layers=(0, -1), batch_size=3)
+    frozen = Encoder(config)
+    eager = Encoder(dataclasses.replace(config, frozen=False))
+    texts = ["", "hi", "a much longer text about many things " * 12, "two words",
+             "medium length text here, with punctuation!", "x " * 20, "short"]
+    for batch in ([t] for t in texts):
+        np.testing.assert_allclose(frozen.embed(batch), eager.embed(batch), atol=2e-3)
+    np.testing.assert_allclose(frozen.embed(texts), eager.embed(texts), atol=2e-3)
+    # Padding changes nothing: a text alone and beside a longer one embed alike.
+    alone = frozen.embed(["two words"])[0]
+    beside = frozen.embed(["two words", texts[2]])[0]
+    np.testing.assert_allclose(alone, beside, atol=2e-3)
