@@ -3,9 +3,12 @@ it answers 503 with Retry-After in the OpenAI error shape, never 500; liveness s
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from flask.testing import FlaskClient
 
+from app.principal_cache import PrincipalCache
 from app.settings import Settings
 from tests.app.flask_client import api_client, error_body
 from tests.environment import free_port
@@ -14,10 +17,12 @@ pytestmark = pytest.mark.services
 
 
 @pytest.fixture
-def client(fresh_services: Settings) -> FlaskClient:
+def client(fresh_services: Settings) -> Iterator[FlaskClient]:
     down = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/blockq"
-    return api_client(fresh_services.model_copy(update={"database_url": down}),
-                      key="sk-any-key")  # no key can be checked: the database is down
+    yield api_client(fresh_services.model_copy(update={"database_url": down}),
+                     key="sk-any-key")  # no key can be checked: the database is down
+    # The process's key cache of that address would try it again for the rest of the run.
+    PrincipalCache.shared(down).stop()
 
 
 @pytest.mark.parametrize(("method", "path", "body"), [

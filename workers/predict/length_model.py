@@ -1026,11 +1026,18 @@ def build_encoder(info: Mapping, path: str | None = None, **runtime) -> AnyEncod
         raise ValueError(f"the head was trained on encoder {info['name']!r}; "
                          "pass encoder_path= the local directory of that encoder")
     num_layers = info.get("num_layers")
-    return Encoder(EncoderConfig(path=path, max_seq_len=int(info["max_seq_len"]),
-                                 tail_share=float(info["tail_share"]),
-                                 layers=tuple(int(i) for i in info["layers"]),
-                                 num_layers=None if num_layers is None else int(num_layers),
-                                 **runtime))
+    return _shared_encoder(EncoderConfig(
+        path=path, max_seq_len=int(info["max_seq_len"]), tail_share=float(info["tail_share"]),
+        layers=tuple(int(i) for i in info["layers"]),
+        num_layers=None if num_layers is None else int(num_layers), **runtime))
+
+
+@functools.cache
+def _shared_encoder(config: EncoderConfig) -> Encoder:
+    """One transformer encoder per configuration and process: loading and tracing one costs
+    about 0.4 s of CPU (more the first time), and every predictor of the process (each app an
+    API process or a test makes, each hot-reloaded head) embeds alike with it."""
+    return Encoder(config)
 
 
 def evaluate(predictor: LengthPredictor, rows: Iterable, *, max_tokens: int = 4096) -> dict:
