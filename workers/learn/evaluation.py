@@ -290,12 +290,18 @@ def new_models(rows: Sequence[LengthRow], encoder: AnyEncoder, held: Sequence[st
 
 
 def cost_per_prompt(predictor: LengthPredictor, prompts: Sequence[str], *, batch_size: int = 32,
-                    model: str = "any") -> float:
+                    model: str = "any", gap_s: float = 0.0) -> float:
     """CPU milliseconds of this process per prompt of `predict_batch` in batches (features,
-    token count, encoder and head; after one warm-up batch)."""
+    token count, encoder and head; after one warm-up batch). `gap_s`: an idle pause before each
+    call, not counted, as between the requests of a low arrival rate (a call after a pause
+    costs more: the encoder's weights are read from memory again)."""
     predictor.predict_batch(list(prompts[:batch_size]), model, MAX_TOKENS)
-    started = time.process_time()
+    spent = 0.0
     for start in range(0, len(prompts), batch_size):
+        if gap_s:
+            time.sleep(gap_s)
+        started = time.process_time()
         predictor.predict_batch(list(prompts[start:start + batch_size]), model, MAX_TOKENS)
-    return (time.process_time() - started) * 1e3 / max(len(prompts), 1)
+        spent += time.process_time() - started
+    return spent * 1e3 / max(len(prompts), 1)
 
