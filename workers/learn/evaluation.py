@@ -294,7 +294,7 @@ def cost_per_prompt(predictor: LengthPredictor, prompts: Sequence[str], *, batch
     """CPU milliseconds of this process per prompt of `predict_batch` in batches (features,
     token count, encoder and head; after one warm-up batch). `gap_s`: an idle pause before each
     call, not counted, as between the requests of a low arrival rate (a call after a pause
-    costs more: the encoder's weights are read from memory again)."""
+    costs more: it runs cold)."""
     predictor.predict_batch(list(prompts[:batch_size]), model, MAX_TOKENS)
     spent = 0.0
     for start in range(0, len(prompts), batch_size):
