@@ -20,6 +20,7 @@ that embed prompts (the predictors, a retrain) should pay it.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["DEFAULT_ENCODER", "Encoder", "EncoderConfig", "default_encoder_path"]
+
+logger = logging.getLogger(__name__)
 
 #: Name recorded in artifacts for the packaged default encoder.
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
@@ -119,7 +122,13 @@ class Encoder:
         # RoBERTa reserves two positions for padding offsets.
         self.max_seq_len = min(config.max_seq_len, limit - 2 if limit > 512 else limit)
         pooled = _pooled_layers(self.model, config.layers)
-        self._forward = self._frozen(pooled) if config.frozen else pooled
+        self._forward = pooled
+        if config.frozen:
+            try:
+                self._forward = self._frozen(pooled)
+            except Exception as exc:  # noqa: BLE001 - an encoder the tracer cannot follow
+                logger.warning("encoder %s runs eagerly: tracing it failed (%s: %s)", self.name,
+                               type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
 
     def _frozen(self, module: Any) -> Any:
         """`module` traced on a padded pass of two rows and frozen.

@@ -64,3 +64,20 @@ def test_the_frozen_pass_embeds_as_the_eager_module_does(tiny_encoder_dir: Path,
     alone = frozen.embed(["two words"])[0]
     beside = frozen.embed(["two words", texts[2]])[0]
     np.testing.assert_allclose(alone, beside, atol=2e-3)
+
+
+def test_an_encoder_the_tracer_cannot_follow_runs_eagerly(
+        tiny_encoder_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    import torch
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("cannot trace this module")
+
+    monkeypatch.setattr(torch.jit, "trace", refuse)
+    config = EncoderConfig(path=str(tiny_encoder_dir), dtype="float32", layers=(-1,))
+    eager = Encoder(config)
+    assert "runs eagerly" in caplog.text and "cannot trace this module" in caplog.text
+    monkeypatch.undo()
+    np.testing.assert_allclose(eager.embed(["hello there"]),
+                               Encoder(config).embed(["hello there"]), atol=2e-3)
