@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import redis
+
 from app.fleet import Fleet
 from workers.serve.engine import Engine
 from workers.serve.periodic import Periodic
@@ -41,20 +43,31 @@ class StatePublisher:
                                 "state publish failed on %s", instance_id)
 
     def start(self) -> None:
-        """Publish now, then every interval."""
-        self.publish_once()
+        """Publish now, then every interval. Redis out of reach now does not stop the start:
+        the instance is announced by the first publication that reaches it (routers cannot
+        see it before anyway). An engine worker restarted while Redis restarted used to exit
+        here, found by the chaos run."""
+        self._tolerating_redis(self.publish_once, "first publication")
         self._thread.start()
 
     def withdraw(self) -> None:
         """Tell routers at once that this instance takes no new work; the heartbeat goes on."""
         self.accepting = False
-        self.publish_once()
+        self._tolerating_redis(self.publish_once, "withdrawal")
 
     def signal_stop(self) -> None:
-        """Stop publishing and drop the heartbeat (routers re-route what is left here)."""
+        """Stop publishing and drop the heartbeat (routers re-route what is left here; with
+        Redis out of reach, once the heartbeat's TTL has run out)."""
         self.accepting = False
         self._thread.signal_stop()
-        self.fleet.mark_stopped(self.instance_id)
+        self._tolerating_redis(lambda: self.fleet.mark_stopped(self.instance_id), "stop")
+
+    def _tolerating_redis(self, action: Callable[[], None], what: str) -> None:
+        try:
+            action()
+        except redis.RedisError as exc:
+            logger.warning("state %s of %s not published: Redis unreachable (%s)", what,
+                           self.instance_id, type(exc).__name__)
 
     def join(self) -> None:
         self._thread.join(JOIN_TIMEOUT_S)

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from app.fleet import Fleet
 from app.settings import Settings
+from tests.app.test_broker_reconnect import RedisServer, eventually
+from tests.environment import free_port
 from workers.serve.emulated_engine import EmulatedEngine
 from workers.serve.engine import GenerationRequest
 from workers.serve.publisher import StatePublisher
@@ -47,3 +52,27 @@ def test_an_engine_without_a_free_seat_does_not_ask(
     fleet.hold_request("req_held", time.time())
     assert engine.snapshot().num_running == 1
     assert not _asks(engine, fleet)
+
+
+
+def test_an_instance_that_starts_while_redis_is_down_is_announced_once_it_answers(
+        make_emulated_engine: Callable[..., EmulatedEngine], tmp_path: Path) -> None:
+    """Found by the chaos run: an engine worker restarted while Redis restarted exited at its
+    first publication. It now starts, is announced when Redis answers, and withdraws and stops
+    without it."""
+    server = RedisServer(free_port(), tmp_path)
+    # No retries with backoff while Redis is down: each call fails at once.
+    fleet = Fleet(redis.Redis(port=server.port, socket_connect_timeout=0.2, socket_timeout=1,
+                              retry=Retry(NoBackoff(), 0)), heartbeat_ttl_s=5.0)
+    publisher = StatePublisher("gpu.0", "m", make_emulated_engine(), fleet, interval_s=0.05)
+    try:
+        publisher.start()  # Redis is not running yet
+        server.start()
+        assert eventually(lambda: any(s.alive for s in fleet.statuses()), timeout_s=10)
+        server.kill()
+        publisher.withdraw()
+        publisher.signal_stop()
+    finally:
+        publisher.signal_stop()
+        publisher.join()
+        server.kill()
