@@ -256,8 +256,9 @@ class Phase:
 def _run_phase(server: str, placement: str, load: Load, base_url: str, args: argparse.Namespace,
                meter: CpuMeter, out_dir: Path, api_key: str | None) -> Phase:
     print(f"- {server} / {placement} / {load.label}", flush=True)
-    if load.rate is not None:  # a judged point: not in the wake of a saturating one
-        quiet.wait_for_quiet(args.quiet_load)
+    # Every point, saturating ones included, starts on a quiet machine: not in the wake of the
+    # point before (a point taken above 2.5 is not quoted).
+    quiet.wait_for_quiet(args.quiet_load)
     started = datetime.now(UTC)
     load_at_start = os.getloadavg()[0]
     before = meter.snapshot()
