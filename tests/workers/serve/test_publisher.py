@@ -14,8 +14,8 @@ from redis.retry import Retry
 
 from app.fleet import Fleet
 from app.settings import Settings
-from tests.app.test_broker_reconnect import RedisServer, eventually
 from tests.environment import free_port
+from tests.redis_server import RedisServer, eventually
 from workers.serve.emulated_engine import EmulatedEngine
 from workers.serve.engine import GenerationRequest
 from workers.serve.publisher import StatePublisher
