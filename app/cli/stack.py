@@ -1,7 +1,7 @@
 """The local stack as processes: the API, the Celery workers (predict, predict_bulk, route, health,
 batches, webhooks, one per engine instance), beat and Flower.
 
-The processes run the same commands an operator would run by hand (see README), with the
+The processes run the same commands an operator would run by hand (docs/operations.md), with the
 settings passed through the environment, and their logs written to data_dir/logs.
 
 Supervised (`Stack.supervise()`, what `blockq serve` and `blockq demo` do), a process that exits is
@@ -413,7 +413,7 @@ class Stack:
         process.wait(timeout=30)
 
     def stop(self, timeout_s: float | None = None) -> None:
-        """Stop supervising, then shut every process down softly (README, "Processes and
+        """Stop supervising, then shut every process down softly (docs/operations.md, "Processes and
         supervision"): SIGTERM, Celery's warm shutdown, and up to the grace of its kind
         (`timeout_s` for all, if given) to finish its work; a Celery worker still running then
         gets SIGQUIT, the cold shutdown that requeues its unfinished tasks after

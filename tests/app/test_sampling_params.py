@@ -131,8 +131,8 @@ def test_out_of_range_and_unknown_parameters_are_400_naming_them(
 
 
 #: Fields of each endpoint by JSON type: a string or a boolean for a number, and a number or a
-#: string for a boolean, is the wrong type (README: 400), though pydantic's lax mode (and vLLM's
-#: server) would read "5" as 5 and true as 1.
+#: string for a boolean, is the wrong type (400, docs/api.md), though pydantic's lax mode (and
+#: vLLM's server) would read "5" as 5 and true as 1.
 _TYPED_FIELDS: dict[str, dict[str, list[str]]] = {
     "/v1/requests": {
         "integer": ["max_tokens", "seed", "logprobs", "top_k", "min_tokens"],

@@ -1,5 +1,5 @@
 """Operations on the running stack: the admin API (drain, pause/resume, queues, routing switch)
-and the README's Celery recipes, run as written."""
+and the Celery recipes of docs/operations.md, run as written."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def test_readme_recipes_pause_a_gpu_queue_and_resume_it(emulated_stack: Stack) -
     assert stack.settings.routing_policy == "round_robin"
     node = f"gpu.0@{socket.gethostname()}"
     with stack.client() as client:
-        # Pause consumption of gpu.0 (README: Operations).
+        # Pause consumption of gpu.0 (docs/operations.md).
         assert "OK" in _celery(stack, "control", "-t", "5", "cancel_consumer", "gpu.0", "-d", node)
         ids = _burst(client, 10)
         _until(lambda: sum(r["status"] == "succeeded" for r in _statuses(client, ids)) == 5)
@@ -105,7 +105,7 @@ def test_readme_recipes_pause_a_gpu_queue_and_resume_it(emulated_stack: Stack) -
         depth = client.get("/v1/admin/queues").json()
         assert next(i for i in depth["instances"] if i["id"] == "gpu.0")["queued"] == 5
 
-        # Inspect, rate-limit, resume (README: Operations).
+        # Inspect, rate-limit, resume (docs/operations.md).
         assert node in _celery(stack, "inspect", "-t", "5", "reserved")
         assert "new rate limit set successfully" in _celery(
             stack, "control", "-t", "5", "rate_limit", "serve.generate", "100/s")
@@ -113,7 +113,7 @@ def test_readme_recipes_pause_a_gpu_queue_and_resume_it(emulated_stack: Stack) -
         finished = wait_terminal(client, ids)
         assert Counter(r["status"] for r in finished.values()) == {"succeeded": 10}
 
-        # Purge a queue (README: Operations): messages waiting in gpu.1 are dropped.
+        # Purge a queue (docs/operations.md): messages waiting in gpu.1 are dropped.
         _celery(stack, "control", "-t", "5", "cancel_consumer", "gpu.1", "-d",
                 f"gpu.1@{socket.gethostname()}")
         stranded = _burst(client, 4, first=50)
