@@ -1,11 +1,11 @@
 """The API's cache of authenticated keys, emptied the moment any key or team changes.
 
-Every /v1 call authenticates its key, and looking it up was a database round trip of its own
-per call (about 0.6 ms of the API's CPU). An API process now keeps the principals it has looked
-up, and a listener on PostgreSQL's `blockq_auth` channel empties its cache whenever a key or
-team row changes: a trigger (migration 0018) notifies the channel from every writer (the CLI,
-the admin API, hand-written SQL), and PostgreSQL delivers the notification at the change's
-commit, to every listening process. A revoked key is refused as soon as that notification
+Every /v1 call authenticates its key, and looking it up was a database round trip of its own per
+call (a share of the API's CPU worth saving: docs/measurements.md). An API process now keeps the
+principals it has looked up, and a listener on PostgreSQL's `blockq_auth` channel empties its cache
+whenever a key or team row changes: a trigger (migration 0018) notifies the channel from every
+writer (the CLI, the admin API, hand-written SQL), and PostgreSQL delivers the notification at the
+change's commit, to every listening process. A revoked key is refused as soon as that notification
 arrives (a millisecond), on every API process; no entry outlives a change by a timeout.
 
 Nothing is cached while the listener is not connected (before its LISTEN, after an error,
@@ -150,8 +150,8 @@ class PrincipalCache:
         """Empty the cache at each notification, until stopped or the connection fails.
 
         The wait is a `select` on the connection's socket (cooperative under gevent), not
-        psycopg's `notifies(timeout=...)`, which wakes ten times a second to poll (3 ms of CPU a
-        second per idle API process)."""
+        psycopg's `notifies(timeout=...)`, which wakes ten times a second to poll, spending CPU in
+        every idle API process (docs/measurements.md)."""
         while not self._stopped.is_set():
             readable, _, _ = select.select([connection.fileno()], [], [], CHECK_EVERY_S)
             if not readable:

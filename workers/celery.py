@@ -32,11 +32,11 @@ TASK_MODULES = (
 # Beat's periodic tasks run at most once per half interval (workers/beat.py), not Celery's expires.
 celery = create_celery(Settings.load(), include=TASK_MODULES, task_cls="workers.beat:BeatTask")
 # NOTE: predict and route, which every request passes through, send no task events. Flower turns
-# events on in every worker; each event is a message of its own (received, started, succeeded:
-# three per task, about 0.5-1 ms of CPU each to send, and as much again for Flower to read), more
-# than the rest of those tasks' work. The engine queues' task (generate) keeps its events: an
-# operator opens Flower to see the GPU queues' work first. Workers still send their heartbeats,
-# and every other task its events; a request's own history is its record (GET /v1/requests/<id>).
+# events on in every worker; each event is a message of its own (received, started, succeeded: three
+# per task, each costing CPU to send and as much again for Flower to read), more than the rest of
+# those tasks' work (docs/measurements.md). The engine queues' task (generate) keeps its events: an
+# operator opens Flower to see the GPU queues' work first. Workers still send their heartbeats, and
+# every other task its events; a request's own history is its record (GET /v1/requests/<id>).
 # The beat-driven periodic tasks (outbox relay, stranded-request sweep, batch releaser, batch
 # expiry) send none either: together they run about 3.5 times a second on an idle stack, and
 # their events alone were a large share of the idle stack's CPU (workers, Flower, Redis). What

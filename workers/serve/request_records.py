@@ -168,14 +168,14 @@ def _record_targets_met(request: InferenceRequest) -> None:
         request.finished_at)
 
 
-# NOTE (the admission's asynchronous commit, `wait_for_wal=False`): the commit does not wait
-# for its WAL flush, a wait that lies on every request's path to its first token (about 10 ms
-# on a busy disk). Only a crash of the database server itself can lose such a commit, never an
-# application crash, and commits stay in order. For the admission that is safe: a request
-# whose RUNNING mark is lost is ROUTED to this instance again, which the completion write
-# accepts as it accepts RUNNING (the attempt guard decides), and which the sweep leaves alone
-# while this instance publishes that it holds the request. The completion, which the client
-# is told of, keeps the durable commit.
+# NOTE (the admission's asynchronous commit, `wait_for_wal=False`): the commit does not wait for its
+# WAL flush, a wait that lies on every request's path to its first token (milliseconds on a busy
+# disk: docs/measurements.md). Only a crash of the database server itself can lose such a commit,
+# never an application crash, and commits stay in order. For the admission that is safe: a request
+# whose RUNNING mark is lost is ROUTED to this instance again, which the completion write accepts as
+# it accepts RUNNING (the attempt guard decides), and which the sweep leaves alone while this
+# instance publishes that it holds the request. The completion, which the client is told of, keeps
+# the durable commit.
 
 
 def _utc(unix_s: float | None) -> datetime | None:

@@ -319,7 +319,7 @@ def fit_from_step_samples(samples: Iterable[Mapping[str, float]], *,
 
     `loss` "relative" minimises squared relative error: every step counts alike, so the
     typical step is priced well, but with skewed step times the modelled steps add up to
-    less than the measured ones (5-10 % on CPU-engine samples). "time" refits with
+    less than the measured ones (docs/measurements.md). "time" refits with
     absolute squared error on the steps the relative fit does not see as stalls (over
     `STALL_FACTOR` x its prediction): with the constant term, modelled and measured step
     times then sum to the same over the kept steps, which is what latencies add up.
