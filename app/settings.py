@@ -26,7 +26,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from workers.sim.fleet_spec import InstanceSpec, parse_fleet
+from workers.autoscale.catalog import CatalogError, missing_kinds, parse_prices
+from workers.sim.fleet_spec import FleetSlot, InstanceSpec, fleet_slots, parse_fleet_entries
 
 __all__ = ["Settings", "EngineKind", "describe_invalid"]
 
@@ -86,7 +87,10 @@ class Settings(BaseSettings):
         "execution-time model such as llama-2-7b-a100; default emulated_exec_model), e.g. "
         "'[{\"model\": \"tiny-llama\", \"count\": 2}, {\"model\": \"tiny-qwen\"}]'. Instance k "
         "(in this order, counts expanded) consumes queue gpu.<k>. Unset: num_instances "
-        "instances of model_name.",
+        "instances of model_name. An autoscaled entry also takes `min_count`, `max_count` "
+        "(count is then the starting size, 0 allowed), `gpu_kind` (its name in the GPU "
+        "catalog) and, emulated, `start_s` (its cold start); its max_count slots keep their "
+        "ids gpu.<k> whether they run or not (docs/autoscaling.md).",
     )
     max_model_len: int = Field(2048, gt=0, description="Context length: prompt + output tokens.")
 
@@ -247,6 +251,11 @@ class Settings(BaseSettings):
         gt=0,
         description="Wall seconds per emulated second: 1.0 runs in real time, 0.1 ten times "
         "faster (every latency the emulated engine produces shrinks by the same factor).",
+    )
+    emulated_start_s: float = Field(
+        0.0, ge=0, description="Cold start of an emulated instance: emulated seconds (times "
+        "emulated_time_scale) from its start to ready, as a real engine loads its model; a "
+        "fleet entry's start_s sets it per instance.",
     )
     emulated_noise: float = Field(
         0.05,
@@ -512,7 +521,7 @@ class Settings(BaseSettings):
     @classmethod
     def _fleet_json(cls, value: Any) -> Any:
         if isinstance(value, str):
-            return tuple(parse_fleet(value)) if value.strip() else ()
+            return tuple(parse_fleet_entries(value)) if value.strip() else ()
         return value
 
     @field_validator("flower_host")
@@ -536,6 +545,43 @@ class Settings(BaseSettings):
     def _comma_separated(cls, value: Any) -> Any:
         return tuple(p.strip() for p in value.split(",") if p.strip()) if isinstance(
             value, str) else value
+
+    # --- autoscaling (workers/autoscale, docs/autoscaling.md) --------------------------------
+    autoscale: bool = Field(
+        False, description="Follow demand: every autoscale_interval_s the autoscaler sizes each "
+        "model's instances from its recent requests, within each fleet entry's min_count and "
+        "max_count, and the local stack starts and drains engine workers to match.",
+    )
+    autoscale_interval_s: float = Field(
+        10.0, gt=0, description="How often the autoscaler decides.",
+    )
+    autoscale_window_s: float = Field(
+        300.0, gt=0, description="Requests that arrived this recently are the demand the "
+        "autoscaler sizes for (rate, prompt and output lengths).",
+    )
+    autoscale_headroom: float = Field(
+        1.25, ge=1, description="Capacity the autoscaler keeps over the forecast rate (1.25: "
+        "instances for 125 %).",
+    )
+    autoscale_scale_down_after_s: float = Field(
+        300.0, ge=0, description="How long an instance must be surplus, decision after "
+        "decision, before the autoscaler removes it (scale-up is immediate).",
+    )
+    autoscale_drain_timeout_s: float = Field(
+        300.0, gt=0, description="How long an instance being removed may take to finish its "
+        "running requests; past it the drain is reported and the instance keeps running "
+        "(nothing is killed mid-answer unless forced: `blockq admin stop --force`).",
+    )
+    autoscale_max_wait_s: float = Field(
+        300.0, gt=0, description="Longest a request for a model at zero instances is held "
+        "while one starts; after it, 503 with Retry-After.",
+    )
+    autoscale_catalog: Path | None = Field(
+        None, description="GPU catalog (JSON: a list of kinds, each with `name` and "
+        "`price_per_hour`) that prices fleet entries by their gpu_kind: the autoscaler adds "
+        "the kind closing the gap at the lowest cost and removes the most expensive first. "
+        "Unset: no prices; each entry scales within its own bounds.",
+    )
 
     # --- files and batches (OpenAI Files and Batch API) --------------------------------------
     files_dir: Path | None = Field(
@@ -699,6 +745,25 @@ class Settings(BaseSettings):
                 "all, leaving interactive requests waiting in the broker")
         return self
 
+    @model_validator(mode="after")
+    def _fleet_kinds_in_the_catalog(self) -> Settings:
+        if self.autoscale_catalog is None:
+            return self
+        missing = missing_kinds([entry.gpu_kind for entry in self.fleet], self.gpu_prices)
+        if missing:
+            raise ValueError("; ".join(missing))
+        return self
+
+    @property
+    def gpu_prices(self) -> dict[str, float]:
+        """GPU kind -> price per hour from autoscale_catalog ({} when unset)."""
+        if self.autoscale_catalog is None:
+            return {}
+        try:
+            return parse_prices(self.autoscale_catalog.read_text())
+        except OSError as exc:
+            raise CatalogError(f"GPU catalog {self.autoscale_catalog}: {exc.strerror}") from None
+
     @classmethod
     def load(cls) -> Settings:
         """Settings from the environment, over the file named by BLOCKQ_CONFIG_FILE if set."""
@@ -763,17 +828,33 @@ class Settings(BaseSettings):
         return self.files_dir or self.data_dir / "files"
 
     @property
+    def fleet_slots(self) -> list[FleetSlot]:
+        """Every instance the local stack may run, in queue order (slot k is gpu.<k>), each
+        with its entry (every field filled in) and whether it runs at start."""
+        declared = self.fleet or (InstanceSpec(model=self.model_name,
+                                               count=self.num_instances),)
+        return fleet_slots([self._filled_in(entry) for entry in declared])
+
+    @property
     def instances(self) -> list[InstanceSpec]:
         """The local stack's instances in queue order (instance k is gpu.<k>), every field
-        filled in: `fleet`, else num_instances instances of model_name."""
-        declared = self.fleet or (InstanceSpec(model=self.model_name),) * self.num_instances
-        return [spec.model_copy(update={
+        filled in: `fleet`, else num_instances instances of model_name. An autoscaled entry
+        gives its max_count, running or not."""
+        return [slot.spec for slot in self.fleet_slots]
+
+    @property
+    def initial_instance_ids(self) -> list[str]:
+        """The instances that run at start (each entry's first `count`)."""
+        return [slot.instance_id for slot in self.fleet_slots if slot.starts_running]
+
+    def _filled_in(self, spec: InstanceSpec) -> InstanceSpec:
+        return spec.model_copy(update={
             "model_path": (spec.model_path or (self.resolved_model_path
                                                if spec.model == self.model_name
                                                else self.data_dir / "models" / spec.model)),
             "engine": spec.engine or self.engine_kind,
             "exec_model": spec.exec_model or self.emulated_exec_model,
-        }) for spec in declared]
+        })
 
     def routing_policy_for(self, mixed_hardware: bool) -> str:
         """The configured routing policy of a model's pool: `routing_policy` when set, or for
@@ -805,7 +886,8 @@ class Settings(BaseSettings):
         spec = self.instances[ids.index(instance_id)]
         sized = {name: value for name, value in (
             ("emulated_num_blocks", spec.num_blocks), ("max_num_seqs", spec.max_num_seqs),
-            ("instance_capacity_rps", spec.capacity_rps)) if value is not None}
+            ("instance_capacity_rps", spec.capacity_rps),
+            ("emulated_start_s", spec.start_s)) if value is not None}
         return self.model_copy(update={
             "model_name": spec.model, "model_path": spec.model_path,
             "engine_kind": spec.engine, "emulated_exec_model": spec.exec_model, **sized})

@@ -94,13 +94,13 @@ def _sample_job(settings: Settings, num_requests: int) -> None:
     """The sample job on the real vLLM engines (the tiny test model)."""
     stack = Stack(settings, env=_prepare(settings))
     console.print(
-        f"starting the local stack ({len(settings.instance_ids)} engine workers, "
+        f"starting the local stack ({len(settings.initial_instance_ids)} engine workers, "
         f"database {'PostgreSQL' if settings.database_url else 'embedded SQLite'})"
     )
     try:
         stack.start()
         stack.supervise()
-        stack.wait_ready(num_instances=len(settings.instance_ids))
+        stack.wait_ready(num_instances=len(settings.initial_instance_ids))
         key = stack.issue_api_key("demo")
         console.print(f"stack ready at {stack.api_url}; API key of team 'demo': {key}")
         console.print(f"sending {num_requests} requests")
@@ -144,7 +144,7 @@ def serve() -> None:
     try:
         stack.start()
         stack.supervise()
-        stack.wait_ready(num_instances=len(settings.instance_ids))
+        stack.wait_ready(num_instances=len(settings.initial_instance_ids))
         console.print(f"blockq serving at {stack.api_url} (logs in {stack.log_dir}); Ctrl-C stops")
         console.print("API keys: `blockq teams create NAME` makes a team and prints its key")
         console.print(f"Flower at {stack.flower_url} (basic auth: BLOCKQ_FLOWER_BASIC_AUTH, or "

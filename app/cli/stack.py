@@ -232,8 +232,10 @@ class Stack:
         # Every process writes its metrics here for the API's /metrics; emptied on a full start.
         self.env["PROMETHEUS_MULTIPROC_DIR"] = str(prepare_multiproc_dir(
             self.settings.data_dir / "prometheus", wipe=names is None))
+        # An autoscaled entry's slots beyond its starting count wait for the autoscaler.
+        standby = set(self.settings.instance_ids) - set(self.settings.initial_instance_ids)
         for name, command in process_commands(self.settings).items():
-            if names is None or name in names:
+            if (name in names) if names is not None else name not in standby:
                 self.start_process(name, command)
 
     def start_process(self, name: str, command: list[str]) -> None:

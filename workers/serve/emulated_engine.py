@@ -106,6 +106,9 @@ class EmulatedEngineConfig:
     max_model_len: int = 4096  # most tokens (prompt + output) per request
     # Wall seconds per emulated second: 1.0 real time, 0.1 ten times faster.
     time_scale: float = 1.0
+    # Cold start: emulated seconds `start()` takes before the engine is ready, as a real one
+    # loads its weights and profiles its memory (times time_scale, like every step).
+    start_s: float = 0.0
     # Sigma of the multiplicative log-normal noise on every step's duration (mean 1); 0: none.
     noise: float = 0.05
     seed: int = 0  # seeds the step-time noise
@@ -143,6 +146,8 @@ class EmulatedEngineConfig:
             raise ValueError(f"time_scale must be positive, got {self.time_scale}")
         if self.noise < 0:
             raise ValueError(f"noise must not be negative, got {self.noise}")
+        if self.start_s < 0:
+            raise ValueError(f"start_s must not be negative, got {self.start_s}")
         self.instance_config()  # validates the scheduler settings
 
     def instance_config(self) -> InstanceConfig:
@@ -215,9 +220,13 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
         self._clock_s: float | None = None  # monotonic end of the last step; None when idle
 
     def start(self) -> None:
-        """Start the engine thread (nothing to load: ready at once)."""
-        super().start()
+        """Start the engine thread, after the configured cold start (nothing to load)."""
         config = self.config
+        if config.start_s > 0:
+            logger.info("emulated engine: cold start of %g emulated s (%.2f s wall)",
+                        config.start_s, config.start_s * config.time_scale)
+            time.sleep(config.start_s * config.time_scale)
+        super().start()
         logger.info(
             "emulated engine ready (no GPU: simulated vLLM scheduler): exec model=%s blocks=%d "
             "block_size=%d max_num_seqs=%d budget=%d max_model_len=%d time_scale=%g noise=%g",

@@ -110,6 +110,7 @@ class EmulatedEngineBuilder:
             max_num_batched_tokens=settings.max_num_batched_tokens,
             max_model_len=settings.max_model_len,
             time_scale=settings.emulated_time_scale,
+            start_s=settings.emulated_start_s,
             noise=settings.emulated_noise,
             # Instances differ in their noise, not in their requests' lengths.
             seed=zlib.crc32(instance_id.encode()),

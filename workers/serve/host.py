@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
@@ -91,7 +92,10 @@ class EngineHost(EngineListener):
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
+        started = time.monotonic()
         self.engine.start()
+        # NOTE: the cold start's model-load phase, which the autoscaler's report quotes.
+        logger.info("engine %s loaded in %.2f s", self.instance_id, time.monotonic() - started)
         self.streams.start()
         self._register()
         self.publisher.start()
