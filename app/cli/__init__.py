@@ -18,7 +18,8 @@ from app.cli.demo import JobSummary, load_sample_prompts, run_sample_job, summar
 from app.cli.models import models
 from app.cli.retention import purge
 from app.cli.showcase import print_showcase, run_showcase
-from app.cli.stack import Stack, StackError
+from app.cli.stack import ENGINE_STOP_GRACE_S, Stack, StackError
+from app.cli.stack_lock import stop_stack
 from app.logs import configure as configure_logs
 from app.migrate import upgrade
 from app.private_paths import private_dir
@@ -159,6 +160,22 @@ def serve() -> None:
     finally:
         console.print("shutting down")
         stack.stop()
+
+
+@main.command()
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), show_default=True,
+              default=ENGINE_STOP_GRACE_S + 60,
+              help="Seconds the processes get to shut down softly before they are SIGKILLed.")
+def stop(timeout_s: float) -> None:
+    """Stop the stack that `blockq serve` runs on this data directory, orphans included."""
+    settings = Settings.load()
+    found, killed = stop_stack(settings.data_dir, timeout_s)
+    if not found:
+        console.print(f"no blockq stack runs on {settings.data_dir}")
+        return
+    console.print(f"stopped: {', '.join(map(str, found))}")
+    if killed:
+        console.print(f"SIGKILLed after {timeout_s:.0f} s: {', '.join(map(str, killed))}")
 
 
 @main.command()

@@ -7,11 +7,17 @@ settings passed through the environment, and their logs written to data_dir/logs
 Supervised (`Stack.supervise()`, what `blockq serve` and `blockq demo` do), a process that exits is
 restarted after a backoff that doubles from RESTART_BACKOFF_MIN_S to RESTART_BACKOFF_MAX_S and
 resets once the process has stayed up STABLE_AFTER_S; the others keep running meanwhile.
+
+The processes die with their supervisor: each gets SIGTERM, its own warm shutdown, when the
+supervisor dies, even by SIGKILL (Linux's parent-death signal; gunicorn's workers follow their
+master, which they watch). A started stack holds its data directory's lock (app/cli/stack_lock.py)
+until its last process exits: a second stack on the same data directory is refused, naming them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -20,13 +26,17 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from queue import SimpleQueue
 from typing import Any
 
 import httpx
 
 from app.celery_app import SOFT_SHUTDOWN_TIMEOUT_S
+from app.cli.stack_lock import StackLock, StackRunning
 from app.db import Database
 from app.local_secrets import configured_or_generated, new_flower_basic_auth
 from app.metrics import prepare_multiproc_dir
@@ -192,6 +202,63 @@ def describe_exit(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
+#: The signal a stack process gets when its supervisor dies: SIGTERM, the warm shutdown that
+#: `Stack.stop` starts with (a Celery worker finishes its tasks, gunicorn its requests).
+PARENT_DEATH_SIGNAL = signal.SIGTERM
+_PR_SET_PDEATHSIG = 1
+# NOTE: resolved here, before any fork: the child between fork and exec only calls it.
+_prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None) if sys.platform == "linux" \
+    else None
+
+
+def _dies_with(parent_pid: int) -> Callable[[], None]:
+    """A preexec_fn: the child gets PARENT_DEATH_SIGNAL when `parent_pid` dies.
+
+    It survives exec (`nice` then `celery`) and goes to the direct child only: gunicorn's workers
+    leave when their master does (they check their parent pid), and nothing else forks."""
+    def preexec() -> None:
+        if _prctl is None:
+            return
+        _prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before the prctl
+            os.kill(os.getpid(), PARENT_DEATH_SIGNAL)
+    return preexec
+
+
+class _Spawner:
+    """Starts the stack's processes from one thread that lives as long as this process.
+
+    NOTE: Linux sends the parent-death signal when the *thread* that forked the child exits,
+    not its process: a child the supervisor thread restarted would be signalled when `stop()`
+    ends that thread, and one a short-lived caller's thread started at once."""
+
+    def __init__(self) -> None:
+        self._requests: SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def popen(self, *args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="blockq-spawner",
+                                                daemon=True)
+                self._thread.start()
+        future: Future[subprocess.Popen[bytes]] = Future()
+        self._requests.put((lambda: subprocess.Popen(*args, **kwargs), future))
+        return future.result()
+
+    def _serve(self) -> None:
+        while True:
+            start, future = self._requests.get()
+            try:
+                future.set_result(start())
+            except BaseException as exc:  # the caller raises it
+                future.set_exception(exc)
+
+
+_SPAWNER = _Spawner()
+
+
 @dataclass
 class _Restarts:
     """The supervisor's record of one process: when it started, how often it was restarted."""
@@ -218,6 +285,7 @@ class Stack:
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     _supervisor: threading.Thread | None = field(default=None, repr=False)
     _stopping: threading.Event = field(default_factory=threading.Event, repr=False)
+    _data_lock: StackLock | None = field(default=None, repr=False)
 
     @property
     def api_url(self) -> str:
@@ -228,6 +296,8 @@ class Stack:
         return self.settings.data_dir / "logs"
 
     def start(self, names: list[str] | None = None) -> None:
+        """Start the processes (`names`, or all); StackError if another stack holds data_dir."""
+        self.hold_data_dir()
         private_dir(self.log_dir)  # logs may name requests and errors: this user's only
         # Every process writes its metrics here for the API's /metrics; emptied on a full start.
         self.env["PROMETHEUS_MULTIPROC_DIR"] = str(prepare_multiproc_dir(
@@ -238,15 +308,32 @@ class Stack:
             if (name in names) if names is not None else name not in standby:
                 self.start_process(name, command)
 
+    def hold_data_dir(self) -> None:
+        """Take data_dir's stack lock, which every process started from now on holds too;
+        StackError naming the processes of another stack that holds it."""
+        if self._data_lock is None:
+            private_dir(self.settings.data_dir)
+            self._data_lock = StackLock(self.settings.data_dir)
+        try:
+            self._data_lock.acquire()
+        except StackRunning as exc:
+            raise StackError(str(exc)) from None
+
     def start_process(self, name: str, command: list[str]) -> None:
-        """Start (or start again) process `name`; its output is appended to its log."""
+        """Start (or start again) process `name`; its output is appended to its log.
+
+        It gets SIGTERM when this process dies, and holds data_dir's lock if this stack does."""
         env = self.env
         if name == "flower":
             env = {**env, "FLOWER_BASIC_AUTH": self.flower_basic_auth}
+        lock_fd = self._data_lock.fd if self._data_lock is not None else None
         with open_private_append(self.log_dir / f"{name}.log") as log:  # the child keeps a copy
-            process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            process = _SPAWNER.popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                preexec_fn=_dies_with(os.getpid()), pass_fds=() if lock_fd is None else (lock_fd,),
             )
+        if self._data_lock is not None:
+            self._data_lock.record(name, process.pid)
         if name in LOW_PRIORITY:
             set_session_niceness(process.pid, LOW_PRIORITY[name])
         with self._lock:
@@ -443,6 +530,7 @@ class Stack:
             process.wait()
         with self._lock:
             self.processes.clear()
+        self._release_data_dir()
 
     def kill_all(self) -> None:
         """SIGKILL every process group at once, with no shutdown: for a throwaway stack whose
@@ -458,6 +546,12 @@ class Stack:
                 os.killpg(process.pid, signal.SIGKILL)
         for process in processes.values():
             process.wait()
+        self._release_data_dir()
+
+    def _release_data_dir(self) -> None:
+        """Let go of data_dir's lock; it is free once no process of this stack holds it."""
+        if self._data_lock is not None:
+            self._data_lock.release()
 
     def stop_grace_s(self, name: str) -> float:
         """How long process `name` may take over its warm shutdown."""
