@@ -17,9 +17,9 @@ clients' records and Redis, and prints what it found (docs/chaos.md says what ea
         --kinds sigkill:route,redis:restart-empty
 
 Exit status 0 when every invariant holds, 1 otherwise. This file is the command line; the
-harness is the package scripts/chaos_harness/ (one module per part: services, receiver, workload,
+harness is the package `benchmarks.chaos` (one module per part: services, receiver, workload,
 faults, checks, recovery, run, report...). tests/stack/test_chaos.py runs a short run through
-`chaos_harness.run.run()`.
+`benchmarks.chaos.run.run()`.
 """
 
 from __future__ import annotations
@@ -30,16 +30,14 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from chaos_harness.config import RunConfig
-from chaos_harness.faults import fault_kinds
-from chaos_harness.report import report
-from chaos_harness.run import RunResult, run
 from rich.console import Console
 
 from app.settings import Settings
+from benchmarks.chaos.config import RunConfig
+from benchmarks.chaos.faults import fault_kinds
+from benchmarks.chaos.report import report
+from benchmarks.chaos.run import RunResult, run
 
-# Importing chaos_harness (third-party to isort, so above) puts the repository root on sys.path
-# for `app`: this script runs with only scripts/ there.
 __all__ = ["RunConfig", "RunResult", "run", "main"]
 
 

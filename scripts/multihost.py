@@ -5,7 +5,7 @@ batches, webhooks on both, beat on the first), three engine hosts (one emulated 
 and on the third a real vLLM instance on the tiny model too, unless --no-vllm), a balancer
 host (HAProxy over the two APIs) and a client host (the load and the webhook receiver), each
 a network namespace with its own hostname and data directory, on one bridge. During a mixed
-job (chaos_harness.workload) it kills an engine host and a control host outright, cuts an
+job (benchmarks.chaos.workload) it kills an engine host and a control host outright, cuts an
 engine host off from the data host for --partition-s, restarts Redis, and restarts the second
 control host with its wall clock --clock-skew-s ahead. Then it settles and runs the chaos
 run's checks.
@@ -14,7 +14,7 @@ run's checks.
 
 Needs root (namespaces, veth, iptables) and haproxy. The last line printed is one JSON
 object: requests, lost, completed_twice, missing_webhooks, not_terminal, violations, recovery per
-fault kind. Exit status 0 when every invariant holds. The package scripts/multihost_rig/ is the
+fault kind. Exit status 0 when every invariant holds. The package `benchmarks.multihost` is the
 rig; docs/multihost.md says what it checks.
 """
 
@@ -25,11 +25,11 @@ import json
 import sys
 from pathlib import Path
 
-from multihost_rig.faults import KINDS
-from multihost_rig.run import RigConfig, run
 from rich.console import Console
 
 from app.cli.stack import stop_stacks_on_sigterm
+from benchmarks.multihost.faults import KINDS
+from benchmarks.multihost.run import RigConfig, run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from alembic import command
 
 from app.migrate import alembic_config, recreate_database
 from app.settings import Settings
-from tests import services_lock
+from benchmarks import services_lock
 from tests.databases import TemplateState, copy_of_template, drop_database, template_url
 from tests.environment import (
     ROOT,
@@ -45,7 +45,7 @@ _SERVICES_LOCKS = pytest.StashKey[ExitStack]()
 
 
 def _hold_services(config: pytest.Config, database_url: str, redis_url: str) -> None:
-    """Holds the services' locks (tests/services_lock.py) until the process ends; stops the run
+    """Holds the services' locks (benchmarks/services_lock.py) until the process ends; stops the run
     with the holder's name if another run has them."""
     try:
         config.stash[_SERVICES_LOCKS] = services_lock.hold({

@@ -1,4 +1,4 @@
-"""Two test runs never share a test database or Redis db (tests/services_lock.py)."""
+"""Two test runs never share a test database or Redis db (benchmarks/services_lock.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from tests import services_lock
+from benchmarks import services_lock
 from tests.environment import ROOT, worker_services
 
 
@@ -43,7 +43,7 @@ def test_a_refused_run_releases_what_it_had_taken() -> None:
 def test_a_killed_runs_lock_is_free() -> None:
     """The kernel releases a killed holder's lock: no stale lock file blocks the next run."""
     url = _own_url()
-    code = ("import sys, time; from tests import services_lock; "
+    code = ("import sys, time; from benchmarks import services_lock; "
             f"held = services_lock.hold({{'V': {url!r}}}); print('held', flush=True); "
             "time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,

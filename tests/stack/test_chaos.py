@@ -2,22 +2,17 @@
 Redis, a mixed job of 300 requests, one fault of each of several kinds, then the delivery
 guarantees checked (docs/chaos.md).
 
-The harness is the package scripts/chaos_harness/ (scripts/chaos.py is its command line); scripts/
-is not a package, so the test puts it on sys.path: the benchmark is a script first, and scripts
-do not import the tests.
+The harness is the package `benchmarks.chaos` (scripts/chaos.py is its command line).
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-from tests.environment import ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -31,11 +26,8 @@ KINDS = [
 
 
 def _harness() -> ModuleType:
-    """chaos_harness.run (RunConfig, run), imported from scripts/."""
-    scripts = str(ROOT / "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)
-    return importlib.import_module("chaos_harness.run")
+    """benchmarks.chaos.run (RunConfig, run)."""
+    return importlib.import_module("benchmarks.chaos.run")
 
 
 def test_a_short_chaos_run_loses_nothing_and_does_nothing_twice(model_path: Path) -> None:

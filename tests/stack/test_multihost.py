@@ -14,22 +14,16 @@ import importlib
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from tests.environment import ROOT
-
 pytestmark = [pytest.mark.slow, pytest.mark.stack, pytest.mark.vllm]
 
 
 def _rig() -> ModuleType:
-    scripts = str(ROOT / "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)
-    return importlib.import_module("multihost_rig.run")
+    return importlib.import_module("benchmarks.multihost.run")
 
 
 def _missing() -> str | None:

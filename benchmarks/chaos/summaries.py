@@ -6,8 +6,8 @@ from collections import Counter, defaultdict
 from statistics import median
 from typing import Any
 
-from chaos_harness.faults import Fault
-from chaos_harness.workload import Workload
+from benchmarks.chaos.faults import Fault
+from benchmarks.chaos.workload import Workload
 
 
 def _percentile_summary(values: list[float]) -> tuple[float | None, float | None]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-#: The chaos checks (chaos_harness.checks) each headline count adds up.
+#: The chaos checks (benchmarks.chaos.checks) each headline count adds up.
 HEADLINE = {
     "lost": ("accepted but no row",),
     "completed_twice": ("completed twice",),

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.cli.stack import Stack
-from multihost_rig.network import in_namespace
+from benchmarks.multihost.network import in_namespace
 
 #: Runs the rest of the command line with the hostname given as $0 (in a new UTS namespace).
 _WITH_HOSTNAME = 'hostname "$0" && exec "$@"'

@@ -13,10 +13,10 @@ from app.models import Team
 from app.settings import Settings
 from app.team_secrets import secrets_in_force
 from app.teams import create_team, issue_key
-from chaos_harness import ROOT
-from chaos_harness.config import RunConfig
-from chaos_harness.faults import CRASH_AFTER_COMMIT_ENV
-from chaos_harness.services import OwnServices
+from benchmarks.chaos.config import RunConfig
+from benchmarks.chaos.faults import CRASH_AFTER_COMMIT_ENV
+from benchmarks.chaos.services import OwnServices
+from benchmarks.paths import ROOT
 from workers.webhooks.signing import new_secret
 
 

@@ -18,9 +18,9 @@ from app.cli.stack import Stack, process_commands
 from app.db import Database
 from app.migrate import upgrade
 from app.settings import Settings
-from chaos_harness.checks import Checker, Finding
-from chaos_harness.config import RunConfig
-from chaos_harness.faults import (
+from benchmarks.chaos.checks import Checker, Finding
+from benchmarks.chaos.config import RunConfig
+from benchmarks.chaos.faults import (
     CRASH_AFTER_COMMIT_EXIT,
     Fault,
     Injector,
@@ -28,14 +28,14 @@ from chaos_harness.faults import (
     fault_kinds,
     schedule_faults,
 )
-from chaos_harness.processes import ProcessWatch, log_tail
-from chaos_harness.receiver import WebhookReceiver
-from chaos_harness.recovery import stranded_recovery
-from chaos_harness.services import OwnServices
-from chaos_harness.settle import settle
-from chaos_harness.stack_setup import create_teams, signing_secrets, stack_env, stack_settings
-from chaos_harness.summaries import summarize_faults, workload_summary
-from chaos_harness.workload import Workload
+from benchmarks.chaos.processes import ProcessWatch, log_tail
+from benchmarks.chaos.receiver import WebhookReceiver
+from benchmarks.chaos.recovery import stranded_recovery
+from benchmarks.chaos.services import OwnServices
+from benchmarks.chaos.settle import settle
+from benchmarks.chaos.stack_setup import create_teams, signing_secrets, stack_env, stack_settings
+from benchmarks.chaos.summaries import summarize_faults, workload_summary
+from benchmarks.chaos.workload import Workload
 
 __all__ = ["RunConfig", "RunResult", "run"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from chaos_harness.run import RunResult
+from benchmarks.chaos.run import RunResult
 
 
 def report(result: RunResult, console: Console) -> None:

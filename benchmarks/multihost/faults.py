@@ -22,12 +22,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from chaos_harness.faults import Fault
-from chaos_harness.processes import ProcessWatch
-from chaos_harness.services import OwnServices
-
-from multihost_rig import network
-from multihost_rig.hosts import HostStack, skewed_env
+from benchmarks.chaos.faults import Fault
+from benchmarks.chaos.processes import ProcessWatch
+from benchmarks.chaos.services import OwnServices
+from benchmarks.multihost import network
+from benchmarks.multihost.hosts import HostStack, skewed_env
 
 KINDS = ("engine-host:kill", "control-host:kill", "engine-host:partition", "redis:restart",
          "host:clock-skew")

@@ -1,6 +1,6 @@
 """The multi-host rig (scripts/multihost.py is its command line; docs/deploy.md, "Several hosts",
 and docs/multihost.md say what it does): blockq's hosts made of network namespaces on one bridge,
-host-level faults during a run, and the chaos run's checks (scripts/chaos_harness/) after it.
+host-level faults during a run, and the chaos run's checks (`benchmarks.chaos`) after it.
 
 - `network`: namespaces, the bridge, veth pairs and addresses; partitions; cleanup by prefix.
 - `layout`: which hosts there are, their addresses and the processes each runs.
@@ -11,16 +11,4 @@ host-level faults during a run, and the chaos run's checks (scripts/chaos_harnes
 - `summary`: the last line's JSON (lost, completed_twice, missing_webhooks, not_terminal...).
 - `run`: one run, start to finish.
 
-Importing the package puts the repository root and scripts/ on sys.path (via chaos_harness).
 """
-
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-_SCRIPTS = str(Path(__file__).resolve().parent.parent)
-if _SCRIPTS not in sys.path:
-    sys.path.insert(0, _SCRIPTS)
-
-import chaos_harness  # noqa: E402,F401 - puts the repository root on sys.path

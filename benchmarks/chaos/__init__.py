@@ -16,15 +16,4 @@ it does and what each line of its report means). One module per job:
 - `summaries`: the faults and the workload in aggregate.
 - `run`: one run, start to finish (run, RunResult).
 - `report`: the result as tables.
-
-Importing the package puts the repository root on sys.path, so that `app` and `workers` import
-when it runs from scripts/.
 """
-
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent.parent
-sys.path.insert(0, str(ROOT))

@@ -10,8 +10,8 @@ from sqlalchemy import func, select
 
 from app.db import Database
 from app.models import Batch, InferenceRequest, Team
-from chaos_harness.receiver import WebhookReceiver
-from chaos_harness.terminal import TERMINAL, TERMINAL_BATCH
+from benchmarks.chaos.receiver import WebhookReceiver
+from benchmarks.chaos.terminal import TERMINAL, TERMINAL_BATCH
 from workers.webhooks.events import event_id
 
 

@@ -6,7 +6,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from multihost_rig.network import in_namespace
+from benchmarks.multihost.network import in_namespace
 
 
 def haproxy_config(bind: str, servers: Sequence[tuple[str, str]], *, timeout_s: int) -> str:

@@ -14,11 +14,11 @@ from sqlalchemy import select
 from app.db import Database
 from app.models import Batch, BatchLine, InferenceRequest, RequestEvent, Team
 from app.settings import Settings
-from chaos_harness.leftovers import lasting_entries
-from chaos_harness.receiver import Delivery, WebhookReceiver
-from chaos_harness.services import OwnServices
-from chaos_harness.terminal import TERMINAL, TERMINAL_BATCH
-from chaos_harness.workload import Outcome
+from benchmarks.chaos.leftovers import lasting_entries
+from benchmarks.chaos.receiver import Delivery, WebhookReceiver
+from benchmarks.chaos.services import OwnServices
+from benchmarks.chaos.terminal import TERMINAL, TERMINAL_BATCH
+from benchmarks.chaos.workload import Outcome
 from workers.webhooks.events import event_id
 
 

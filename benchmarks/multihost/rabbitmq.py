@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kombu import Connection
 
-from multihost_rig.network import in_namespace
+from benchmarks.multihost.network import in_namespace
 
 RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 RABBITMQCTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"

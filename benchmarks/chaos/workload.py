@@ -22,8 +22,8 @@ import httpx
 import openai
 
 from app.cli.stack import Stack
-from chaos_harness.config import RunConfig
-from chaos_harness.receiver import WebhookReceiver
+from benchmarks.chaos.config import RunConfig
+from benchmarks.chaos.receiver import WebhookReceiver
 
 MODEL = "tiny-llama"
 CHAT = "/v1/chat/completions"

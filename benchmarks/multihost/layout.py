@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from multihost_rig.network import HostAddress
+from benchmarks.multihost.network import HostAddress
 from workers.sim.fleet_spec import InstanceSpec
 
 DATA = HostAddress("data", 10)

@@ -21,17 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from chaos_harness.checks import Checker, Finding
-from chaos_harness.config import RunConfig
-from chaos_harness.faults import Fault
-from chaos_harness.processes import ProcessWatch, log_tail
-from chaos_harness.receiver import WebhookReceiver
-from chaos_harness.recovery import stranded_recovery
-from chaos_harness.services import OwnServices
-from chaos_harness.settle import settle
-from chaos_harness.stack_setup import create_teams, signing_secrets, stack_env, stack_settings
-from chaos_harness.summaries import summarize_faults, workload_summary
-from chaos_harness.workload import Workload
 from sqlalchemy import func, or_, select
 
 from app.cli.stack import LOCAL_RATE_LIMIT_RPM
@@ -40,12 +29,23 @@ from app.migrate import upgrade
 from app.models import InferenceRequest, RequestEvent
 from app.settings import Settings
 from app.teams import ensure_team_key
-from multihost_rig import layout, network
-from multihost_rig.balancer import haproxy_config, start_haproxy
-from multihost_rig.faults import KINDS, HostFaults, slot_s
-from multihost_rig.hosts import HostStack
-from multihost_rig.rabbitmq import OwnRabbitMQ, lasting_messages, wait_for_idle_queues
-from multihost_rig.summary import summary
+from benchmarks.chaos.checks import Checker, Finding
+from benchmarks.chaos.config import RunConfig
+from benchmarks.chaos.faults import Fault
+from benchmarks.chaos.processes import ProcessWatch, log_tail
+from benchmarks.chaos.receiver import WebhookReceiver
+from benchmarks.chaos.recovery import stranded_recovery
+from benchmarks.chaos.services import OwnServices
+from benchmarks.chaos.settle import settle
+from benchmarks.chaos.stack_setup import create_teams, signing_secrets, stack_env, stack_settings
+from benchmarks.chaos.summaries import summarize_faults, workload_summary
+from benchmarks.chaos.workload import Workload
+from benchmarks.multihost import layout, network
+from benchmarks.multihost.balancer import haproxy_config, start_haproxy
+from benchmarks.multihost.faults import KINDS, HostFaults, slot_s
+from benchmarks.multihost.hosts import HostStack
+from benchmarks.multihost.rabbitmq import OwnRabbitMQ, lasting_messages, wait_for_idle_queues
+from benchmarks.multihost.summary import summary
 
 #: Seconds of traffic before the first fault.
 FIRST_FAULT_S = 5.0
@@ -83,7 +83,7 @@ class RigConfig:
 
 
 class FrontDoor:
-    """The API as clients see it: through the balancer (what chaos_harness.workload needs of a
+    """The API as clients see it: through the balancer (what benchmarks.chaos.workload needs of a
     stack: `api_url`, `api_key`, `client()`)."""
 
     def __init__(self, api_url: str, api_key: str) -> None:
@@ -113,7 +113,7 @@ class _Rig:
 
 
 def run(config: RigConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """One run; its summary (multihost_rig.summary). Removes everything it made."""
+    """One run; its summary (benchmarks.multihost.summary). Removes everything it made."""
     if os.geteuid() != 0:
         raise SystemExit("the rig creates network namespaces, veth pairs, a bridge and "
                          "iptables rules: run it as root")

@@ -6,8 +6,8 @@ from sqlalchemy import select
 
 from app.db import Database
 from app.models import InferenceRequest
-from chaos_harness.faults import Fault
-from chaos_harness.terminal import TERMINAL
+from benchmarks.chaos.faults import Fault
+from benchmarks.chaos.terminal import TERMINAL
 
 
 def stranded_recovery(db: Database, faults: list[Fault]

@@ -1,4 +1,4 @@
-"""The multi-host rig's pure parts (scripts/multihost_rig/): the hosts and their processes, the
+"""The multi-host rig's pure parts (`benchmarks.multihost`): the hosts and their processes, the
 fleet (emulated instances and one vLLM), the faults' targets, the command that runs a process
 as a host, HAProxy's configuration, the summary's counts. The rig
 itself runs in tests/stack/test_multihost.py (root only)."""
@@ -17,14 +17,10 @@ from types import ModuleType
 import pytest
 
 from app.settings import Settings
-from tests.environment import ROOT
 
 
 def _rig(module: str) -> ModuleType:
-    scripts = str(ROOT / "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)
-    return importlib.import_module(f"multihost_rig.{module}")
+    return importlib.import_module(f"benchmarks.multihost.{module}")
 
 
 @pytest.mark.parametrize("vllm", [True, False])

@@ -18,9 +18,9 @@ import redis
 
 from app.cli.stack import Stack, process_commands
 from app.settings import Settings
-from chaos_harness.config import RunConfig
-from chaos_harness.processes import ProcessWatch
-from chaos_harness.services import OwnServices
+from benchmarks.chaos.config import RunConfig
+from benchmarks.chaos.processes import ProcessWatch
+from benchmarks.chaos.services import OwnServices
 
 #: Environment variable of app/faults.py: a process exits right after a commit whose message
 #: (outbox entry) has not been sent yet, with this probability per such commit.
