@@ -21,8 +21,8 @@ from app.teams import Principal
 __all__ = ["init_app", "current_principal"]
 
 #: Endpoints anyone may call (probes, and the metrics scraper: keep /metrics off the internet).
-OPEN_ENDPOINTS = frozenset({"health.healthz", "health.readyz", "metrics.scrape", "static",
-                            "openapi.document", "openapi.docs"})
+OPEN_ENDPOINTS = frozenset({"health.healthz", "health.health", "health.readyz", "metrics.scrape",
+                            "static", "openapi.document", "openapi.docs"})
 
 
 def current_principal() -> Principal:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, jsonify
+from flask import Blueprint, Response, jsonify
 from flask.typing import ResponseReturnValue
 from sqlalchemy import text
 
@@ -15,6 +15,14 @@ bp = Blueprint("health", __name__)
 def healthz() -> ResponseReturnValue:
     """The process is up; says nothing about its dependencies."""
     return jsonify(status="ok")
+
+
+@bp.get("/health")
+def health() -> ResponseReturnValue:
+    """vLLM's server's probe, as it answers it: 200 with an empty body while the process is up.
+
+    Third-party benchmark clients (guidellm, aiperf) check it before they start."""
+    return Response(status=200, mimetype="text/plain")
 
 
 @bp.get("/readyz")

@@ -215,6 +215,10 @@ OPERATIONS: dict[str, Operation] = {
                     "events for `webhook_secret_grace_s`."),
     # --- probes, metrics and this document
     "health.healthz": Operation("Liveness", "Probes", c.Healthz, open=True),
+    "health.health": Operation(
+        "Liveness, as vLLM's server answers it", "Probes", "text/plain", open=True,
+        description="200 with an empty body while the process is up, for clients written "
+                    "against vLLM's server (benchmark clients check it before they start)."),
     "health.readyz": Operation("Readiness (database and broker)", "Probes", c.Readyz,
                                open=True, other={503: c.Readyz}),
     "metrics.scrape": Operation(

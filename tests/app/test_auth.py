@@ -50,6 +50,12 @@ def test_every_v1_endpoint_needs_a_valid_key_and_probes_do_not(anonymous: FlaskC
     assert anonymous.get("/healthz").status_code == 200
 
 
+def test_health_answers_as_vllms_server_does_without_a_key(anonymous: FlaskClient) -> None:
+    """200 and an empty body (vLLM's api_server), which third-party benchmark clients check."""
+    response = anonymous.get("/health")
+    assert response.status_code == 200 and response.get_data() == b""
+
+
 def test_a_revoked_key_stops_working_at_once(anonymous: FlaskClient) -> None:
     with services_of(anonymous).db.session() as session:
         issued = issue_key(session, create_team(session, "acme"))
