@@ -285,8 +285,9 @@ class Settings(BaseSettings):
     # --- length prediction ---------------------------------------------------------------------
     length_predictor: Literal["learned", "baseline", "table"] = Field(
         "learned",
-        description="Output-length predictor: 'learned' (MiniLM encoder + prompt features, "
-        "workers/predict), 'baseline' (the running mean of observed lengths) or 'table' (fixed "
+        description="Output-length predictor: 'learned' (a learned head by path: the fast "
+        "static head on the hot path, the accurate MiniLM head for bulk work; workers/predict), "
+        "'baseline' (the running mean of observed lengths) or 'table' (fixed "
         "predictions per prompt from length_predictions_path, e.g. a benchmark's oracle).",
     )
     length_predictions_path: Path | None = Field(
@@ -297,8 +298,17 @@ class Settings(BaseSettings):
     )
     length_model_path: Path | None = Field(
         None,
-        description="Artifact of the learned length model. Unset: the bootstrap model shipped "
-        "in workers/predict/models.",
+        description="Artifact of the accurate length head, which batch lines, the bulk "
+        "predictor and learning use (batched). Unset: the MiniLM head shipped in "
+        "workers/predict/models.",
+    )
+    length_fast_model_path: Path | None = Field(
+        None,
+        description="Artifact of the fast length head, which the hot path uses (held "
+        "completions routed in the API, interactive requests in the predict task). Unset: the "
+        "static sibling of length_model_path (`<stem>_static.npz`, as `blockq models "
+        "length-train` writes them) where it exists, else the static head shipped in "
+        "workers/predict/models.",
     )
 
     # --- teams ---------------------------------------------------------------------------------

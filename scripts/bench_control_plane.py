@@ -62,7 +62,7 @@ from live_bench import quiet  # noqa: E402
 from app.cli.stack import Stack, free_port, stop_stacks_on_sigterm  # noqa: E402
 from app.migrate import recreate_database, upgrade  # noqa: E402
 from app.settings import Settings  # noqa: E402
-from workers.predict.length_model import bootstrap_artifact  # noqa: E402
+from workers.predict.length_model import head_artifact  # noqa: E402
 from workers.serve.vllm_cli import vllm_cli  # noqa: E402
 
 INPUT_LEN = 128
@@ -370,7 +370,7 @@ def _stack_settings(args: argparse.Namespace, data_dir: Path) -> Settings:
         routing_policy=args.policy, route_in_predict=not args.route_task,
         route_in_api=_routes_in_api(args),
         held_connections_team_caps={LOCAL_TEAM: TEAM_HELD_CAP},
-        length_model_path=args.length_model,
+        length_fast_model_path=args.length_model,
     )
 
 
@@ -549,7 +549,8 @@ def main() -> int:
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--policy", default="block", help="the routing policy of blockq")
     parser.add_argument("--length-model", type=Path, default=None,
-                        help="the length model's artifact (default: this CPU's shipped head)")
+                        help="the hot path's (fast) length head (default: the shipped static "
+                        "head)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--route-in-api", action="store_true",
                        help="the API predicts and routes held completions (route_in_api: the "
@@ -608,7 +609,7 @@ def main() -> int:
         "Load average (1/5/15 min) before": " / ".join(f"{x:.2f}" for x in load_before),
         "after": " / ".join(f"{x:.2f}" for x in load_after),
         "blockq": f"policy {args.policy}, learned length predictor "
-        f"{(args.length_model or bootstrap_artifact()).name}, routed " + _routed_where(args)
+        f"{(args.length_model or head_artifact('fast')).name}, routed " + _routed_where(args)
         + f", team cap {TEAM_HELD_CAP} held connections",
         "Workload": f"random {INPUT_LEN}-token prompts, {OUTPUT_LEN} output tokens, ignore_eos",
         "Loads": ", ".join(f"{load.label} x {load.num_prompts}" for load in loads),

@@ -198,6 +198,7 @@ def main() -> int:
             emulated_exec_model="llama-2-7b-a30", emulated_num_blocks=1052,
             emulated_output_lengths="answers", emulated_answers_path=answers,
             routing_policy="block", length_model_path=artifact,
+            length_fast_model_path=artifact,  # its retrained versions on the hot path too
             max_model_len=4096,
             learn_retrain_interval_s=0, learn_refit_interval_s=0, learn_min_rows=50,
             length_bootstrap_rows=bootstrap,

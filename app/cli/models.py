@@ -113,32 +113,35 @@ def _fail(message: str) -> None:
 @click.option("--data", "data", type=click.Path(path_type=Path), required=True,
               help='TRAIN JSONL: {"prompt": text or chat messages, "model", "output_tokens"}.')
 @click.option("--out", "out", type=click.Path(path_type=Path), required=True,
-              help="Artifact to write (.npz; a readable .json summary is written beside it).")
+              help="Artifact to write (.npz; a readable .json summary is written beside it). "
+                   "With --encoder both, the fast head goes beside it as <stem>_static.npz.")
 @click.option("--source-name", default=None, help="Name of the rows' source (default: the file).")
 @click.option("--licence", default=None, help="Licence of the rows, recorded in the artifact.")
-@click.option("--encoder", type=click.Choice(["minilm", "static", "auto"]), default="minilm",
-              help="minilm (default): the packaged MiniLM transformer, the accurate one (about "
-                   "3.5 ms of CPU a prompt where the serving CPU has AMX, twice that or more "
-                   "without); static: distilled token embeddings, no torch (about 1 ms, less "
-                   "accurate), for serving on CPUs without AMX; auto: as this CPU would pick.")
+@click.option("--encoder", type=click.Choice(["both", "minilm", "static", "auto"]),
+              default="both",
+              help="both (default): the two heads serving uses, from the same rows: the "
+                   "accurate one on the packaged MiniLM transformer (bulk work, batched) to "
+                   "--out, the fast one on distilled static embeddings (the hot path, no torch) "
+                   "beside it; minilm or static: that head alone; auto: the one this CPU would "
+                   "run one prompt at a time (MiniLM where it has AMX).")
 def length_train(data: Path, out: Path, source_name: str | None, licence: str | None,
                  encoder: str) -> None:
     """Train the output-length model on your own rows (no service needed)."""
-    from workers.predict.commands import train_file  # noqa: PLC0415
+    from workers.predict.commands import train_heads  # noqa: PLC0415
     from workers.predict.dataset import InputError  # noqa: PLC0415
-    from workers.predict.length_model import make_encoder  # noqa: PLC0415
 
     try:
-        head, metrics = train_file(data, out, source_name=source_name, licence=licence,
-                                   encoder=make_encoder(encoder))
+        written = train_heads(data, out, encoder=encoder, source_name=source_name,
+                              licence=licence)
     except InputError as error:
         _fail(str(error))
     except ValueError as error:  # e.g. no row with an answer
         _fail(f"{data}: {error}")
-    console.print(f"{head.name}: {metrics['num_rows']} rows, {metrics['num_prompts']} prompts, "
-                  f"{metrics['num_models']} models; out-of-fold MAE "
-                  f"{metrics['mae_tokens']:.1f} tokens ({metrics['num_folds']} folds by prompt)"
-                  f"; wrote {out}")
+    for path, head, metrics in written:
+        console.print(f"{head.name} ({head.encoder.get('name')}): {metrics['num_rows']} rows, "
+                      f"{metrics['num_prompts']} prompts, {metrics['num_models']} models; "
+                      f"out-of-fold MAE {metrics['mae_tokens']:.1f} tokens "
+                      f"({metrics['num_folds']} folds by prompt); wrote {path}")
 
 
 @models.command("length-predict")
@@ -164,13 +167,21 @@ def length_predict(artifact: Path, data: Path) -> None:
 
 @models.command("length-info")
 @click.option("--artifact", type=click.Path(path_type=Path), default=None,
-              help="Default: BLOCKQ_LENGTH_MODEL_PATH, else this CPU's shipped artifact.")
-def length_info(artifact: Path | None) -> None:
-    """The length model's artifact: version, encoder, training sources and their licences."""
+              help="One artifact's details. Default: the accurate head as configured "
+                   "(BLOCKQ_LENGTH_MODEL_PATH, else the shipped MiniLM head), after the table "
+                   "of which path uses which head.")
+@click.option("--cost/--no-cost", default=True,
+              help="Measure each path's CPU cost a prompt on this machine (default on).")
+def length_info(artifact: Path | None, cost: bool) -> None:
+    """Which path uses which length head and what each costs; an artifact's version, encoder,
+    training sources and their licences."""
     from workers.predict.commands import artifact_summary  # noqa: PLC0415
-    from workers.predict.length_model import bootstrap_artifact  # noqa: PLC0415
+    from workers.predict.length_model import head_artifact  # noqa: PLC0415
 
-    path = artifact or Settings.load().length_model_path or bootstrap_artifact()
+    settings = Settings.load()
+    if artifact is None:
+        _print_path_heads(settings, measure=cost)
+    path = artifact or head_artifact("accurate", accurate=settings.length_model_path)
     try:
         summary = artifact_summary(path)
     except (ValueError, KeyError, OSError) as error:
@@ -186,3 +197,22 @@ def length_info(artifact: Path | None) -> None:
     console.print(f"encoder {summary['encoder']}; {summary['serving_models']} serving models "
                   f"known; trained {summary['trained_at']} on {summary['rows']} rows "
                   f"({summary['prompts']} prompts), method {summary['method']}")
+
+
+def _print_path_heads(settings: Settings, *, measure: bool) -> None:
+    from workers.predict.commands import path_heads  # noqa: PLC0415
+
+    try:
+        heads = path_heads(accurate=settings.length_model_path,
+                           fast=settings.length_fast_model_path, measure=measure)
+    except (ValueError, KeyError, OSError) as error:
+        _fail(f"a configured length head cannot load ({error})")
+    # NOTE: lines, not a table: a narrow terminal would cut the artifacts' paths.
+    for head in heads:
+        cost = "" if head.cost_ms is None else f"; {head.cost_ms:.1f} ms of CPU a prompt"
+        console.print(f"{head.path} head: {head.artifact} (encoder {head.encoder}{cost})\n"
+                      f"  used by {head.used_by}", markup=False, soft_wrap=True)
+    if measure:
+        console.print("costs: this process's CPU on this machine now (fast: one prompt a call, "
+                      "accurate: 32 prompts a call), after a warm-up call; a timing, not a "
+                      "figure to quote", soft_wrap=True)

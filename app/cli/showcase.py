@@ -201,7 +201,8 @@ def showcase_settings(base: Settings, answers_path: Path, fleet: ShowcaseFleet =
         "max_model_len": fleet.max_model_len, "emulated_time_scale": fleet.time_scale,
         "emulated_output_lengths": "answers", "emulated_answers_path": answers_path,
         "routing_policy": base.mixed_fleet_routing_policy, "length_predictor": "learned",
-        "length_model_path": model_path(),
+        # The held-out head on both paths (the shipped ones saw the showcase's prompts).
+        "length_model_path": model_path(), "length_fast_model_path": model_path(),
         # The router simulates the engines' own execution-time model, the predictor keeps its
         # model (no refits mid-run), and no fallback to round robin: each policy as configured.
         "learn_retrain_interval_s": 0, "learn_refit_interval_s": 0,

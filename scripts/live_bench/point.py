@@ -124,7 +124,9 @@ def _settings(spec: PointSpec, data_dir: Path) -> Settings:
         extra["length_predictions_path"] = write_jsonl(data_dir / f"predictions_{table}.jsonl",
                                                        spec.workload.table_rows(table))
     if spec.workload.length_model_path is not None:
+        # The held-out head on both paths (the shipped ones saw the workload's prompts).
         extra["length_model_path"] = spec.workload.length_model_path
+        extra["length_fast_model_path"] = spec.workload.length_model_path
     if not spec.bias_watch:
         # The benchmark measures each policy as configured: no round-robin fallback (no error
         # exceeds the threshold), no correction factor (learned predictions stay the model's).

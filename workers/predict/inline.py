@@ -45,7 +45,7 @@ class InlineRouter:
     def warm_up(self) -> None:
         """Load the learned length model now, as the API starts (as the tokenizer is), not on
         the first completion each API process serves."""
-        predictor = stage.length_predictor(self.rt)
+        predictor = stage.length_predictor(self.rt, stage.HEAD_FAST)
         if isinstance(predictor, stage.LearnedLengths):
             _ = predictor.packaged
 
@@ -67,7 +67,7 @@ class InlineRouter:
     def _route(self, request: InferenceRequest, entry_id: int) -> bool:
         started_at = time.time()
         started = stage.started_of(request)
-        answer = stage.length_predictor(self.rt).predict(started.query)
+        answer = stage.length_predictor(self.rt, stage.HEAD_FAST).predict(started.query)
         timing = {"predict_started_at": started_at, "predicted_at": time.time(),
                   "in_api": 1.0}
         return bool(tasks.route_predicted(self.rt, request.id, started, answer, timing,

@@ -63,6 +63,7 @@ AnyEncoder = Encoder | StaticEncoder
 __all__ = [
     "BOOTSTRAP_ARTIFACT",
     "ENCODER_KINDS",
+    "HEAD_PATHS",
     "STATIC_BOOTSTRAP_ARTIFACT",
     "AnyEncoder",
     "bootstrap_artifact",
@@ -81,10 +82,12 @@ __all__ = [
     "encoder_info",
     "evaluate",
     "fit_head",
+    "head_artifact",
     "length_metrics",
     "make_encoder",
     "minilm_encoder",
     "predict",
+    "static_sibling",
     "train",
 ]
 
@@ -971,7 +974,9 @@ def cpu_has_amx_bf16() -> bool:
 
 
 def default_encoder_kind() -> str:
-    """"minilm" where the CPU runs it within the hot path's budget, else "static".
+    """"minilm" where the CPU runs it one prompt at a time within the hot path's budget, else
+    "static": what `--encoder auto` trains on. Serving picks its head by path instead
+    (`head_artifact`): the hot path the static head, bulk work MiniLM, on every CPU.
 
     NOTE: MiniLM is the accurate encoder (125.0 against 139.9 tokens of MAE on unseen prompts,
     with the neighbours). Its CPU cost per prompt, batched, depends on the matrix units: about
@@ -992,6 +997,36 @@ def _encoder_kind(kind: str) -> str:
 def bootstrap_artifact(kind: str = "auto") -> Path:
     """The shipped head for an encoder kind ("auto": this CPU's `default_encoder_kind`)."""
     return BOOTSTRAP_ARTIFACT if _encoder_kind(kind) == "minilm" else STATIC_BOOTSTRAP_ARTIFACT
+
+
+#: The heads by path: "fast" on the hot path (one prompt at a time, within its budget),
+#: "accurate" for bulk work (batch lines, the bulk predictor, planning, learning), batched.
+HEAD_PATHS = ("fast", "accurate")
+
+
+def static_sibling(artifact: Path | str) -> Path:
+    """Where `blockq models length-train` writes the fast (static) head beside an accurate
+    one: `<stem>_static.npz`, as the shipped pair is named."""
+    artifact = Path(artifact)
+    return artifact.with_name(f"{artifact.stem}_static{artifact.suffix}")
+
+
+def head_artifact(path: str, *, accurate: Path | None = None, fast: Path | None = None) -> Path:
+    """The artifact a path's head loads (`accurate`, `fast`: the configured ones, or None).
+
+    fast: `fast`, else the static sibling of `accurate` where it exists, else the shipped
+    static head. accurate: `accurate`, else the shipped MiniLM head, whatever this CPU: batched,
+    MiniLM costs a few milliseconds a prompt even without AMX, off any request's path.
+    """
+    if path not in HEAD_PATHS:
+        raise ValueError(f"head path must be one of {', '.join(HEAD_PATHS)}, got {path!r}")
+    if path == "accurate":
+        return accurate or BOOTSTRAP_ARTIFACT
+    if fast is not None:
+        return fast
+    if accurate is not None and static_sibling(accurate).is_file():
+        return static_sibling(accurate)
+    return STATIC_BOOTSTRAP_ARTIFACT
 
 
 def make_encoder(kind: str = "auto") -> AnyEncoder:

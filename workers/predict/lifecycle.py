@@ -1,5 +1,6 @@
-"""Predictor-worker start-up: load the learned length model before consuming, not on the
-first request (loading the encoder takes seconds)."""
+"""Predictor-worker start-up: load the learned length heads of the queues it consumes before
+consuming, not on the first request (loading an encoder takes seconds): the fast head for
+`predict` (interactive requests), the accurate one for `predict_bulk` (batch lines)."""
 
 from __future__ import annotations
 
@@ -20,5 +21,8 @@ def _warm_up_length_model(sender: Any = None, instance: Any = None, **_: Any) ->
     from workers.predict import stage  # noqa: PLC0415
 
     rt = runtime.get()
-    if rt.settings.length_predictor == "learned":
-        _ = stage.learned_lengths(rt).packaged
+    if rt.settings.length_predictor != "learned":
+        return
+    heads = {QUEUE_PREDICT: stage.HEAD_FAST, QUEUE_PREDICT_BULK: stage.HEAD_ACCURATE}
+    for queue in sorted(names & heads.keys()):
+        _ = stage.learned_lengths(rt, heads[queue]).packaged

@@ -5,6 +5,12 @@ answer; in between the configured length predictor answers. The learned one runs
 task threads' queries through one micro-batcher (a burst is embedded in a few batched passes) and
 scales every answer by the bias watch's correction. No database connection is held while a model
 runs.
+
+The learned predictor has a head by path (`HEAD_FAST`, `HEAD_ACCURATE`): routing barely uses
+output-length accuracy (routing with the mean length is within 1.6 % of the learned one) while
+MiniLM one prompt at a time costs the hot path twice the static head's CPU, so interactive
+requests get the fast head; batch lines, whose sums of lengths make a batch's completion time,
+get the accurate one, batched (docs/benchmarks_length.md, "Heads by path").
 """
 
 from __future__ import annotations
@@ -37,8 +43,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LengthQuery", "LengthAnswer", "LENGTH_PREDICTORS", "length_predictor", "Started",
-           "start", "prediction_columns", "record"]
+__all__ = ["HEAD_ACCURATE", "HEAD_FAST", "LengthQuery", "LengthAnswer", "LENGTH_PREDICTORS",
+           "head_for", "length_predictor", "learned_lengths", "Started", "start",
+           "prediction_columns", "record"]
+
+#: The learned heads by path (`length_model.HEAD_PATHS`).
+HEAD_FAST, HEAD_ACCURATE = "fast", "accurate"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,41 +112,58 @@ class TableLengths:
 
 @LENGTH_PREDICTORS.register("learned")
 class LearnedLengths:
-    """The registry's active length model of the served model (hot-reloaded), else the
-    configured or packaged one; one encoder is loaded, versions swap only the head.
+    """One path's learned head (`head`: `HEAD_FAST` or `HEAD_ACCURATE`).
+
+    The accurate path answers with the registry's active length model of the served model
+    (hot-reloaded; the online loop retrains it), else the configured or packaged MiniLM head;
+    one encoder is loaded, versions swap only the head. The fast path answers with its
+    configured or packaged static head, and takes a registry version only when it was trained
+    on the same encoder (a MiniLM version would load torch into the API).
 
     A model that cannot load or run (a bad artifact, a missing encoder) must not stall the
-    pipeline: its queries are answered by the baseline, labelled so, and the model is tried
-    again after `retry_after_s`.
+    pipeline: the accurate path's queries are answered by the fast head, the fast path's by
+    the baseline (labelled so), and the model is tried again after `retry_after_s`.
     """
 
-    #: Seconds of baseline answers after the learned model failed, before it is tried again.
+    #: Seconds of fallback answers after the learned model failed, before it is tried again.
     retry_after_s: float = 60.0
 
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
+    def __init__(self, rt: Runtime, head: str = HEAD_ACCURATE) -> None:
+        if head not in (HEAD_FAST, HEAD_ACCURATE):
+            raise ValueError(f"head must be {HEAD_FAST!r} or {HEAD_ACCURATE!r}, got {head!r}")
+        self.rt, self.head = rt, head
         self._failed_at: float | None = None
         self.batcher: MicroBatcher[LengthQuery, LengthAnswer] = MicroBatcher(
-            self._predict_batch, max_batch=32, name="length-batcher")
+            self._predict_batch, max_batch=32, name=f"length-batcher-{head}")
 
     @cached_property
     def packaged(self) -> LengthPredictor:
-        """The configured or packaged model, encoder included: loaded once per process."""
+        """The path's configured or packaged model, encoder included: loaded once per
+        process (`length_model.head_artifact`)."""
         # NOTE: torch and transformers load here, in predictor workers only, not at import.
-        from workers.predict.length_model import LengthPredictor  # noqa: PLC0415
+        from workers.predict.length_model import LengthPredictor, head_artifact  # noqa: PLC0415
 
-        # Unset, this CPU's shipped head (`length_model.bootstrap_artifact`).
-        return LengthPredictor.load(self.rt.settings.length_model_path, num_threads=1)
+        s = self.rt.settings
+        return LengthPredictor.load(head_artifact(self.head, accurate=s.length_model_path,
+                                                  fast=s.length_fast_model_path),
+                                    num_threads=1)
 
     @cached_property
     def active(self) -> ActiveModel[LengthPredictor]:
-        from workers.predict.length_model import LengthHead  # noqa: PLC0415
-
         s = self.rt.settings
         return ActiveModel(
-            self.rt.db, model_registry.KIND_LENGTH, s.model_name,
-            load=lambda artifact: self.packaged.with_head(LengthHead.from_bytes(artifact)),
+            self.rt.db, model_registry.KIND_LENGTH, s.model_name, load=self._with_version,
             default=lambda: self.packaged, interval_s=s.model_reload_interval_s)
+
+    def _with_version(self, artifact: bytes) -> LengthPredictor:
+        """The packaged model with a registry version's head; on the fast path, only a
+        version trained on the fast head's own encoder."""
+        from workers.predict.length_model import LengthHead  # noqa: PLC0415
+
+        head = LengthHead.from_bytes(artifact)
+        if self.head == HEAD_FAST and head.encoder.get("name") != self.packaged.encoder.name:
+            return self.packaged
+        return self.packaged.with_head(head)
 
     def predict(self, query: LengthQuery) -> LengthAnswer:
         return self.batcher(query, priority=query.priority)
@@ -147,16 +174,28 @@ class LearnedLengths:
 
     def _predict_batch(self, queries: Sequence[LengthQuery]) -> list[LengthAnswer]:
         if self._failed_at is not None and time.monotonic() - self._failed_at < self.retry_after_s:
-            return [self.fallback.predict(q) for q in queries]
+            return self._fallback_batch(queries)
         try:
             answers = self._predict_learned(queries)
-        except Exception:  # noqa: BLE001 - any failure of the model: the baseline answers
-            log.exception("learned length model unavailable; the baseline answers for %.0f s",
-                          self.retry_after_s)
+        except Exception:  # noqa: BLE001 - any failure of the model: the fallback answers
+            log.exception("%s length head unavailable; its fallback answers for %.0f s",
+                          self.head, self.retry_after_s)
             self._failed_at = time.monotonic()
-            return [self.fallback.predict(q) for q in queries]
+            return self._fallback_batch(queries)
         self._failed_at = None
         return answers
+
+    def _fallback_batch(self, queries: Sequence[LengthQuery]) -> list[LengthAnswer]:
+        """The accurate path's: the fast head (itself falling back to the baseline); the fast
+        path's: the baseline."""
+        if self.head == HEAD_ACCURATE:
+            return learned_lengths(self.rt, HEAD_FAST)._predict_batch(queries)
+        return [self.fallback.predict(q) for q in queries]
+
+    def predict_many(self, queries: Sequence[LengthQuery]) -> list[LengthAnswer]:
+        """Many queries at once, in order, outside the micro-batcher (a batch's lines for its
+        completion estimate: one call, the encoder's passes batched)."""
+        return self._predict_batch(queries) if queries else []
 
     def _predict_learned(self, queries: Sequence[LengthQuery]) -> list[LengthAnswer]:
         """Each query for its own served model, in one pass over the batch."""
@@ -173,19 +212,31 @@ class LearnedLengths:
                 for p, q, name in zip(predictions, queries, names, strict=True)]
 
 
-def length_predictor(rt: Runtime) -> LengthPredictorStage:
-    """The process's configured length predictor."""
+def length_predictor(rt: Runtime, head: str = HEAD_ACCURATE) -> LengthPredictorStage:
+    """The process's configured length predictor; a learned one, the head of path `head`
+    (`head_for` a query). The baseline and table predictors answer every path alike."""
+    if rt.settings.length_predictor == "learned":
+        return learned_lengths(rt, head)  # one per path, the accurate one shared with learning
     return rt.component(_build_length_predictor)
 
 
-def learned_lengths(rt: Runtime) -> LearnedLengths:
-    """The process's learned length predictor (the online loop retrains its active model)."""
-    return rt.component(LearnedLengths)
+def head_for(query: LengthQuery) -> str:
+    """The path of a query: interactive requests are on the hot path (the fast head), batch
+    lines are bulk work (the accurate head)."""
+    return HEAD_FAST if query.priority == Priority.INTERACTIVE.rank else HEAD_ACCURATE
+
+
+def learned_lengths(rt: Runtime, head: str = HEAD_ACCURATE) -> LearnedLengths:
+    """The process's learned length predictor of path `head` (the online loop retrains the
+    accurate one's active model)."""
+    return rt.component(_fast_lengths if head == HEAD_FAST else LearnedLengths)
+
+
+def _fast_lengths(rt: Runtime) -> LearnedLengths:
+    return LearnedLengths(rt, HEAD_FAST)
 
 
 def _build_length_predictor(rt: Runtime) -> LengthPredictorStage:
-    if rt.settings.length_predictor == "learned":
-        return learned_lengths(rt)  # one instance, shared with the online loop
     return LENGTH_PREDICTORS.create(rt.settings.length_predictor, rt)
 
 

@@ -33,7 +33,7 @@ def annotate(request_id: str) -> None:
     started = stage.start(rt.db, request_id)
     if started is None:
         return
-    answer = stage.length_predictor(rt).predict(started.query)
+    answer = stage.length_predictor(rt, stage.head_for(started.query)).predict(started.query)
     timing = {"predict_started_at": started_at, "predicted_at": time.time()}
     if rt.settings.route_in_predict and route_predicted(
             rt, request_id, started, answer, timing, status=RequestStatus.PREDICTING):

@@ -178,8 +178,8 @@ def test_the_api_loads_its_length_model_as_it_starts(fresh_services: Settings) -
     """Not on the first completion each API process serves."""
     settings = fresh_services.model_copy(update={
         **IN_API, "length_predictor": "learned",
-        "length_model_path": bootstrap_artifact("static")})
+        "length_fast_model_path": bootstrap_artifact("static")})
     client = api_client(settings)
 
     router = client.application.extensions["blockq.inline_router"]
-    assert "packaged" in predict_stage.learned_lengths(router.rt).__dict__
+    assert "packaged" in predict_stage.learned_lengths(router.rt, predict_stage.HEAD_FAST).__dict__
