@@ -30,6 +30,11 @@ instances of qwen2-7b-a30, round_robin, least_requests, llumnix, block, block@or
 TTFT p99 SLO 3 s, step-time noise 0.05 (the emulated engine's default); with ``--json`` the file's
 ``summary`` holds the capacity per configuration, keyed as the live benchmark's.
 
+Every what-if policy run with the default predictor is also run ``@mean`` (every request told
+the mean length: no prediction) and ``@oracle`` (the true length), and the capacity table shows
+both beside it with its gain over ``@mean`` (issue 43: what length prediction buys;
+``--no-length-variants`` skips them).
+
 ``mooncake`` (issue 15) is the Mooncake conversation trace (Kimi's production arrivals and
 lengths, prompts sharing prefixes given by ``hash_ids`` of 512-token blocks): the instances run
 with prefix caching on (`workers.sim.block_pool`), the router sees each request's prefix hashes
@@ -168,6 +173,9 @@ FLEET_MAX_OVER_CEILING = 1.4
 FLEET_RATE_SHARES = (0.65, 1.0, 0.05)
 #: Step-time noise of the live emulated engines (Settings.emulated_noise's default).
 LIVE_EXEC_NOISE = 0.05
+#: Length predictors every what-if policy is also run with (issue 43): the mean length (no
+#: prediction) and the true one, so each table shows what length prediction buys.
+LENGTH_VARIANTS = ("mean", "oracle")
 #: The Block paper's capacities (QPS, TTFT p99 under 3 s, 12 A30s, ShareGPT).
 PAPER = {
     "llama-2-7b-a30": {"block": 31.1, "block@oracle": 32.0, "llumnix": 30.6,
@@ -249,6 +257,18 @@ def parse_rates(spec: str, scale: float) -> list[float]:
     low, high, step = (float(x) for x in spec.split(":"))
     count = int(round((high - low) / step))
     return [round((low + i * step) * scale, 3) for i in range(count + 1)]
+
+
+def with_length_variants(specs: Sequence[str]) -> list[str]:
+    """`specs` and, after each what-if policy planning with the default predictor, its
+    `LENGTH_VARIANTS` (each configuration once)."""
+    out: list[str] = []
+    for spec in specs:
+        out.append(spec)
+        cfg = parse_config(spec)
+        if cfg.predictor == "default" and needs_what_if(cfg.policy):
+            out.extend(f"{spec}@{variant}" for variant in LENGTH_VARIANTS)
+    return list(dict.fromkeys(out))
 
 
 def parse_config(spec: str) -> Config:
@@ -454,9 +474,22 @@ def capacity_rows(report: ModelReport, labels: Sequence[str],
         for name in ("round_robin", "random"):
             ref = base.get(name)
             cells.append(f"{(caps[0] / ref - 1) * 100:+.1f}%" if caps[0] and ref else "-")
+        cells.extend(_variant_cells(report, label, caps[0]))
         cells.append(fmt(paper.get(label), 1))
         rows.append(cells)
     return rows
+
+
+def _variant_cells(report: ModelReport, label: str, capacity: float | None) -> list[str]:
+    """The headline capacity of `label`'s @mean and @oracle variants, and its own against
+    @mean's: what length prediction buys that policy ("-" where not run)."""
+    slo = report.slos[0]
+    found = {v: report.capacity(f"{label}@{v}", slo) if f"{label}@{v}" in report.bounds
+             else None for v in LENGTH_VARIANTS}
+    mean = found["mean"]
+    gain = f"{(capacity / mean - 1) * 100:+.1f}%" if capacity and mean else "-"
+    return [*(_capacity_cell(report, f"{label}@{v}", slo) if f"{label}@{v}" in report.bounds
+              else "-" for v in LENGTH_VARIANTS), gain]
 
 
 def _capacity_cell(report: ModelReport, label: str, slo: float) -> str:
@@ -580,7 +613,8 @@ def print_report(report: ModelReport, args: argparse.Namespace) -> None:
     slo_headers = [f"capacity @ TTFT p99 {s:g}s" for s in report.slos]
     print_table(f"{report.model}: capacity (req/s, {report_size(report, args)} instances, "
                 f"{args.workload}, predictor {args.predictor})",
-                ["config", *slo_headers, "vs round_robin", "vs random", "paper"],
+                ["config", *slo_headers, "vs round_robin", "vs random",
+                 *(f"@{v}" for v in LENGTH_VARIANTS), "vs @mean", "paper"],
                 capacity_rows(report, labels,
                               PAPER.get(report.model, {})
                               if args.num_instances == 12 and args.workload == "sharegpt" else {}),
@@ -764,6 +798,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot-dir", type=Path, default=DEFAULT_PLOT_DIR)
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--no-length-variants", action="store_true",
+                        help="run each what-if policy with its configured predictor only, "
+                             "not also @mean and @oracle beside it")
     parser.add_argument("--json", type=Path, help="write every measured point to this file")
     parser.add_argument("--all-points", action="store_true", help="print every measured point")
     parser.add_argument("--no-cdf", action="store_true",
@@ -800,6 +837,8 @@ def main() -> None:
         args.num_instances, args.num_requests, args.bisect, args.slo = 4, 400, 1, args.slo[:1]
         if args.configs == list(DEFAULT_CONFIGS):
             args.configs = list(SMOKE_CONFIGS)
+    if not args.no_length_variants:
+        args.configs = with_length_variants(args.configs)
     workload = load_workload(args)
     args.max_model_len = workload_max_model_len(args)
     args.prefix_block_size = workload.prefix_block_size if workload.prefix_hashes else 0
