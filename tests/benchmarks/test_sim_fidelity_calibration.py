@@ -1,29 +1,14 @@
-"""Pure parts of scripts/bench_sim_fidelity.py: choosing and pooling calibration runs, the
-context features in and out of the fit, the CPU-time step bias."""
+"""Pure parts of the simulator fidelity benchmark (`benchmarks.sim_fidelity`): choosing and pooling
+calibration runs, the context features in and out of the fit, the CPU-time step bias."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from benchmarks import sim_fidelity
 from workers.sim import BatchStats, bundled_model, step_sample
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench() -> ModuleType:
-    name = "bench_sim_fidelity"
-    if name not in sys.modules:  # registered first: its dataclasses look their module up
-        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def _samples(num: int, slowdown: float = 1.0) -> list[dict[str, float]]:
@@ -44,7 +29,7 @@ def _samples(num: int, slowdown: float = 1.0) -> list[dict[str, float]]:
 
 
 def test_calibration_runs_are_chosen_by_rate_and_pooled() -> None:
-    bench = _bench()
+    bench = sim_fidelity
     runs = [bench.Run("calibration 24 req/s", 24.0, [], _samples(100), 1.0),
             bench.Run("calibration 8 req/s", 8.0, [], _samples(50), 1.0),
             bench.Run("8 req/s", 8.0, [], _samples(10), 1.0)]
@@ -59,7 +44,7 @@ def test_calibration_runs_are_chosen_by_rate_and_pooled() -> None:
 
 
 def test_the_fit_uses_the_context_features_unless_told_not_to() -> None:
-    bench = _bench()
+    bench = sim_fidelity
     run = bench.Run("calibration", 24.0, [], _samples(300), 1.0)
     with_context = bench.fit_calibration([run])
     without = bench.fit_calibration([bench.without_context(run)])
@@ -69,7 +54,7 @@ def test_the_fit_uses_the_context_features_unless_told_not_to() -> None:
 
 
 def test_the_cpu_step_bias_sees_through_a_stalled_machine() -> None:
-    bench = _bench()
+    bench = sim_fidelity
     calibration = bench.Run("calibration", 24.0, [], _samples(300), 1.0)
     cpu_model = bench.fit_calibration_cpu([calibration])
     stalled = _samples(100, slowdown=1.5)  # wall time 50 % longer, the same CPU work
