@@ -39,12 +39,13 @@ from prometheus_client import (
     Histogram,
     start_http_server,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.autoscale_record import decision_counts, desired_instances
 from app.batches import BATCH_WINDOW_KEY
 from app.bias import fallback_state, relative_error
 from app.db import Database
@@ -424,6 +425,29 @@ class BatchWindowCollector:
                 value=state["ttft_p99_s"])
 
 
+class AutoscaleCollector:
+    """The autoscaler's last decision per model and GPU kind, and its decision counts
+    (app/autoscale_record.py): what KEDA or an HPA scales engine Deployments on."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+
+    def collect(self) -> Iterator[Metric]:
+        desired = GaugeMetricFamily(
+            "blockq_desired_instances",
+            "Engine instances the autoscaler wants now, per model and GPU kind (its last "
+            "decision; absent while autoscaling is off).", labels=["model", "gpu_kind"])
+        for row in desired_instances(self.redis):
+            desired.add_metric([row.model, row.gpu_kind], row.count)
+        yield desired
+        decisions = CounterMetricFamily(
+            "blockq_autoscale_decisions", "Autoscaling decisions by model and action (up, "
+            "down, hold).", labels=["model", "action"])
+        for model, action, count in decision_counts(self.redis):
+            decisions.add_metric([model, action], count)
+        yield decisions
+
+
 class GuardedCollectors:
     """Collects each named collector; one whose database or Redis fails is left out of the
     scrape (logged, and `blockq_scrape_collector_success` says 0) instead of failing it all."""
@@ -478,6 +502,7 @@ def scrape_registry(svc: Services) -> CollectorRegistry:
         "fleet": FleetCollector(fleet),
         "fallback": FallbackCollector(fleet.redis),
         "batch_window": BatchWindowCollector(fleet.redis),
+        "autoscale": AutoscaleCollector(fleet.redis),
     }))
     return registry
 
