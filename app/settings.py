@@ -113,6 +113,11 @@ class Settings(BaseSettings):
         600.0, gt=0, description="Longest an OpenAI-compatible completion waits for its "
         "request to finish (504 after; the request goes on).",
     )
+    api_body_read_timeout_s: float = Field(
+        30.0, gt=0, description="Longest the API waits for a request's whole body once it has "
+        "started reading it (gunicorn): a client that sends less than its Content-Length gets "
+        "408 and the connection is closed, instead of holding it forever.",
+    )
     api_reserved_connections: int = Field(
         64, gt=0, description="Connections of each API worker that sync and streamed OpenAI "
         "completions never take, so that /healthz, /readyz and short calls are always served: "

@@ -414,6 +414,31 @@ def test_under_gunicorn_an_idle_connection_outlives_the_clients_own_reuse_window
         conn.close()
 
 
+@pytest.mark.slow  # gunicorn loads the app (tokenizer) in its worker
+def test_under_gunicorn_a_short_body_gets_408_and_the_connection_closes(
+    fresh_services: Settings, tmp_path: Path
+) -> None:
+    """A body shorter than its Content-Length held the connection forever (no answer, no close
+    after 150 s): past `api_body_read_timeout_s` it gets 408 in OpenAI's format, then EOF."""
+    settings = fresh_services.model_copy(update={"api_workers": 1,
+                                                 "api_body_read_timeout_s": 1.0})
+    with under_gunicorn(settings, tmp_path / "gunicorn.log") as api:
+        body = json.dumps({"model": "tiny-llama", "prompt": "Hi"}).encode()
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"Authorization: Bearer {api.keys['a']}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body) + 455}\r\n\r\n")
+        with socket.create_connection(("127.0.0.1", api.port), timeout=60) as sock:
+            sock.sendall(head.encode() + body)
+            answer = b""
+            while chunk := sock.recv(65536):  # until the server closes (or 60 s: failed)
+                answer += chunk
+    status, _, rest = answer.partition(b"\r\n")
+    assert status.startswith(b"HTTP/1.1 408"), answer
+    error = json.loads(rest.split(b"\r\n\r\n", 1)[1])["error"]
+    assert error["code"] == "request_timeout" and error["type"] == "invalid_request_error"
+    assert "Content-Length" in error["message"]
+
+
 #: Streams one gunicorn worker is made to hold at once below (more than the thread-per-
 #: connection worker held, 28; scripts/bench_held_connections.py measures 2,000).
 MANY_STREAMS = 300
