@@ -16,10 +16,10 @@ from typing import Any
 
 import redis
 
+from workers.route.pipeline import FALLBACK_POLICY  # the rule lives with the decision
+
 __all__ = ["BiasRule", "BiasWatch", "FALLBACK_POLICY", "fallback_state", "relative_error"]
 
-#: What routing falls back to while length predictions keep missing.
-FALLBACK_POLICY = "round_robin"
 _FALLBACK_KEY = "routing:fallback"
 
 

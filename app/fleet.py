@@ -24,7 +24,7 @@ from collections.abc import Iterable
 import redis
 
 from workers.sim.engine_state import EngineState
-from workers.sim.fleet_state import Assignment, InstanceStatus, future_load_of
+from workers.sim.fleet_state import Assignment, InstanceStatus, future_load_of, routable
 
 __all__ = ["Fleet", "InstanceStatus"]
 
@@ -170,11 +170,11 @@ class Fleet:
         """Every registered instance, alive or not, sorted by id (one round trip)."""
         return self._read()[0]
 
-    def routing_view(self, model: str | None = None) -> tuple[list[InstanceStatus], str | None]:
-        """What a routing decision reads, in one round trip: the routing candidates (`routable`)
-        and the operator's policy override (`policy_override`)."""
-        statuses, override = self._read()
-        return _routable(statuses, model), override
+    def routing_view(self) -> tuple[list[InstanceStatus], str | None]:
+        """What a routing decision reads, in one round trip: every instance's status (the
+        decision pipeline filters the candidates) and the operator's policy override
+        (`policy_override`)."""
+        return self._read()
 
     def _read(self) -> tuple[list[InstanceStatus], str | None]:
         """Every registered instance's status, sorted by id, and the policy override."""
@@ -215,7 +215,7 @@ class Fleet:
     def routable(self, model: str | None = None) -> list[InstanceStatus]:
         """Instances with a fresh heartbeat that accept new requests: routing candidates (of
         `model` only, when given)."""
-        return _routable(self.statuses(), model)
+        return routable(self.statuses(), model)
 
     def ping(self) -> bool:
         return bool(self.redis.ping())
@@ -257,11 +257,6 @@ def _status(
         assigned=tuple(assigned),
         control=raw_control.decode() if raw_control is not None else None,
     )
-
-
-def _routable(statuses: list[InstanceStatus], model: str | None) -> list[InstanceStatus]:
-    return [status for status in statuses if status.alive and status.accepting
-            and (model is None or status.model == model)]
 
 
 def _text(member: bytes | str) -> str:

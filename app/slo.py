@@ -10,16 +10,17 @@ picks an instance whose simulated what-if meets them; when none can, the team's
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.errors import BlockqError, InvalidRequest
+
+# NOTE: the targets as the router reads them live in the pure core, which routes by them.
+from workers.route.targets import RequestTargets, SloMissAction
 
 __all__ = ["SloTargets", "SloMissAction", "RequestTargets", "SloUnmeetable", "TTFT_HEADER",
            "E2E_HEADER", "MAX_TARGET_MS", "MIN_TARGET_MS", "targets_from_headers",
@@ -35,14 +36,6 @@ MAX_TARGET_MS = 3_600_000.0
 REJECTED_CODE = "slo_unmeetable"
 #: A header value: a plain decimal number (no sign, exponent, NaN or infinity).
 _NUMBER = re.compile(r"[0-9]{1,9}(\.[0-9]{1,6})?")
-
-
-class SloMissAction(enum.StrEnum):
-    """What happens to a request with targets no instance can meet (per team)."""
-
-    ROUTE = "route"  # route it anyway, to the instance closest to its targets
-    QUEUE = "queue"  # route it there as batch work: it runs after interactive requests
-    REFUSE = "refuse"  # refuse it: it ends `rejected`, with when to retry
 
 
 class SloTargets(BaseModel):
@@ -105,41 +98,6 @@ def merge_header_targets(slo: SloTargets | None, headers: Mapping[str, str]) -> 
     except ValidationError as exc:
         raise InvalidRequest(f"Invalid latency targets: {exc.errors()[0]['msg']}",
                              param="slo", code="invalid_value") from None
-
-
-@dataclass(frozen=True, slots=True)
-class RequestTargets:
-    """A stored request's targets, as the router reads them."""
-
-    ttft_ms: float | None
-    e2e_ms: float | None
-    miss_action: SloMissAction
-    created_at: datetime
-
-    @classmethod
-    def of(cls, ttft_ms: float | None, e2e_ms: float | None, miss_action: str | None,
-           created_at: datetime) -> RequestTargets | None:
-        """From a request's columns; None without a target."""
-        if ttft_ms is None and e2e_ms is None:
-            return None
-        return cls(ttft_ms, e2e_ms, SloMissAction(miss_action or SloMissAction.ROUTE),
-                   created_at)
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        """The targets it has: "ttft", "e2e" or both."""
-        return tuple(kind for kind, target in (("ttft", self.ttft_ms), ("e2e", self.e2e_ms))
-                     if target is not None)
-
-    def budgets_s(self, now: datetime) -> tuple[float | None, float | None]:
-        """(TTFT, e2e) targets in seconds from `now`: what is left of each since acceptance
-        (at least a millisecond: a target already past is still one, and unmeetable)."""
-        waited_s = (now - self.created_at).total_seconds()
-
-        def left(target_ms: float | None) -> float | None:
-            return None if target_ms is None else max(target_ms / 1000 - waited_s, 0.001)
-
-        return left(self.ttft_ms), left(self.e2e_ms)
 
 
 def outcome(ttft_ms: float | None, e2e_ms: float | None, created_at: datetime,

@@ -28,22 +28,25 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import numpy as np
 
-from workers.route.late_binding import LateBinding
-from workers.route.policies import (
-    Decision,
-    FleetLedger,
-    InstanceView,
-    RequestView,
-    RoutingContext,
-    decide,
-    needs_what_if,
-    probed,
-    target_shortfall,
+from workers.route.late_binding import Held, LateBinding, must_wait, release
+from workers.route.pipeline import (
+    DecisionContext,
+    FleetRead,
+    Routed,
+    RouteRequest,
+    RoutingRules,
+    Unrouted,
+    decide_route,
 )
+from workers.route.policies import FleetLedger, RequestView
+from workers.route.targets import RequestTargets, SloMissAction
 from workers.sim import ExecModel, InstanceConfig, SimRequest
+from workers.sim.future_load import NO_FUTURE_LOAD, FutureLoad
+from workers.sim.published import Published
 
 from .ground_truth import GroundTruthInstance, SimulatedRequest
 from .predictors import LengthPredictor
@@ -54,6 +57,7 @@ __all__ = [
     "GROUND_TRUTHS",
     "ClusterSetup",
     "FleetMember",
+    "LedgerCandidate",
     "RunResult",
     "capacity_bounds",
     "ground_truth_class",
@@ -201,35 +205,42 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
              targets: Sequence[LatencyTarget | None] | None = None,
              route_by_targets: bool = True, reject_unmeetable: bool = False,
              refuse_margin: float = 0.0, router_sees_prefixes: bool = True,
-             late_binding: LateBinding | None = None) -> RunResult:
+             late_binding: LateBinding | None = None,
+             rules: RoutingRules | None = None) -> RunResult:
     """Replay `workload` at `rate` requests per second through `policy`; deterministic for `seed`.
+
+    Every decision is production's: the decision pipeline (`workers.route.pipeline`) on the
+    router's view of the fleet. `rules` (production's, e.g. from the settings) set the policy
+    and the rest; without them every pool is routed with `policy`, late binding by
+    `late_binding`, refusals with `refuse_margin`.
 
     The seed fixes the predicted lengths (the same for every policy and rate), the step-time
     noise of each instance, the publication phases and the router's random draws.
 
     `targets` (one per request, None: no target) give the run's goodput and, with
-    `route_by_targets`, are handed to the router with each request (see
-    `workers.route.policies.decide`; without it they are only measured); with
-    `reject_unmeetable` a request no instance's what-if meets (by more than `refuse_margin`,
-    a share of its target) is refused instead of routed.
+    `route_by_targets`, are handed to the router with each request (without it they are only
+    measured); with `reject_unmeetable` the requests' team refuses what no instance's what-if
+    meets (by more than the rules' refuse margin, a share of its target).
 
     With prefix caching on (``setup.config``) and a workload with prefix hashes the instances
     share cached prefixes; the router sees each request's hashes and the instances' published
     caches unless `router_sees_prefixes` is off (an ablation: the same fleet, a router blind
     to the cache).
 
-    With `late_binding` the router holds a request while no instance would start it soon
-    (`LateBinding.would_start`), and releases held requests as instances publish, each to the
-    policy's pick among the instances that would start it: oldest first, later ones passing
-    a held one only until it has waited `LateBinding.overtake_s`.
+    With late binding the router holds a request while no instance would start it soon
+    (`LateBinding.would_start`), and releases held requests as instances publish
+    (`late_binding.release`), as the route task does.
     """
     started = time.perf_counter()
     config = setup.config
     arrival_times = workload.arrival_times(rate)
     predicted = predictor.predict(workload, seed)
-    router = _Router(setup, policy, seed, late_binding)
+    if rules is None:
+        rules = RoutingRules.of_policy(policy, late_binding=late_binding,
+                                       refuse_margin=refuse_margin)
+    router = _Router(setup, rules, seed)
+    miss_action = SloMissAction.REFUSE if reject_unmeetable else SloMissAction.ROUTE
     requests: list[SimulatedRequest] = []
-    rejected: set[str] = set()
     aborted = False
     for index, arrival_s in enumerate(arrival_times):
         router.advance_to(arrival_s)
@@ -238,14 +249,15 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
                                    workload.num_output_tokens[index], predicted[index], hashes)
         requests.append(request)
         target = targets[index] if targets is not None and route_by_targets else None
-        routed = _Routed(request, router.planned(request, router_sees_prefixes),
-                         RequestView(request.request_id, request.num_prompt_tokens,
-                                     predicted[index],
-                                     max_tokens=config.max_model_len - request.num_prompt_tokens,
-                                     ttft_target_s=target.ttft_s if target else None,
-                                     e2e_target_s=target.e2e_s if target else None))
-        if not router.route(routed, arrival_s, reject_unmeetable, refuse_margin):
-            rejected.add(request.request_id)
+        router.route(_Routed(
+            request, router.planned(request, router_sees_prefixes),
+            RequestView(request.request_id, request.num_prompt_tokens, predicted[index],
+                        max_tokens=config.max_model_len - request.num_prompt_tokens,
+                        prefix_hashes=hashes if router_sees_prefixes else ()),
+            None if target is None else RequestTargets.of(
+                None if target.ttft_s is None else target.ttft_s * 1000,
+                None if target.e2e_s is None else target.e2e_s * 1000,
+                miss_action, _moment(arrival_s))), arrival_s)
         if setup.abort_ttft_s is not None and index % 100 == 99 and _too_late(
                 requests, arrival_s, setup.abort_ttft_s, len(workload)):
             aborted = True
@@ -254,12 +266,18 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
         router.release_all()
         for engine in router.engines:
             engine.run_to_end()
-    result = _result(policy, predictor.name, rate, workload,
+    rejected = router.rejected
+    result = _result(rules.policy, predictor.name, rate, workload,
                      [r for r in requests if r.request_id not in rejected], router.engines,
                      router.decision_s, aborted, time.perf_counter() - started, keep_samples)
     if targets is None or aborted:
         return result
     return _with_goodput(result, requests, targets, rejected)
+
+
+def _moment(at_s: float) -> datetime:
+    """A simulated moment (seconds from the run's start) as the pipeline's clock reads it."""
+    return datetime.fromtimestamp(at_s, UTC)
 
 
 @dataclass(slots=True)
@@ -269,45 +287,61 @@ class _Routed:
     request: SimulatedRequest
     planned: SimRequest
     view: RequestView
+    targets: RequestTargets | None = None
+    #: Since when it is held (late binding), if it is.
+    held: Held | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerCandidate:
+    """An instance as the simulated router reads it: its entry in the router's ledger (the
+    `Candidate` the decision pipeline plans on; production's is `InstanceStatus`)."""
+
+    instance_id: str
+    ledger: FleetLedger
+    #: What it runs on (its execution-time model): a pool of unlike ones is a mixed fleet.
+    hardware: str
+    model: str | None = None
+    routable: bool = True
+    future_load: FutureLoad = NO_FUTURE_LOAD
+
+    def published(self) -> Published:
+        return self.ledger.published(self.instance_id)
 
 
 class _Router:
     """The fleet and its router: publications on schedule, decisions, held requests."""
 
-    def __init__(self, setup: ClusterSetup, policy: str, seed: int,
-                 late_binding: LateBinding | None) -> None:
+    def __init__(self, setup: ClusterSetup, rules: RoutingRules, seed: int) -> None:
         instance_class = ground_truth_class(setup.ground_truth)
         self.config = setup.config
-        self.policy = policy
-        self.late_binding = late_binding
+        self.rules = rules
         members = setup.members
         self.engines = [instance_class(f"gpu.{k}", member.config, member.exec_model,
                                        setup.exec_noise_sigma, seed=[seed, 1, k])
                         for k, member in enumerate(members)]
-        self._configs = {e.instance_id: m.config for e, m in zip(self.engines, members,
-                                                                  strict=True)}
         self._by_id = {e.instance_id: e for e in self.engines}
         self.rng = random.Random(seed)
         self._interval = setup.publish_interval_s
         self._phases = [self.rng.uniform(0.0, self._interval) for _ in self.engines]
         self._published_at = [0.0] * len(self.engines)
         self.ledger = FleetLedger()
+        self._what_if_models = {e.instance_id: m.router_exec_model or m.exec_model
+                                for e, m in zip(self.engines, members, strict=True)}
+        self._candidates = [LedgerCandidate(e.instance_id, self.ledger,
+                                            self._what_if_models[e.instance_id].name)
+                            for e in self.engines]
         for engine, member in zip(self.engines, members, strict=True):
             self.ledger.publish(engine.instance_id, engine.snapshot(), 0.0)
             if member.throughput_rps is not None:
                 self.ledger.set_throughput(engine.instance_id, member.throughput_rps)
-        self._what_if_model: ExecModel | dict[str, ExecModel] | None = None
-        if needs_what_if(policy):
-            self._what_if_model = (
-                {e.instance_id: m.router_exec_model or m.exec_model
-                 for e, m in zip(self.engines, members, strict=True)} if setup.fleet
-                else setup.router_exec_model or setup.exec_model)
+        self._tickets = itertools.count()
         self._held: deque[_Routed] = deque()
-        self._decisions = 0
+        self.rejected: set[str] = set()
         self.decision_s: list[float] = []
 
     def planned(self, request: SimulatedRequest, sees_prefixes: bool) -> SimRequest:
-        """What the router plans `request` with (the predicted length, no true one)."""
+        """What the router notes of `request` once routed (the predicted length, no true one)."""
         return SimRequest(request.request_id, request.num_prompt_tokens,
                           predicted_output_tokens=request.predicted_output_tokens,
                           priority=self.engines[0].priority_of(request),
@@ -316,115 +350,88 @@ class _Router:
     def advance_to(self, now_s: float) -> None:
         """Publish every state due by `now_s`; while requests are held, one publication at a
         time, each followed by an attempt to release them."""
-        if self.late_binding is not None:
+        if self.rules.late_binding is not None:
             while self._held:
                 k, due = self._next_publication()
                 if due > now_s:
                     break
                 self._publish(k, due)
-                self._release(due, self.engines[k].instance_id)
+                self._release(due)
         for k in range(len(self.engines)):
             due = _last_publication(now_s, self._phases[k], self._interval)
             if due > self._published_at[k]:
                 self._publish(k, due)
 
-    def route(self, routed: _Routed, now_s: float, reject_unmeetable: bool,
-              refuse_margin: float) -> bool:
-        """Route (or hold) a new request at `now_s`; False when it is refused."""
-        if self._held and not self._may_overtake(now_s):
-            self._held.append(routed)
-            return True
-        started = time.perf_counter()
-        views = self._views(routed)
-        decision = self._decide(routed, views)
-        self.decision_s.append(time.perf_counter() - started)
-        if reject_unmeetable and decision.meets_target is False and (
-                target_shortfall(routed.view, views) or 0.0) > 1.0 + refuse_margin:
-            return False
-        if self.late_binding is not None and not self._startable(routed, views):
-            self._held.append(routed)
-            return True
-        self._bind(routed, decision.instance_id, views, now_s)
-        return True
+    def route(self, routed: _Routed, now_s: float) -> None:
+        """Route, hold or refuse a new request at `now_s`, as the route task would."""
+        rule = self.rules.late_binding
+        if rule is not None and self._held and must_wait(
+                None, (r.held for r in self._held if r.held is not None), now_s, rule.overtake_s):
+            self._hold(routed, now_s)
+            return
+        outcome = self._decide(routed, now_s)
+        if outcome is Unrouted.HELD:
+            self._hold(routed, now_s)
+        elif isinstance(outcome, Routed):
+            self._apply(routed, outcome, now_s)
+
+    def decide(self, routed: _Routed, now_s: float,
+               held_since: float | None = None) -> Routed | Unrouted:
+        """The decision pipeline on what the router knows at `now_s` (nothing applied)."""
+        return decide_route(
+            RouteRequest(routed.view, targets=routed.targets, held_since=held_since),
+            FleetRead(self._candidates), self.rules,
+            DecisionContext(now=now_s, rng=self.rng, next_ticket=self._tickets.__next__,
+                            exec_models=lambda _: self._what_if_models))
 
     def release_all(self) -> None:
         """After the last arrival: publish and release until nothing is held."""
-        now_s = 0.0
         while self._held:
             k, now_s = self._next_publication()
             self._publish(k, now_s)
-            self._release(now_s, self.engines[k].instance_id)
+            self._release(now_s)
 
-    def _release(self, now_s: float, published: str) -> None:
-        """Bind held requests in arrival order while an instance would start the first.
+    def _decide(self, routed: _Routed, now_s: float,
+                held_since: float | None = None) -> Routed | Unrouted:
+        started = time.perf_counter()
+        outcome = self.decide(routed, now_s, held_since)
+        self.decision_s.append(time.perf_counter() - started)
+        return outcome
 
-        Only `published` changed since the last attempt: if it would not start the first
-        held request, no instance would (their states and routings are as they were)."""
-        assert self.late_binding is not None
-        if self._may_overtake(now_s):
-            self._release_first_fit(now_s, published)
-            return
-        first = self._held[0]
-        if not self._startable(first, self._views(first, [published])):
-            return
-        while self._held:
-            routed = self._held[0]
-            started = time.perf_counter()
-            views = [v for v in self._views(routed)
-                     if self.late_binding.would_start(v, routed.request.num_prompt_tokens,
-                                                      self._configs[v.instance_id])]
-            if not views:
-                return
-            decision = self._decide(routed, views)
-            self.decision_s.append(time.perf_counter() - started)
-            self._held.popleft()
-            self._bind(routed, decision.instance_id, views, now_s)
+    def _hold(self, routed: _Routed, now_s: float) -> None:
+        routed.held = Held(routed.request.request_id, now_s)
+        self._held.append(routed)
 
-    def _release_first_fit(self, now_s: float, published: str) -> None:
-        """Bind to `published` each of the first held requests it would start, in arrival
-        order (none of them would start anywhere else: nothing else changed)."""
-        assert self.late_binding is not None
-        for routed in list(itertools.islice(self._held, self.late_binding.overtake_scan)):
-            started = time.perf_counter()
-            views = self._views(routed, [published])
-            if not self._startable(routed, views):
-                continue
-            self._decide(routed, views)
-            self.decision_s.append(time.perf_counter() - started)
-            self._held.remove(routed)
-            self._bind(routed, published, views, now_s)
+    def _release(self, now_s: float) -> None:
+        """Try the held requests, oldest first, in `late_binding.release`'s order."""
+        rule = self.rules.late_binding
+        assert rule is not None
+        scan = {r.request.request_id: r for r in itertools.islice(self._held, rule.overtake_scan)}
 
-    def _may_overtake(self, now_s: float) -> bool:
-        """Whether later requests may pass the held ones: the first has not waited too long."""
-        rule = self.late_binding
-        return (rule is not None and rule.overtake_s > 0
-                and now_s - self._held[0].request.arrival_s < rule.overtake_s)
+        def try_route(held: Held) -> bool:
+            routed = scan[held.request_id]
+            outcome = self._decide(routed, now_s, held_since=held.since)
+            if not isinstance(outcome, Routed):
+                return False
+            self._apply(routed, outcome, now_s)
+            return True
 
-    def _startable(self, routed: _Routed, views: Sequence[InstanceView]) -> bool:
-        assert self.late_binding is not None
-        return any(self.late_binding.would_start(v, routed.request.num_prompt_tokens,
-                                                 self._configs[v.instance_id]) for v in views)
+        released = release([r.held for r in scan.values() if r.held is not None], now_s,
+                            rule.overtake_s, try_route)
+        for held in released:
+            self._held.remove(scan[held.request_id])
 
-    def _views(self, routed: _Routed, instance_ids: Sequence[str] | None = None
-               ) -> list[InstanceView]:
-        if instance_ids is None:
-            instance_ids = probed(self.policy, self.ledger.instance_ids, self.rng)
-        return self.ledger.views(routed.planned, self._what_if_model, instance_ids)
-
-    def _decide(self, routed: _Routed, views: Sequence[InstanceView]) -> Decision:
-        decision = decide(self.policy, routed.view, views,
-                          RoutingContext(ticket=self._decisions, rng=self.rng))
-        self._decisions += 1
-        return decision
-
-    def _bind(self, routed: _Routed, instance_id: str, views: Sequence[InstanceView],
-              now_s: float) -> None:
+    def _apply(self, routed: _Routed, outcome: Routed, now_s: float) -> None:
+        """Refuse the request, or bind it to the chosen instance at `now_s`."""
         request = routed.request
-        if self._what_if_model is not None:
-            request.what_if_e2e_s = next(v.what_if_e2e_s for v in views
-                                         if v.instance_id == instance_id)
+        if outcome.refused:
+            self.rejected.add(request.request_id)
+            return
+        instance_id = outcome.instance_id
+        if instance_id in outcome.plan.what_ifs:
             # NOTE: the what-if counts from the bind; the request's latency from its arrival.
-            request.what_if_e2e_s += now_s - request.arrival_s
+            request.what_if_e2e_s = (outcome.plan.what_ifs[instance_id][1]
+                                     + now_s - request.arrival_s)
         self._by_id[instance_id].add(request, now_s)
         self.ledger.assign(instance_id, routed.planned, now_s)
 

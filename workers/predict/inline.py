@@ -5,7 +5,7 @@ A held completion's client waits at the socket for its first token, so the hop t
 predict queue (a publish, a predictor worker's consume, its claim of the request in a
 transaction of its own) is latency and CPU that buys nothing. Here the API predicts the length
 and routes the request itself, with the same stages the predict task runs
-(`tasks.route_predicted`), and the transaction recording the decision deletes the request's
+(`handoff.route_predicted`), and the transaction recording the decision deletes the request's
 predict message, which the API had staged in the outbox, deferred, with the request. Whatever
 stops this on the way (no instance up, an error, a crash of the API process) leaves that
 message to the predict task: the API sends it at once, or the outbox relay sends it after a
@@ -21,7 +21,7 @@ from typing import Any
 from app.dispatch import Message
 from app.models import InferenceRequest, RequestStatus, utcnow
 from app.settings import Settings
-from workers.predict import stage, tasks
+from workers.predict import handoff, stage
 from workers.runtime import Runtime
 
 __all__ = ["InlineRouter"]
@@ -70,7 +70,7 @@ class InlineRouter:
         answer = stage.length_predictor(self.rt, stage.HEAD_FAST).predict(started.query)
         timing = {"predict_started_at": started_at, "predicted_at": time.time(),
                   "in_api": 1.0}
-        return bool(tasks.route_predicted(self.rt, request.id, started, answer, timing,
+        return bool(handoff.route_predicted(self.rt, request.id, started, answer, timing,
                                           status=RequestStatus.QUEUED,
                                           retire=[entry_id]))
 

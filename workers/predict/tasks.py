@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 
 from celery import shared_task
 
@@ -11,11 +10,8 @@ from app import dispatch
 from app.models import RequestStatus
 from workers import runtime
 from workers.predict import stage
-from workers.predict.stage import LengthAnswer
+from workers.predict.handoff import route_predicted
 from workers.retries import ON_OUTAGE
-from workers.route import stage as route_stage
-from workers.route import tasks as route_tasks
-from workers.route.policies import RequestView
 
 
 @shared_task(name=dispatch.TASK_PREDICT, **ON_OUTAGE)
@@ -42,23 +38,3 @@ def annotate(request_id: str) -> None:
         if not stage.record(tx.session, request_id, answer):
             return  # cancelled while predicting
         tx.post(dispatch.route(request_id, priority=started.query.priority, timing=timing))
-
-
-def route_predicted(rt: runtime.Runtime, request_id: str, started: stage.Started,
-                    answer: LengthAnswer, timing: dict[str, float], *, status: RequestStatus,
-                    retire: Sequence[int] = ()) -> route_tasks.Routing:
-    """Route a request just predicted, from `status`, writing its prediction with the
-    decision (`route_tasks.route_request`; `retire`: deferred outbox entries that transaction
-    deletes). Falsy when no instance is routable: nothing was written."""
-    query = started.query
-    request = route_stage.RouteInput(
-        view=RequestView(request_id=request_id, num_prompt_tokens=started.num_prompt_tokens,
-                         predicted_output_tokens=answer.tokens, max_tokens=query.max_tokens,
-                         prompt_token_ids=route_stage.prompt_token_ids(
-                             rt, started.prompt, started.prompt_token_ids),
-                         priority_class=query.priority),
-        priority=query.priority, status=status, instance_id=None, attempt=started.attempt,
-        targets=started.targets, session_key=started.session_key, model=query.model or None)
-    return route_tasks.route_request(rt, request, timing, timing["predicted_at"],
-                                     allowed_from={status},
-                                     columns=stage.prediction_columns(answer), retire=retire)

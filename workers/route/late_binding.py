@@ -12,12 +12,16 @@ arrival order as instances publish.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from workers.route.policies import InstanceView
 from workers.sim import InstanceConfig
 
-__all__ = ["LateBinding"]
+__all__ = ["Held", "LateBinding", "must_wait", "release"]
+
+H = TypeVar("H", bound="Held")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,3 +65,41 @@ class LateBinding:
         spare = (view.num_free_blocks - view.num_waiting_prompt_blocks
                  - self.kv_reserve * view.num_total_blocks)
         return seats >= 1 and spare >= prompt_blocks
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A request held at the router: since when, and the model it asked for (None: a request
+    of no recorded model, which may run anywhere)."""
+
+    request_id: str
+    since: float
+    model: str | None = None
+
+
+def must_wait(model: str | None, held: Iterable[Held], now: float, overtake_s: float) -> bool:
+    """Whether a new request of `model` waits behind the held ones: one of its model has been
+    held `overtake_s` or longer (strict arrival order within a model from then on; a request
+    of no recorded model waits behind every model's, and every model's behind it)."""
+    cutoff = now - overtake_s
+    return any(h.since <= cutoff and (model is None or h.model in (model, None)) for h in held)
+
+
+def release(held: Sequence[H], now: float, overtake_s: float,
+            try_route: Callable[[H], bool]) -> list[H]:
+    """Try to route the held requests, oldest first; those routed, in order.
+
+    A request not routed that has been held `overtake_s` or longer stops the later ones of
+    its model (another model's run on other instances: they never wait behind it); before
+    that, later requests may pass it, each to an instance that would start it.
+    """
+    blocked: set[str | None] = set()
+    released = []
+    for entry in held:
+        if entry.model in blocked or None in blocked:
+            continue
+        if try_route(entry):
+            released.append(entry)
+        elif now - entry.since >= overtake_s:
+            blocked.add(entry.model)
+    return released

@@ -22,7 +22,6 @@ prefix cached (`credit_prefix`), as the engine's cache will serve it.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,10 +35,10 @@ from workers.sim import (
     SimRequest,
     WhatIf,
     predict_what_if_prepared,
-    prepare,
     target_output_tokens,
 )
-from workers.sim.snapshot import InstanceConfig, matched_prefix_tokens, prefix_keys
+from workers.sim.future_load import NO_FUTURE_LOAD, FutureLoad
+from workers.sim.published import Published, credit_prefix, prepare_published
 
 T = TypeVar("T")
 
@@ -61,6 +60,7 @@ __all__ = [
     "predict_what_ifs",
     "prepare_published",
     "target_shortfall",
+    "view_of",
 ]
 
 
@@ -77,6 +77,9 @@ class RequestView:
     # The prompt's token ids, when instances run with prefix caching: the planner hashes them
     # (`workers.sim.snapshot.prefix_unit_hashes`) to find each instance's cached prefix.
     prompt_token_ids: tuple[int, ...] | None = None
+    # The prompt's prefix hashes, already per prefix unit (the cluster simulation's workloads
+    # carry them); None: hashed from `prompt_token_ids` when an instance caches prefixes.
+    prefix_hashes: tuple[int, ...] | None = None
     # Its class (`Priority.rank`: 0 interactive, 1 batch): an engine with batch work in flight
     # schedules every interactive request first (`workers.sim.snapshot.engine_priority`).
     priority_class: int = 0
@@ -500,65 +503,6 @@ def _lowest(keys: Mapping[str, Any], ctx: RoutingContext) -> str:
 
 # -- inputs the caller computes: views and what-ifs from published states ---------------------
 
-def prepare_published(snapshot: InstanceSnapshot,
-                      assigned: Sequence[SimRequest] = ()) -> PreparedInstance:
-    """A published snapshot with the requests routed to it since, queued last in routing order.
-
-    NOTE: the engine admits those requests after everything it had waiting (FCFS), so a
-    what-if from this state sees them ahead of the new request: a burst spreads out instead
-    of piling onto the instance that looked idle when it published. Each starts with the
-    prefix the instance's cache will hold for it credited (`credit_prefix`).
-    """
-    if assigned:
-        snapshot = InstanceSnapshot(snapshot.config, snapshot.num_free_blocks,
-                                    snapshot.requests + tuple(_credited(snapshot, assigned)))
-    return prepare(snapshot)
-
-
-def credit_prefix(request: SimRequest, snapshot: InstanceSnapshot,
-                  assigned: Sequence[SimRequest] = ()) -> SimRequest:
-    """`request` as a what-if on this instance takes it: its prefix hashes replaced by the
-    prompt tokens the instance's cache will hold for it (`num_cached_tokens`).
-
-    The cache holds what the instance published (`InstanceSnapshot.cached_prefixes`) and the
-    prefixes of the requests routed to it since (they will have computed theirs first).
-    Unchanged without hashes; without prefix caching the hashes are dropped.
-    """
-    if not request.prefix_hashes:
-        return request
-    return _with_match(request, _cached_after(snapshot, assigned), snapshot.config)
-
-
-def _cached_after(snapshot: InstanceSnapshot,
-                  assigned: Sequence[SimRequest]) -> set[int] | frozenset[int]:
-    if not any(r.prefix_hashes for r in assigned):
-        return snapshot.cached_prefixes  # NOTE: no copy (a live state publishes 2,048 keys)
-    cached = set(snapshot.cached_prefixes)
-    for r in assigned:
-        cached.update(prefix_keys(r, snapshot.config))
-    return cached
-
-
-def _with_match(request: SimRequest, cached: set[int] | frozenset[int],
-                config: InstanceConfig) -> SimRequest:
-    match = matched_prefix_tokens(request, cached, config)
-    return dataclasses.replace(request, prefix_hashes=(),
-                               num_cached_tokens=max(match, request.num_cached_tokens))
-
-
-def _credited(snapshot: InstanceSnapshot, assigned: Sequence[SimRequest]) -> list[SimRequest]:
-    """The routed requests, each with the prefix cached before it credited."""
-    cached = set(snapshot.cached_prefixes)
-    credited = []
-    for r in assigned:
-        if r.prefix_hashes:
-            credited.append(_with_match(r, cached, snapshot.config))
-            cached.update(prefix_keys(r, snapshot.config))
-        else:
-            credited.append(r)
-    return credited
-
-
 def predict_what_ifs(request: SimRequest, instances: Mapping[str, PreparedInstance],
                      exec_model: ExecModel) -> dict[str, WhatIf]:
     """The new request's simulated timeline on each instance, from its published moment.
@@ -614,37 +558,25 @@ def _load_of(requests: Iterable[SimRequest], snapshot: InstanceSnapshot) -> tupl
     return waiting_blocks, outstanding
 
 
-@dataclass(slots=True)
-class _Published:
-    snapshot: InstanceSnapshot
-    published_at_s: float
-    # Routed here since the snapshot, in routing order, with their routing times.
-    assigned: list[tuple[SimRequest, float]]
-    # Derived and cached; None when stale.
-    prepared: PreparedInstance | None = None
-    view: InstanceView | None = None
-    # Prefix units the instance's cache will hold: published, plus the routed requests'.
-    cached: set[int] | frozenset[int] | None = None
-
-
 class FleetLedger:
     """What a router knows: each instance's latest published state and what it routed since.
 
-    The caller publishes snapshots as they arrive and records every assignment; `views` then
-    gives each instance's view with the assignments made since its snapshot counted in, and
-    with what-ifs simulated when an `exec_model` is given. Pure bookkeeping, no clock: times
-    are the caller's.
+    The caller publishes snapshots as they arrive and records every assignment; `candidates`
+    then gives each instance as the routing planner reads it (`workers.route.planner`), and
+    `views` each instance's view with the assignments made since its snapshot counted in, with
+    what-ifs simulated when an `exec_model` is given. Pure bookkeeping, no clock: times are
+    the caller's.
     """
 
     def __init__(self) -> None:
-        self._instances: dict[str, _Published] = {}
+        self._instances: dict[str, _Entry] = {}
         self._throughput: dict[str, float] = {}
 
     def set_throughput(self, instance_id: str, requests_per_s: float) -> None:
         """The instance's capacity (`InstanceView.throughput_rps`), kept across publications."""
         self._throughput[instance_id] = requests_per_s
         if instance_id in self._instances:
-            self._instances[instance_id].view = None
+            self._instances[instance_id].changed()
 
     def publish(self, instance_id: str, snapshot: InstanceSnapshot, published_at_s: float) -> None:
         """Replace `instance_id`'s state; assignments the snapshot already shows are dropped.
@@ -658,14 +590,13 @@ class FleetLedger:
             ids = {r.request_id for r in snapshot.requests}
             assigned = [(r, at) for r, at in old.assigned
                         if at > published_at_s and r.request_id not in ids]
-        self._instances[instance_id] = _Published(snapshot, published_at_s, assigned)
+        self._instances[instance_id] = _Entry(self, instance_id, snapshot, assigned)
 
     def assign(self, instance_id: str, request: SimRequest, assigned_at_s: float) -> None:
         """Record that `request` (waiting, with the length planned with) was routed here."""
         entry = self._entry(instance_id)
         entry.assigned.append((request, assigned_at_s))
-        entry.prepared = entry.view = None
-        entry.cached = None
+        entry.changed()
 
     def assigned(self, instance_id: str) -> tuple[SimRequest, ...]:
         """Requests routed to `instance_id` that its latest snapshot does not show yet."""
@@ -673,10 +604,11 @@ class FleetLedger:
 
     def prepared(self, instance_id: str) -> PreparedInstance:
         """The published state plus assignments since, normalised for what-ifs (cached)."""
-        entry = self._entry(instance_id)
-        if entry.prepared is None:
-            entry.prepared = prepare_published(entry.snapshot, [r for r, _ in entry.assigned])
-        return entry.prepared
+        return self._entry(instance_id).published().prepared()
+
+    def published(self, instance_id: str) -> Published:
+        """The instance as a router knows it now (kept until it publishes or is routed to)."""
+        return self._entry(instance_id).published()
 
     @property
     def instance_ids(self) -> list[str]:
@@ -688,40 +620,64 @@ class FleetLedger:
         """The views of `instance_ids` (default every instance); with what-ifs for `request`
         when `exec_model` is given: one execution-time model for every instance, or one per
         instance id (a fleet of unlike GPUs)."""
+        if exec_model is not None and request is None:
+            raise ValueError("what-ifs need the request being routed")
         views = []
         for instance_id in self._instances if instance_ids is None else instance_ids:
-            entry = self._entry(instance_id)
-            if entry.view is None:
-                entry.view = instance_view(instance_id, entry.snapshot,
-                                           [r for r, _ in entry.assigned],
-                                           throughput_rps=self._throughput.get(instance_id))
-            view = entry.view
-            planned = request
-            if request is not None and request.prefix_hashes:
-                planned = self._credited(entry, request)
-                view = _with_match_view(view, planned.num_cached_tokens)
-            if exec_model is not None:
-                if planned is None:
-                    raise ValueError("what-ifs need the request being routed")
-                model = (exec_model if isinstance(exec_model, ExecModel)
-                         else exec_model[instance_id])
-                what_if = predict_what_if_prepared(self.prepared(instance_id), planned, model)
-                view = _with_what_if(view, what_if)
+            model = (exec_model if exec_model is None or isinstance(exec_model, ExecModel)
+                     else exec_model[instance_id])
+            view, _ = view_of(instance_id, self.published(instance_id), request, model)
             views.append(view)
         return views
 
-    def _credited(self, entry: _Published, request: SimRequest) -> SimRequest:
-        """`credit_prefix` with the instance's cached units kept between decisions."""
-        config = entry.snapshot.config
-        if entry.cached is None:
-            entry.cached = _cached_after(entry.snapshot, [r for r, _ in entry.assigned])
-        return _with_match(request, entry.cached, config)
-
-    def _entry(self, instance_id: str) -> _Published:
+    def _entry(self, instance_id: str) -> _Entry:
         try:
             return self._instances[instance_id]
         except KeyError:
             raise ValueError(f"instance {instance_id!r} has published no state") from None
+
+
+@dataclass(slots=True)
+class _Entry:
+    ledger: FleetLedger
+    instance_id: str
+    snapshot: InstanceSnapshot
+    # Routed here since the snapshot, in routing order, with their routing times.
+    assigned: list[tuple[SimRequest, float]]
+    _published: Published | None = None
+
+    def published(self) -> Published:
+        if self._published is None:
+            self._published = Published(self.snapshot, tuple(r for r, _ in self.assigned),
+                                        self.ledger._throughput.get(self.instance_id))
+        return self._published
+
+    def changed(self) -> None:
+        self._published = None
+
+
+def view_of(instance_id: str, published: Published, request: SimRequest | None = None,
+            exec_model: ExecModel | None = None, future_load: FutureLoad = NO_FUTURE_LOAD,
+            ) -> tuple[InstanceView, WhatIf | None]:
+    """One instance's view for routing `request` (waiting, with the length to plan with), and
+    its what-if when `exec_model` is given: the one place views are built, for the route
+    stage's planner and the cluster simulation alike.
+
+    The request's prefix hashes (if any) are credited against the instance's cache; the
+    what-if starts with them cached and adds `future_load`."""
+    if published.base_view is None:
+        published.base_view = instance_view(instance_id, published.snapshot, published.assigned,
+                                            throughput_rps=published.capacity_rps)
+    view: InstanceView = published.base_view
+    if request is None:
+        return view, None
+    planned = published.credit(request) if request.prefix_hashes else request
+    if planned.num_cached_tokens:
+        view = _with_match_view(view, planned.num_cached_tokens)
+    if exec_model is None:
+        return view, None
+    what_if = predict_what_if_prepared(published.prepared(), planned, exec_model, future_load)
+    return _with_what_if(view, what_if), what_if
 
 
 def _with_what_if(view: InstanceView, what_if: WhatIf) -> InstanceView:

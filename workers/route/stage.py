@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 from sqlalchemy import select
@@ -23,23 +23,28 @@ from app import model_registry, store
 from app.db import Database
 from app.models import InferenceRequest, Priority, RequestStatus, utcnow
 from app.settings import Settings
-from app.slo import REJECTED_CODE, RequestTargets
+from app.slo import REJECTED_CODE
 from workers import runtime
 from workers.active_model import ActiveModel
-from workers.route.planner import Plan
-from workers.route.policies import POLICIES, RequestView
-from workers.route.targets import Miss
+from workers.route.late_binding import LateBinding
+from workers.route.pipeline import Routed, RouteRequest, RoutingRules
+from workers.route.planner import Candidate, Plan
+from workers.route.policies import RequestView
+from workers.route.targets import Miss, RequestTargets
 from workers.runtime import Runtime
 from workers.sim import ExecModel, bundled_model, bundled_model_names
 from workers.sim.fleet_state import InstanceStatus
 
 __all__ = ["DEFAULT_EXEC_MODEL", "ExecModels", "exec_models", "RouteInput", "load",
-           "models_of", "prompt_token_ids",
-           "policy_in_force", "routing_record", "record", "Refused", "reject", "overhead"]
+           "models_by_id", "prompt_token_ids", "routing_rules", "route_request_of",
+           "routing_record", "record", "Refused", "reject", "overhead"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_EXEC_MODEL = "qwen2-7b-a30"
+#: Late binding: held requests one release looks at, oldest first (and the most a just-published
+#: instance may take out of order: `LateBinding.overtake_scan`).
+RELEASE_SCAN = 16
 
 
 class ExecModels:
@@ -59,6 +64,13 @@ class ExecModels:
         if name in bundled_model_names():
             return bundled_model(name)
         return ExecModel.load(Path(name))
+
+    def for_candidates(self, candidates: Sequence[Candidate]) -> dict[str, ExecModel]:
+        """Each candidate's model, from what its published state declares."""
+        statuses = cast(Sequence[InstanceStatus], candidates)  # production's candidates
+        return self.of((s.instance_id for s in statuses),
+                       {s.instance_id: s.state.exec_model for s in statuses
+                        if s.state is not None})
 
     def of(self, instance_ids: Iterable[str],
            declared: Mapping[str, str | None] | None = None) -> dict[str, ExecModel]:
@@ -132,11 +144,33 @@ def load(db: Database, request_id: str) -> RouteInput | None:
         )
 
 
-def models_of(db: Database, request_ids: Collection[str]) -> set[str | None]:
-    """The models the requests asked for (None: a request stored before models were)."""
+def models_by_id(db: Database, request_ids: Collection[str]) -> dict[str, str | None]:
+    """The model each request asked for (None: a request stored before models were)."""
     with db.session() as session:
-        return set(session.scalars(select(InferenceRequest.model).where(
-            InferenceRequest.id.in_(list(request_ids)))))
+        rows = session.execute(select(InferenceRequest.id, InferenceRequest.model).where(
+            InferenceRequest.id.in_(list(request_ids))))
+        return {request_id: model for request_id, model in rows}
+
+
+def routing_rules(settings: Settings) -> RoutingRules:
+    """The decision pipeline's rules from the settings (read here, in one place)."""
+    late_binding = LateBinding(max_queueing_s=settings.routing_hold_max_queueing_s,
+                               overtake_s=settings.routing_hold_overtake_s,
+                               overtake_scan=RELEASE_SCAN) if settings.routing_hold else None
+    return RoutingRules(
+        policy=settings.routing_policy_for(mixed_hardware=False),
+        mixed_fleet_policy=settings.routing_policy_for(mixed_hardware=True),
+        late_binding=late_binding, hold_max_s=settings.routing_hold_max_s,
+        refuse_margin=settings.slo_refuse_margin,
+        affinity_margin=settings.session_affinity_margin)
+
+
+def route_request_of(request: RouteInput, *, session: bool, preferred: str | None,
+                     held_since: float | None) -> RouteRequest:
+    """The stored request as the decision pipeline reads it."""
+    return RouteRequest(view=request.view, model=request.model, targets=request.targets,
+                        first_routing=request.attempt == 0, session=session,
+                        preferred=preferred, held_since=held_since)
 
 
 def prompt_token_ids(rt: Runtime, prompt: str,
@@ -151,35 +185,27 @@ def prompt_token_ids(rt: Runtime, prompt: str,
     return tuple(rt.prompts.token_ids(prompt))
 
 
-def policy_in_force(override: str | None, settings: Settings,
-                    candidates: Sequence[InstanceStatus] = ()) -> str:
-    """The operator's run-time override (admin API, `Fleet.policy_override`), else the
-    configured policy for the candidates' pool (`Settings.routing_policy_for`: mixed when their
-    published hardware differs)."""
-    hardware = {(c.state.hardware, c.state.exec_model) for c in candidates
-                if c.state is not None}
-    configured = settings.routing_policy_for(mixed_hardware=len(hardware) > 1)
-    if override is None:
-        return configured
-    if override not in POLICIES.names():
-        logger.error("ignoring unknown routing policy override %r", override)
-        return configured
-    return override
-
-
-def routing_record(plan: Plan, decision_ms: float, fallback: dict[str, Any] | None,
-                   timing: dict[str, float], route_started_at: float) -> dict[str, Any]:
+def routing_record(outcome: Routed, decision_ms: float, timing: dict[str, float],
+                   route_started_at: float, held_since: float | None = None) -> dict[str, Any]:
     """What the request's `routing` column keeps of the decision."""
+    plan = outcome.plan
     routing: dict[str, Any] = {
         "scores": plan.decision.scores,
         "what_ifs": plan.what_ifs,
         "decision_ms": round(decision_ms, 3),
     }
-    if fallback:
-        routing["fallback"] = fallback
+    if outcome.fallback:
+        routing["fallback"] = dict(outcome.fallback)
     if timing.get("in_api"):
         routing["routed_in"] = "api"  # not by the predict task (workers/predict/inline.py)
     routing.update(overhead(timing, route_started_at))
+    if outcome.view.has_target:
+        routing["slo"] = (outcome.miss.record() if outcome.miss is not None
+                          else {"met": plan.decision.meets_target})
+    if outcome.affinity is not None:
+        routing["affinity"] = outcome.affinity.record()
+    if held_since is not None:
+        routing["held_s"] = round(time.time() - held_since, 3)
     return routing
 
 

@@ -1,25 +1,68 @@
 """Latency targets at routing: a request's targets as budgets for the decision, and what its
-team's `slo_miss_action` makes of a decision that meets none of them (app/slo.py).
+team's `slo_miss_action` makes of a decision that meets none of them.
 
-Plain functions of the plan (no I/O): the route task calls `budgeted` before it plans and
-`on_miss` after, then records what they say.
+Pure (part of the core): the decision pipeline (`workers.route.pipeline`) budgets the request
+before it plans and asks `on_miss` after; app/slo.py takes the targets from the API.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from dataclasses import dataclass
 from datetime import datetime
 
-from app.slo import RequestTargets, SloMissAction
 from workers.route.planner import Plan
 from workers.route.policies import RequestView
 
-__all__ = ["Miss", "budgeted", "on_miss", "MAX_RETRY_AFTER_S"]
+__all__ = ["Miss", "RequestTargets", "SloMissAction", "budgeted", "on_miss", "MAX_RETRY_AFTER_S"]
 
 #: The longest wait a refused request is told before retrying.
 MAX_RETRY_AFTER_S = 60
+
+
+class SloMissAction(enum.StrEnum):
+    """What happens to a request with targets no instance can meet (per team)."""
+
+    ROUTE = "route"  # route it anyway, to the instance closest to its targets
+    QUEUE = "queue"  # route it there as batch work: it runs after interactive requests
+    REFUSE = "refuse"  # refuse it: it ends `rejected`, with when to retry
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTargets:
+    """A request's targets, as the router reads them."""
+
+    ttft_ms: float | None
+    e2e_ms: float | None
+    miss_action: SloMissAction
+    created_at: datetime
+
+    @classmethod
+    def of(cls, ttft_ms: float | None, e2e_ms: float | None, miss_action: str | None,
+           created_at: datetime) -> RequestTargets | None:
+        """From a request's columns; None without a target."""
+        if ttft_ms is None and e2e_ms is None:
+            return None
+        return cls(ttft_ms, e2e_ms, SloMissAction(miss_action or SloMissAction.ROUTE),
+                   created_at)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The targets it has: "ttft", "e2e" or both."""
+        return tuple(kind for kind, target in (("ttft", self.ttft_ms), ("e2e", self.e2e_ms))
+                     if target is not None)
+
+    def budgets_s(self, now: datetime) -> tuple[float | None, float | None]:
+        """(TTFT, e2e) targets in seconds from `now`: what is left of each since acceptance
+        (at least a millisecond: a target already past is still one, and unmeetable)."""
+        waited_s = (now - self.created_at).total_seconds()
+
+        def left(target_ms: float | None) -> float | None:
+            return None if target_ms is None else max(target_ms / 1000 - waited_s, 0.001)
+
+        return left(self.ttft_ms), left(self.e2e_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +104,8 @@ def on_miss(plan: Plan, view: RequestView, targets: RequestTargets | None, *,
     """
     if targets is None or plan.decision.meets_target is not False or not plan.what_ifs:
         return None
-    # NOTE: `decide` already chose the instance closest to the targets when none meets them
-    # (the cluster simulation decides there too): the rule lives in one place.
+    # NOTE: `decide` already chose the instance closest to the targets when none meets them:
+    # the rule lives in one place.
     closest = plan.decision.instance_id
     ttft_s, e2e_s = plan.what_ifs[closest]
     ratio = _ratio(view, ttft_s, e2e_s)

@@ -8,15 +8,16 @@ ours outside workers.sim.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from .engine_state import EngineState
 from .future_load import NO_FUTURE_LOAD, FutureLoad, estimate_future_load
+from .published import Published
 from .snapshot import InstanceConfig, SimRequest, engine_priority
 
-__all__ = ["Assignment", "InstanceStatus", "future_load_of"]
+__all__ = ["Assignment", "InstanceStatus", "future_load_of", "routable"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +96,25 @@ class InstanceStatus:
         return (self.state is None or self.state.accepting) and self.control is None
 
     @property
+    def routable(self) -> bool:
+        """Alive and accepting: a routing decision may choose it."""
+        return self.alive and self.accepting
+
+    @property
+    def hardware(self) -> tuple[str, str | None] | None:
+        """What it runs on as published (its hardware and execution-time model): a pool whose
+        instances differ here is a mixed fleet. None before its first state."""
+        return None if self.state is None else (self.state.hardware, self.state.exec_model)
+
+    def published(self) -> Published:
+        """Its published state and the requests routed to it since, as the routing planner
+        reads them (built anew at each call: the state is read anew for each decision)."""
+        assert self.state is not None, f"{self.instance_id} has published no state"
+        snapshot = self.state.to_instance_snapshot()
+        return Published(snapshot, tuple(a.to_sim_request(snapshot.config)
+                                         for a in self.assigned), self.state.capacity_rps)
+
+    @property
     def num_running(self) -> int:
         return self.state.num_running if self.state is not None else 0
 
@@ -108,3 +128,20 @@ def future_load_of(recent: Iterable[Assignment], now: float, window_s: float) ->
     seconds before `now` (admitted or not): their rate, mean prompt and predicted length."""
     return estimate_future_load(
         ((a.at, a.num_prompt_tokens, a.predicted_output_tokens) for a in recent), now, window_s)
+
+
+class _Routable(Protocol):
+    @property
+    def routable(self) -> bool: ...
+
+    @property
+    def model(self) -> str | None: ...
+
+
+R = TypeVar("R", bound=_Routable)
+
+
+def routable(instances: Sequence[R], model: str | None) -> list[R]:
+    """The routing candidates: instances of `model` (any, for a request of no recorded model)
+    that are alive and accepting. The decision pipeline's filter, and the API's."""
+    return [i for i in instances if i.routable and (model is None or i.model == model)]
