@@ -5,18 +5,17 @@ runs a batch for one model on that model's instances only. The official `openai`
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import httpx
 import openai
 import pytest
 
 from app.cli.stack import Stack
+from benchmarks.artifacts.tiny_model import build_tiny_model
 from workers.sim.fleet_spec import parse_fleet
 
 pytestmark = pytest.mark.slow
@@ -25,19 +24,10 @@ LLAMA, QWEN = "tiny-llama", "tiny-qwen"
 LLAMA_INSTANCES, QWEN_INSTANCES = {"gpu.0", "gpu.1"}, {"gpu.2"}
 
 
-def _builder() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "scripts" / "build_tiny_model.py"
-    spec = importlib.util.spec_from_file_location("build_tiny_model", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def qwen_path(model_path: Path) -> Path:
     """The tiny Qwen2 beside the tiny Llama (scripts/setup.sh builds it; built here if not)."""
-    return Path(_builder().build_tiny_model(model_path.parent / QWEN, arch="qwen2"))
+    return Path(build_tiny_model(model_path.parent / QWEN, arch="qwen2"))
 
 
 def _client(stack: Stack) -> openai.OpenAI:

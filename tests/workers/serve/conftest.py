@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from benchmarks.artifacts.tiny_model import build_tiny_model
 from tests.workers.serve.recording import RecordingListener
 from workers.serve.emulated_engine import EmulatedEngine, EmulatedEngineConfig
 from workers.serve.output_lengths import MaxTokensLengths
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -30,19 +28,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items[:] = [item for item in items if not item.get_closest_marker("stops_vllm")] + last
 
 
-def _load_script(name: str):
-    """Import a module from scripts/ (not a package) by path."""
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny random-weight Llama, built by scripts/build_tiny_model.py (a few seconds)."""
-    builder = _load_script("build_tiny_model")
-    return builder.build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+    """The tiny random-weight Llama, as scripts/build_tiny_model.py builds it (a few seconds)."""
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
 @pytest.fixture(scope="session")
