@@ -70,18 +70,16 @@ class ShowcaseFleet:
     NOTE: sized with the discrete-event simulator (workers/cluster_sim `simulate` on this fleet,
     `ClusterSetup.of_fleet`, max_num_seqs 8 and 1,052 KV blocks each; the showcase's stream, its
     prompt lengths by the demo's tokenizer and this length model's predictions; step noise 0.05,
-    states published every 0.1 s). At 4 req/s, seeds 0-5: TTFT p99 1.4-6.2 s under round_robin,
-    0.07-0.25 s under least_requests and 0.06-0.21 s under block_slo; end-to-end p50 4.1-4.9,
-    2.8-3.0 and 2.2-2.4 s, p99 17.6-24.4, 16.1-18.4 and 5.8-9.6 s. least_requests balances request
-    counts, so its first tokens come about as soon as block_slo's, but it still gives the slow A30s
-    about a third of the stream (30 of 100 requests in the quiet run of docs/benchmarks.md),
-    long answers included, where an H100's decode step takes about a third of
+    states published every 0.1 s; the figures: docs/measurements.md, "The demo's showcase").
+    round_robin's first tokens come late; least_requests balances request counts, so its first
+    tokens come about as soon as block_slo's, but it still gives the slow A30s about a third of
+    the stream, long answers included, where an H100's decode step takes about a third of
     theirs (workers/sim/models): what a newcomer sees is the end-to-end latency. (On 2 x A100 +
-    2 x A30 the gap is narrower: end-to-end p99 17-21 against 12-18 s.) 4 req/s rather than the
-    identical-A30 showcase's 3, so that four passes take about as long as its three did (a stream of
-    25 s instead of 33 s); a low rate on small instances, rather than many requests on large ones,
-    because the control plane shares the demo machine's CPUs with the emulated engines (at 8 req/s a
-    loaded 2-core machine's predictor fell behind under block's what-ifs). Every instance has the
+    2 x A30 the gap is narrower.) 4 req/s rather than the identical-A30 showcase's 3, so that
+    four passes take about as long as its three did; a low rate on small instances, rather than
+    many requests on large ones, because the control plane shares the demo machine's CPUs with
+    the emulated engines (at twice the rate a loaded 2-core machine's predictor fell behind under
+    block's what-ifs). Every instance has the
     A30's 1,052 KV blocks (`emulated_num_blocks`), so that the H100s have no more cache than the
     A30s (where block's end-to-end objective collapses and block_slo does not,
     docs/benchmarks_cluster.md); no run above preempted."""
@@ -104,9 +102,9 @@ class ShowcaseFleet:
     #: Seats of each engine kept for interactive requests while the batch runs
     #: (engine_interactive_seats), with batch prefills last (engine_batch_prefill_last).
     #: NOTE: simulated on the showcase's earlier fleet, 4 A30s of 8 seats (docs/benchmarks.md,
-    #: "Batch work that yields"): 3 of 8 seats kept give the stream's TTFT p99 1.2-3.6x alone
-    #: with the batch at about 40 % of the free capacity; 4 give 1.01-1.08x at 20 %. The
-    #: stream alone holds about 5 of 8 seats.
+    #: "Batch work that yields"; figures in docs/measurements.md): 3 seats kept let the batch
+    #: use about twice the free capacity 4 do, for a TTFT tail a few times the stream's alone.
+    #: The stream alone holds about 5 of 8 seats.
     interactive_seats: int = 3
 
     @property

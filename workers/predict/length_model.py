@@ -108,7 +108,7 @@ def _distinct_rows(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     repeats a prompt once per serving model, and its neighbours are looked up once.
 
     NOTE: each row compared as one opaque value; `np.unique(axis=0)` builds a structured dtype
-    with a field per column, which cost 6 ms a call on MiniLM's 2,304 columns.
+    with a field per column, costly on MiniLM's 2,304 columns (docs/measurements.md).
     """
     rows = np.ascontiguousarray(matrix)
     keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
@@ -119,7 +119,7 @@ def _distinct_rows(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @functools.cache
 def _thread_pools() -> ThreadpoolController:
     """The process's native thread pools, found once: `threadpool_limits` scans the loaded
-    libraries on every call (about 1 ms, too much for each prediction)."""
+    libraries on every call, too slow for each prediction (docs/measurements.md)."""
     return ThreadpoolController()
 
 
@@ -155,8 +155,8 @@ class TrainConfig:
     #: iteratively reweighted least squares), what the error in tokens rewards; "squared": plain
     #: ridge on log tokens (their mean). Either way the point is then shifted by the median
     #: out-of-fold residual.
-    #: NOTE: absolute error lowered the cross-validated MAE by about 2 % on the bootstrap data
-    #: (docs/benchmarks_length.md); it only changes training, not the cost of a prediction.
+    #: NOTE: absolute error lowered the cross-validated MAE on the bootstrap data
+    #: (docs/measurements.md); it only changes training, not the cost of a prediction.
     loss: str = "absolute"
     #: Reweighting rounds of the absolute loss (one weighted ridge solve per penalty each).
     irls_iterations: int = 3
@@ -351,7 +351,7 @@ class LengthHead:
         distinct, rows = _distinct_rows(embeddings)
         # NOTE: one BLAS thread: OpenBLAS threads the (prompts x anchors) product, and its
         # threads then spin on the other core while the encoder runs, which doubled the CPU of
-        # a batched prediction (static: 1.9 against 0.9 ms a prompt).
+        # a batched prediction (docs/measurements.md).
         with _thread_pools().limit(limits=1, user_api="blas"):
             borrowed = neighbour_effect(distinct, self._unit_anchors, self.neighbour_effects,
                                         neighbours=self.neighbours,
@@ -885,8 +885,8 @@ def fit_effects_head(fields: Sequence[tuple[Prompt, str, int, str]], *, encoder:
     effects = replace(config.effects, alphas=config.penalties, num_folds=config.num_folds,
                       seed=config.seed)
     # NOTE: one BLAS thread: the fit is many small matrix products and SVDs, for which
-    # OpenBLAS's threads cost more than they give (on a busy 2-core machine a 427 x 224 SVD
-    # took 1.5 s of CPU with two threads, 14 ms with one).
+    # OpenBLAS's threads cost more than they give: on a busy 2-core machine, a hundred times
+    # the CPU of one thread (docs/measurements.md).
     with threadpool_limits(limits=1, user_api="blas"):
         fit = fit_effects(x, prompt_index, models, tokens, len(model_names), effects,
                           max_tokens=config.max_tokens, neighbour_inputs=embeddings)
@@ -978,11 +978,11 @@ def default_encoder_kind() -> str:
     "static": what `--encoder auto` trains on. Serving picks its head by path instead
     (`head_artifact`): the hot path the static head, bulk work MiniLM, on every CPU.
 
-    NOTE: MiniLM is the accurate encoder (125.0 against 139.9 tokens of MAE on unseen prompts,
-    with the neighbours). Its CPU cost per prompt, batched, depends on the matrix units: about
-    3.5 ms with AMX, 4.4-8.5 ms measured on an AMD EPYC with AVX512-BF16 but no AMX, about 11 ms
-    in float32 without native bfloat16, against a 5 ms budget. Without AMX the static encoder
-    (about 1 ms, no torch) answers instead (docs/benchmarks_length.md).
+    NOTE: MiniLM is the accurate encoder (a lower MAE on unseen prompts, with the neighbours).
+    Its CPU cost per prompt, batched, depends on the matrix units: within the hot path's budget
+    with AMX, over it without AMX and further over it without native bfloat16. Without AMX the
+    static encoder (no torch, a fraction of the cost) answers instead (figures:
+    docs/measurements.md, docs/benchmarks_length.md).
     """
     return "minilm" if cpu_has_amx_bf16() else "static"
 
@@ -1070,8 +1070,8 @@ def build_encoder(info: Mapping, path: str | None = None, **runtime) -> AnyEncod
 @functools.cache
 def _shared_encoder(config: EncoderConfig) -> Encoder:
     """One transformer encoder per configuration and process: loading and tracing one costs
-    about 0.4 s of CPU (more the first time), and every predictor of the process (each app an
-    API process or a test makes, each hot-reloaded head) embeds alike with it."""
+    a large share of a second of CPU (docs/measurements.md), and every predictor of the process
+    (each app an API process or a test makes, each hot-reloaded head) embeds alike with it."""
     return Encoder(config)
 
 

@@ -7,8 +7,9 @@ scales every answer by the bias watch's correction. No database connection is he
 runs.
 
 The learned predictor has a head by path (`HEAD_FAST`, `HEAD_ACCURATE`): routing barely uses
-output-length accuracy (routing with the mean length is within 1.6 % of the learned one) while
-MiniLM one prompt at a time costs the hot path twice the static head's CPU, so interactive
+output-length accuracy (routing with the mean length comes close to routing with the learned
+one) while MiniLM one prompt at a time costs the hot path twice the static head's CPU (figures:
+docs/measurements.md), so interactive
 requests get the fast head; batch lines, whose sums of lengths make a batch's completion time,
 get the accurate one, batched (docs/benchmarks_length.md, "Heads by path").
 """
