@@ -24,9 +24,7 @@ import argparse
 import random
 from dataclasses import dataclass
 
-from rich.console import Console
-from rich.table import Table
-
+from benchmarks.tables import print_table
 from workers.batch.prefix_groups import PrefixGroups, prefix_key
 from workers.cluster_sim import GroundTruthInstance, SimulatedRequest
 from workers.route.policies import (
@@ -39,8 +37,6 @@ from workers.route.policies import (
 from workers.serve.output_lengths import sharegpt_output_tokens
 from workers.sim import InstanceConfig, SimRequest, bundled_model
 from workers.sim.snapshot import live_prefix_unit_tokens, prefix_unit_hashes
-
-console = Console(width=160)
 
 VOCAB = 32_000
 MAX_MODEL_LEN = 4096
@@ -177,20 +173,19 @@ def main() -> int:
     if not 1 <= args.suffix_min <= args.suffix_max or args.prefix_tokens < 1:
         parser.error("need 1 <= --suffix-min <= --suffix-max and --prefix-tokens >= 1")
     lines = make_batch(args)
-    table = Table(title=f"{args.lines} batch lines behind {args.prefixes} shared "
-                        f"{args.prefix_tokens}-token prompts (+{args.suffix_min}-"
-                        f"{args.suffix_max} own tokens), interleaved; window {args.window}, "
-                        f"{args.instances} instances x max_num_seqs 48, {args.policy} router, "
-                        f"Qwen2-7B/A30, seed {args.seed}")
-    for column in ("KV blocks", "release order", "prompt tokens cached",
-                   "shared-prompt tokens cached", "batch done (s)", "mean e2e (s)",
-                   "preemptions"):
-        table.add_column(column, justify="right")
+    rows = []
     for num_blocks in args.blocks:
         for name, order in (("file", lines), ("prefix groups", grouped(lines))):
             outcome = run(lines, order, num_blocks, args)
-            table.add_row(str(num_blocks), name, f"{outcome.hit_rate:.1%}",
-                          f"{outcome.prefix_hit_rate:.1%}", f"{outcome.done_s:.1f}",
-                          f"{outcome.mean_e2e_s:.1f}", str(outcome.num_preemptions))
-    console.print(table)
+            rows.append((str(num_blocks), name, f"{outcome.hit_rate:.1%}",
+                         f"{outcome.prefix_hit_rate:.1%}", f"{outcome.done_s:.1f}",
+                         f"{outcome.mean_e2e_s:.1f}", str(outcome.num_preemptions)))
+    print_table(f"{args.lines} batch lines behind {args.prefixes} shared "
+                f"{args.prefix_tokens}-token prompts (+{args.suffix_min}-{args.suffix_max} own "
+                f"tokens), interleaved; window "
+                f"{args.window}, {args.instances} instances x max_num_seqs 48, {args.policy} "
+                f"router, Qwen2-7B/A30, seed {args.seed}",
+                ("KV blocks", "release order", "prompt tokens cached",
+                 "shared-prompt tokens cached", "batch done (s)", "mean e2e (s)", "preemptions"),
+                rows, width=160)
     return 0
