@@ -63,6 +63,22 @@ end
 return out
 """
 
+#: KEYS: the instances set, the instance_models hash; ARGV: prefix, instance ids. Drops each
+#: instance without a heartbeat; returns the ids dropped.
+_FORGET = """
+local out = {}
+for i = 2, #ARGV do
+    local key = ARGV[1] .. ':instance:' .. ARGV[i] .. ':'
+    if redis.call('EXISTS', key .. 'alive') == 0 then
+        redis.call('SREM', KEYS[1], ARGV[i])
+        redis.call('HDEL', KEYS[2], ARGV[i])
+        redis.call('DEL', key .. 'state', key .. 'assigned', key .. 'recent')
+        out[#out + 1] = ARGV[i]
+    end
+end
+return out
+"""
+
 
 class Fleet:
     """Reads and writes instance states, heartbeats, assignments and cancellations."""
@@ -219,6 +235,17 @@ class Fleet:
 
     def ping(self) -> bool:
         return bool(self.redis.ping())
+
+    def forget(self, instance_ids: Iterable[str]) -> list[str]:
+        """Drop dead instances from the registry (listing, model check, routing): their state,
+        assignments and model. One that published again meanwhile is kept. Returns those
+        dropped; one that comes back later registers again with its next publication."""
+        ids = list(instance_ids)
+        if not ids:
+            return []
+        forgotten = self.redis.eval(_FORGET, 2, self._key("instances"),
+                                    self._key("instance_models"), self.prefix, *ids)
+        return [_text(member) for member in forgotten]
 
     # --- operators -----------------------------------------------------------------------------
     def hold(self, instance_id: str, control: str | None) -> None:

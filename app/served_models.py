@@ -65,23 +65,30 @@ def not_found(model: str) -> NotFound:
 
 def check(fleet: Fleet, db: Database, settings: Settings, model: str, *, held: bool) -> None:
     """Whether a request may name `model`: a 404 `model_not_found` for a model no instance has
-    ever served (nor the configured fleet declares); for a held call (sync or streamed
+    ever served, or no registered instance (live, or dead less than instance_expiry_s) serves
+    now, that the configured fleet does not declare either; for a held call (sync or streamed
     completion), a 503 with Retry-After when every instance that serves the model is down. An
     asynchronous request for such a model is accepted: it waits for an instance. While Redis
     is unreachable an asynchronous request is checked against the database alone (it is
     accepted, its message waits in the outbox); a held call gets the outage's 503."""
     try:
-        instances = fleet.model_instances().get(model)
+        registry: dict[str, dict[str, bool]] | None = fleet.model_instances()
     except redis.RedisError:
         if held:
             raise
-        instances = None
+        registry = None
+    instances = registry.get(model) if registry is not None else None
     if instances is not None:
         if held and not any(instances.values()):
             raise unavailable(model)
         return
     if model in {spec.model for spec in settings.instances}:
         return  # declared by the operator; its instances have not published yet
+    if registry:
+        # NOTE: no registered instance serves it (the sweep forgets instances dead for
+        # instance_expiry_s), nor does the fleet setting declare it: an earlier fleet's model.
+        # An empty registry is a Redis restarted empty, whose instances publish again soon.
+        raise not_found(model)
     with db.session() as session:
         if not ever_served(session, model):
             raise not_found(model)

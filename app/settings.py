@@ -467,6 +467,17 @@ class Settings(BaseSettings):
         "twice with no message in the broker or the outbox and no engine holding it, it is "
         "sent on again (or re-routed, if an engine had admitted it).",
     )
+    instance_expiry_s: float = Field(
+        600.0, gt=0, description="An instance without a heartbeat this long (an earlier fleet's, "
+        "or one stopped for good) is forgotten by the sweep: it leaves /v1/instances, and its "
+        "model counts as served only while a live instance or the fleet setting serves it (a "
+        "404 `model_not_found` otherwise). One that comes back registers again.",
+    )
+    unserved_model_timeout_s: float = Field(
+        300.0, gt=0, description="A request accepted for a model that no instance serves "
+        "any more (none live or recently dead, none declared by the fleet setting) fails this "
+        "long after it was accepted, with error code `model_not_served`.",
+    )
     unacked_fresh_s: float = Field(
         30.0,
         gt=0,

@@ -18,9 +18,13 @@ bp = Blueprint("instances", __name__, url_prefix="/v1")
 
 @bp.get("/instances")
 def list_instances() -> ResponseReturnValue:
-    """The instances, and the routing in force (the policy, or the bias watch's fallback)."""
+    """The instances (but those without a heartbeat for instance_expiry_s), and the routing in
+    force (the policy, or the bias watch's fallback)."""
     svc = services()
-    data = [_instance_to_dict(status) for status in svc.fleet.statuses()]
+    expiry_s = svc.settings.instance_expiry_s
+    # NOTE: the health sweep forgets these; the listing drops them already, sweep or not.
+    data = [_instance_to_dict(status) for status in svc.fleet.statuses()
+            if status.alive or (status.heartbeat_age_s or 0.0) <= expiry_s]
     return jsonify(object="list", data=data, routing=routing_state(svc))
 
 

@@ -12,6 +12,7 @@ from celery import shared_task
 from app import dispatch, retention
 from app.controls import OperatorControls
 from workers import runtime
+from workers.health.ghosts import fail_unserved, forget_ghosts
 from workers.health.rebalance import Rebalance
 from workers.health.sweep import Sweep
 from workers.health.undelivered import WebhookPolicy
@@ -48,12 +49,18 @@ def requeue_orphans() -> dict[str, int]:
     if report.rerouted or report.resent or report.webhooks_resent:
         logger.warning("stranded-request sweep: rerouted %d, sent on again %d, webhooks sent "
                        "again %d", report.rerouted, report.resent, report.webhooks_resent)
+    statuses = rt.fleet.statuses()
+    forgotten = forget_ghosts(rt.fleet, statuses, settings.instance_expiry_s)
+    unserved = fail_unserved(rt.outbox, rt.fleet, settings,
+                             timeout_s=settings.unserved_model_timeout_s)
     # A returning instance takes work at once (after a crash, the survivors hold the backlog).
-    rebalanced = Rebalance(rt.outbox, rt.redis).run(rt.fleet.statuses())
+    rebalanced = Rebalance(rt.outbox, rt.redis).run(
+        [status for status in statuses if status.instance_id not in forgotten])
     if rebalanced:
         logger.warning("rebalance: %d waiting request(s) back to routing for returned "
                        "instances", rebalanced)
-    return {**dataclasses.asdict(report), "rebalanced": rebalanced}
+    return {**dataclasses.asdict(report), "rebalanced": rebalanced,
+            "instances_forgotten": len(forgotten), "unserved_failed": len(unserved)}
 
 
 @shared_task(name=dispatch.TASK_RELAY_OUTBOX)
