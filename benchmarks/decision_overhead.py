@@ -11,7 +11,6 @@ decisions recorded with the requests.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import tempfile
 import time
@@ -19,15 +18,14 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import redis
 import sqlalchemy as sa
 from rich.console import Console
 from rich.table import Table
 
 from app.cli.demo import load_sample_prompts
-from app.cli.stack import Stack, stop_stacks_on_sigterm
-from app.migrate import recreate_database, upgrade
+from app.cli.stack import stop_stacks_on_sigterm
 from app.settings import Settings
+from benchmarks.local import add_service_arguments, bench_stack, fresh_services
 from benchmarks.paths import TINY_MODEL
 
 
@@ -75,15 +73,11 @@ def main() -> int:
     parser.add_argument("--length-predictor", default="learned", choices=["learned", "baseline"])
     parser.add_argument("--time-scale", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--database-url",
-                        default="postgresql+psycopg://postgres@127.0.0.1:5432/blockq_bench")
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
+    add_service_arguments(parser)
     args = parser.parse_args()
     stop_stacks_on_sigterm()
 
-    recreate_database(args.database_url)
-    upgrade(args.database_url)
-    redis.Redis.from_url(args.redis_url).flushdb()
+    fresh_services(args.database_url, args.redis_url)
     with tempfile.TemporaryDirectory() as data_dir:
         settings = Settings(
             database_url=args.database_url, redis_url=args.redis_url, data_dir=Path(data_dir),
@@ -92,8 +86,7 @@ def main() -> int:
             emulated_time_scale=args.time_scale, routing_policy=args.policy,
             length_predictor=args.length_predictor,
         )
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKQ_")}
-        stack = Stack(settings, env={**env, **settings.as_env()})
+        stack = bench_stack(settings)
         try:
             stack.start()
             stack.wait_ready(num_instances=args.instances, timeout_s=300)

@@ -1,14 +1,16 @@
-"""The benchmarks' shared helpers: percentiles, table cells and tables, paths, the quiet-machine
-wait and the measurement lock."""
+"""The benchmarks' shared helpers: percentiles, table cells and tables, paths, the local services
+and stack."""
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import numpy as np
 import pytest
 
-from benchmarks import paths, stats, tables
+from app.settings import Settings
+from benchmarks import local, paths, stats, tables
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 100])
@@ -54,3 +56,22 @@ def test_paths_point_into_the_checkout() -> None:
     assert (paths.ROOT / "benchmarks" / "paths.py").is_file()
     assert paths.tiny_model("tiny-qwen") == paths.ROOT / ".blockq" / "models" / "tiny-qwen"
     assert paths.DATA_DIR == paths.ROOT.parent / "shared" / "data"
+
+
+def test_service_arguments_default_to_the_benchmarks_own_services() -> None:
+    parser = argparse.ArgumentParser()
+    local.add_service_arguments(parser, model_path=True)
+    args = parser.parse_args([])
+    assert args.database_url.endswith("/blockq_bench") and args.redis_url.endswith("/14")
+    assert args.model_path == paths.TINY_MODEL
+    assert parser.parse_args(["--redis-url", "redis://127.0.0.1:6379/9"]).redis_url.endswith("/9")
+
+
+def test_a_stack_sees_the_settings_not_the_callers_blockq_variables(
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("BLOCKQ_ROUTING_POLICY", "random")
+    monkeypatch.setenv("HOME_OF_THE_TEST", "kept")
+    settings = Settings(data_dir=tmp_path, routing_policy="least_requests")
+    env = local.stack_environment(settings)
+    assert env["BLOCKQ_ROUTING_POLICY"] == "least_requests"
+    assert env["HOME_OF_THE_TEST"] == "kept"
