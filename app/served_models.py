@@ -21,8 +21,8 @@ from app.fleet import Fleet
 from app.models import ServedModel, utcnow
 from app.settings import Settings
 
-__all__ = ["ModelUnavailable", "check", "declare", "ever_served", "listed", "not_found",
-           "unavailable"]
+__all__ = ["ModelUnavailable", "check", "cold_start_timeout", "declare", "ever_served",
+           "listed", "not_found", "scales_from_zero", "unavailable"]
 
 #: Seconds a held completion for a model whose instances are all down is told to wait.
 RETRY_AFTER_S = 5
@@ -63,14 +63,25 @@ def not_found(model: str) -> NotFound:
                     code="model_not_found")
 
 
-def check(fleet: Fleet, db: Database, settings: Settings, model: str, *, held: bool) -> None:
+def scales_from_zero(settings: Settings) -> set[str]:
+    """Models the autoscaler may start an instance of (autoscaling on, an entry with room)."""
+    if not settings.autoscale:
+        return set()
+    return {entry.model for entry in settings.fleet if entry.highest_count > 0}
+
+
+def check(fleet: Fleet, db: Database, settings: Settings, model: str, *, held: bool) -> bool:
     """Whether a request may name `model`: a 404 `model_not_found` for a model no instance has
     ever served, or no registered instance (live, or dead less than instance_expiry_s) serves
     now, that the configured fleet does not declare either; for a held call (sync or streamed
     completion), a 503 with Retry-After when every instance that serves the model is down. An
     asynchronous request for such a model is accepted: it waits for an instance. While Redis
     is unreachable an asynchronous request is checked against the database alone (it is
-    accepted, its message waits in the outbox); a held call gets the outage's 503."""
+    accepted, its message waits in the outbox); a held call gets the outage's 503.
+
+    With autoscaling, a model the fleet can start an instance of is never unavailable: a held
+    call for it is accepted while no instance is up, and True says so (the call waits for a cold
+    start, at most autoscale_max_wait_s). False otherwise."""
     try:
         registry: dict[str, dict[str, bool]] | None = fleet.model_instances()
     except redis.RedisError:
@@ -78,12 +89,17 @@ def check(fleet: Fleet, db: Database, settings: Settings, model: str, *, held: b
             raise
         registry = None
     instances = registry.get(model) if registry is not None else None
+    cold = model in scales_from_zero(settings)
     if instances is not None:
         if held and not any(instances.values()):
+            if cold:
+                return True
             raise unavailable(model)
-        return
+        return False
+    if cold:
+        return True  # at zero since Redis started, or never started yet
     if model in {spec.model for spec in settings.instances}:
-        return  # declared by the operator; its instances have not published yet
+        return False  # declared by the operator; its instances have not published yet
     if registry:
         # NOTE: no registered instance serves it (the sweep forgets instances dead for
         # instance_expiry_s), nor does the fleet setting declare it: an earlier fleet's model.
@@ -96,11 +112,14 @@ def check(fleet: Fleet, db: Database, settings: Settings, model: str, *, held: b
     # call is told to come back, as when its instances are down.
     if held:
         raise unavailable(model)
+    return False
 
 
-def listed(fleet: Fleet, db: Database) -> list[dict[str, object]]:
-    """OpenAI model objects of the models a live instance serves, sorted by name."""
-    live = fleet.live_models()
+def listed(fleet: Fleet, db: Database, settings: Settings | None = None
+           ) -> list[dict[str, object]]:
+    """OpenAI model objects of the models a live instance serves, and (with autoscaling, given
+    `settings`) of those it can start from zero, sorted by name."""
+    live = sorted({*fleet.live_models(), *(scales_from_zero(settings) if settings else ())})
     if not live:
         return []
     with db.session() as session:
@@ -109,6 +128,16 @@ def listed(fleet: Fleet, db: Database) -> list[dict[str, object]]:
     return [{"id": name, "object": "model",
              "created": int(rows[name].first_declared_at.timestamp()) if name in rows else 0,
              "owned_by": "blockq"} for name in live]
+
+
+def cold_start_timeout(model: str, waited_s: float) -> ModelUnavailable:
+    """503 of a held call whose model had no instance up, and none started within
+    autoscale_max_wait_s (the request was cancelled: it will not run later)."""
+    retry_s = max(RETRY_AFTER_S, round(waited_s / 4))
+    return ModelUnavailable(
+        f"No instance of the model '{model}' started within {waited_s:g} s (it was scaled to "
+        f"zero and is starting); the request was cancelled: retry in {retry_s} s.",
+        param="model", code="model_cold_start_timeout", retry_after_s=retry_s)
 
 
 def unavailable(model: str) -> ModelUnavailable:

@@ -595,8 +595,8 @@ class Settings(BaseSettings):
     )
     autoscale_drain_timeout_s: float = Field(
         300.0, gt=0, description="How long an instance being removed may take to finish its "
-        "running requests; past it the drain is reported and the instance keeps running "
-        "(nothing is killed mid-answer unless forced: `blockq admin stop --force`).",
+        "running requests; past it the drain is reported (with the worker's pid) and the "
+        "instance keeps running: nothing is killed mid-answer unless the operator does it.",
     )
     autoscale_max_wait_s: float = Field(
         300.0, gt=0, description="Longest a request for a model at zero instances is held "

@@ -59,6 +59,8 @@ ROW_CHECK_MAX_S = 8.0
 #: most for its routing, polling its row this often, before its first byte.
 ROUTING_WAIT_S = 2.0
 ROUTING_POLL_S = 0.01
+#: How often a call held for a cold start reads its requests' rows.
+COLD_START_POLL_S = 0.25
 
 #: The blockq request ids of a completion (one per choice), sent before any event: a stream
 #: cut before its first chunk still tells its client which request to look up.
@@ -81,13 +83,13 @@ class GenerationFailed(BlockqError):
 def list_models() -> ResponseReturnValue:
     """Each model a live instance serves."""
     svc = services()
-    return jsonify(object="list", data=served_models.listed(svc.fleet, svc.db))
+    return jsonify(object="list", data=served_models.listed(svc.fleet, svc.db, svc.settings))
 
 
 @bp.get("/models/<path:model_id>")
 def show_model(model_id: str) -> ResponseReturnValue:
     svc = services()
-    for model in served_models.listed(svc.fleet, svc.db):
+    for model in served_models.listed(svc.fleet, svc.db, svc.settings):
         if model["id"] == model_id:
             return jsonify(model)
     raise served_models.not_found(model_id)
@@ -112,8 +114,9 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
     # The conversation: the x-session-id header, else OpenAI's `user` (app/sessions.py).
     session_id = session_from_headers(request.headers) or parsed.user or None
     svc = services()
-    # 404 for a model never served; 503 while every instance of it is down (a held call).
-    served_models.check(svc.fleet, svc.db, svc.settings, parsed.model, held=True)
+    # 404 for a model never served; 503 while every instance of it is down (a held call),
+    # unless the autoscaler can start one: then the call waits for it (`cold`).
+    cold = served_models.check(svc.fleet, svc.db, svc.settings, parsed.model, held=True)
     principal = current_principal()
     team_id = principal.team_id
     # NOTE: the connection is held (a thread, a team slot) from here until the answer is sent:
@@ -129,6 +132,8 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
                                               session_id=session_id, defer_predict=in_api)
         if in_api:
             routing.route(submitted, deferred)
+        if cold:
+            _await_cold_start(svc, submitted, parsed.model, hold)
         if parsed.stream:
             if parsed.slo is not None and principal.slo_miss_action == SloMissAction.REFUSE:
                 _await_routing(svc, submitted[0].id, hold)
@@ -268,6 +273,38 @@ def _refusal(row: InferenceRequest) -> SloUnmeetable:
     error = row.error or {}
     return SloUnmeetable(f"Request {row.id} was rejected: {error.get('message', '')}".strip(),
                          retry_after_s=int(error.get("retry_after_s", 1)))
+
+
+def _await_cold_start(svc: Services, submitted: list[InferenceRequest], model: str,
+                      hold: Hold) -> None:
+    """Hold the call, its connection open and nothing sent, while its model has no instance up
+    and the autoscaler starts one: until every choice is routed (or ended), or, past
+    autoscale_max_wait_s, cancel them and answer 503 with Retry-After. The requests wait in the
+    durable queue meanwhile, not here: a restarted API loses the connection, not the request.
+
+    NOTE: nothing is sent before the routing, so that a stream can still get its 503."""
+    waited_s = svc.settings.autoscale_max_wait_s
+    deadline = time.monotonic() + waited_s
+    waiting = {choice.id for choice in submitted}
+    try:
+        while waiting:
+            try:
+                with svc.db.autocommit() as connection:
+                    waiting = {request_id for request_id in waiting
+                               if store.read_request(connection, request_id).status
+                               in (RequestStatus.QUEUED, RequestStatus.PREDICTING)}
+            except TRANSIENT_ERRORS:
+                pass  # an outage: wait on, to the deadline
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise served_models.cold_start_timeout(model, waited_s)
+            _check_client(svc, next(iter(waiting)), hold)
+            time.sleep(COLD_START_POLL_S)
+    except BaseException:
+        for choice in submitted:
+            cancel_quietly(svc, choice.id, hold.team_id)
+        raise
 
 
 def _await_routing(svc: Services, request_id: str, hold: Hold) -> None:

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from app.cli.admin import keys, teams
+from app.cli.autoscaler import StackAutoscaler
 from app.cli.client import batch, submit
 from app.cli.demo import JobSummary, load_sample_prompts, run_sample_job, summarize
 from app.cli.models import models
@@ -142,10 +143,16 @@ def serve() -> None:
     settings = Settings.load()
     stack = Stack(settings, env=_prepare(settings))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    autoscaler: StackAutoscaler | None = None
     try:
         stack.start()
         stack.supervise()
         stack.wait_ready(num_instances=len(settings.initial_instance_ids))
+        if settings.autoscale:
+            autoscaler = StackAutoscaler(stack, settings)
+            autoscaler.start()
+            console.print(f"autoscaling every {settings.autoscale_interval_s:g} s over "
+                          f"{len(settings.instance_ids)} instance slots")
         console.print(f"blockq serving at {stack.api_url} (logs in {stack.log_dir}); Ctrl-C stops")
         console.print("API keys: `blockq teams create NAME` makes a team and prints its key")
         console.print(f"Flower at {stack.flower_url} (basic auth: BLOCKQ_FLOWER_BASIC_AUTH, or "
@@ -159,6 +166,8 @@ def serve() -> None:
         pass
     finally:
         console.print("shutting down")
+        if autoscaler is not None:
+            autoscaler.stop()
         stack.stop()
 
 

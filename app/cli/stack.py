@@ -367,6 +367,14 @@ class Stack:
             record = self._restarts.get(name)
             return record.count if record else 0
 
+    def release(self, name: str) -> subprocess.Popen[bytes] | None:
+        """Stop supervising process `name` (an engine the autoscaler drains and stops itself)
+        and hand it over; None if the stack does not run it."""
+        with self._lock:
+            self.commands.pop(name, None)
+            self._restarts.pop(name, None)
+            return self.processes.pop(name, None)
+
     def _supervise_loop(self) -> None:
         while not self._stopping.wait(SUPERVISE_POLL_S):
             for name in list(self.processes):
@@ -377,8 +385,8 @@ class Stack:
 
     def _supervise_one(self, name: str, now: float) -> None:
         with self._lock:
-            if self._stopping.is_set():
-                return
+            if self._stopping.is_set() or name not in self.processes:
+                return  # stopping, or released meanwhile
             process, record = self.processes[name], self._restarts[name]
             if process.poll() is None:
                 if now - record.started_at >= STABLE_AFTER_S:

@@ -114,7 +114,7 @@ def _start(settings: Settings, inherited_env: dict[str, str], test: str,
     STARTED.append(record)
     try:
         stack.start()
-        stack.wait_ready(num_instances=len(settings.instance_ids))
+        stack.wait_ready(num_instances=len(settings.initial_instance_ids))
     except BaseException:
         _stop(stack, record)
         raise
