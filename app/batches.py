@@ -9,6 +9,7 @@ the output and error files. Counts are aggregated in SQL from `batch_lines` and 
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections import defaultdict
@@ -42,12 +43,17 @@ from app.storage import file_store
 from app.storage_policy import MAX_EXPIRES_AFTER_S, MIN_EXPIRES_AFTER_S
 
 __all__ = ["CreateBatch", "OutputExpiresAfter", "LineCounts", "create_batch", "get_batch",
-           "list_batches", "cancel_batch", "line_counts", "batch_to_dict", "new_batch_id",
+           "list_batches", "cancel_batch", "line_counts", "batch_to_dict", "batch_estimates",
+           "new_batch_id",
            "STOPPABLE", "TERMINAL_BATCH_STATUSES", "EVENT_TYPES"]
 
 #: The batch releaser's window of batch requests in flight (workers/batch/headroom_window.py):
 #: JSON {"window", "num_waiting", "ttft_p99_s"} of its last round, read by /metrics.
 BATCH_WINDOW_KEY = "blockq:batches:window"
+#: Each running batch's completion estimate (workers/batch/estimates.py): a hash of batch id ->
+#: JSON {"estimated_completion_at", "estimated_at", "meets_completion_window",
+#: "remaining_lines", "lines_per_s"}, read by the Batch object and /metrics.
+BATCH_ETA_KEY = "blockq:batches:eta"
 
 logger = logging.getLogger(__name__)
 
@@ -250,8 +256,21 @@ _STAGES = ("in_progress", "finalizing", "completed", "failed", "expired", "cance
            "cancelled")
 
 
-def batch_to_dict(batch: Batch, counts: LineCounts) -> dict[str, Any]:
-    """OpenAI's Batch object."""
+def batch_estimates(client: Any, batch_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """The stored completion estimates of `batch_ids` (`BATCH_ETA_KEY`; absent: none yet)."""
+    ids = list(batch_ids)
+    if not ids:
+        return {}
+    raw = client.hmget(BATCH_ETA_KEY, ids)
+    return {batch_id: json.loads(value) for batch_id, value in zip(ids, raw, strict=True)
+            if value is not None}
+
+
+def batch_to_dict(batch: Batch, counts: LineCounts,
+                  estimate: dict[str, Any] | None = None) -> dict[str, Any]:
+    """OpenAI's Batch object, with blockq's own fields under "blockq": the completion
+    estimate (`estimated_completion_at`, `estimated_at`, `meets_completion_window`; null
+    until the first one)."""
     body: dict[str, Any] = {
         "id": batch.id,
         "object": "batch",
@@ -278,4 +297,10 @@ def batch_to_dict(batch: Batch, counts: LineCounts) -> dict[str, Any]:
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": counts.input_tokens + counts.output_tokens,
     }
+    finished = batch.status not in STOPPABLE
+    body["blockq"] = {"estimated_completion_at": None, "estimated_at": None,
+                      "meets_completion_window": None, "remaining_lines": None,
+                      "lines_per_s": None}
+    if estimate is not None and not finished:
+        body["blockq"].update({k: estimate.get(k) for k in body["blockq"]})
     return body

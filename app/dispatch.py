@@ -41,6 +41,8 @@ __all__ = [
     "TASK_BATCH_RELEASE",
     "TASK_BATCH_EXPIRE",
     "TASK_BATCH_FINALIZE",
+    "TASK_BATCH_ESTIMATE",
+    "TASK_BATCH_ESTIMATES",
     "batch_task",
 ]
 
@@ -68,6 +70,10 @@ TASK_BATCH_EXPAND = "batches.expand"
 TASK_BATCH_RELEASE = "batches.release"
 TASK_BATCH_EXPIRE = "batches.expire"
 TASK_BATCH_FINALIZE = "batches.finalize"
+#: A batch's completion estimate (one batch; beat: every running one), on the bulk predictor,
+#: whose accurate length head is loaded already (workers/batch/estimates.py).
+TASK_BATCH_ESTIMATE = "predict.batch_eta"
+TASK_BATCH_ESTIMATES = "predict.batch_etas"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +124,11 @@ def webhook(subject_id: str, event_type: str) -> Message:
 def batch_task(task_name: str, batch_id: str) -> Message:
     """One of the batch tasks (expand, finalize) for one batch."""
     return Message(task_name, QUEUE_BATCHES, (batch_id,))
+
+
+def batch_estimate(batch_id: str) -> Message:
+    """Estimate one batch's completion time (as it is validated)."""
+    return Message(TASK_BATCH_ESTIMATE, QUEUE_PREDICT_BULK, (batch_id,))
 
 
 def retrain(*, reason: str) -> Message:

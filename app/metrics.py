@@ -46,7 +46,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.autoscale_record import decision_counts, desired_instances
-from app.batches import BATCH_WINDOW_KEY
+from app.batches import BATCH_ETA_KEY, BATCH_WINDOW_KEY
 from app.bias import fallback_state, relative_error
 from app.db import Database
 from app.fleet import Fleet
@@ -425,6 +425,34 @@ class BatchWindowCollector:
                 value=state["ttft_p99_s"])
 
 
+class BatchEtaCollector:
+    """Each running batch's completion estimate (workers/batch/estimates.py): seconds left as
+    estimated, and whether that meets its completion window."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+
+    def collect(self) -> Iterator[Metric]:
+        remaining = GaugeMetricFamily(
+            "blockq_batch_estimated_remaining_seconds",
+            "Seconds until the batch's last line finishes, as last estimated (its lines' "
+            "predicted lengths simulated on the fleet beside the interactive load).",
+            labels=["batch_id"])
+        meets = GaugeMetricFamily(
+            "blockq_batch_meets_completion_window",
+            "1 when the batch is estimated to finish within its completion window, else 0.",
+            labels=["batch_id"])
+        now = time.time()
+        for raw_id, raw in self.redis.hgetall(BATCH_ETA_KEY).items():
+            batch_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+            estimate = json.loads(raw)
+            remaining.add_metric([batch_id],
+                                 max(0.0, estimate["estimated_completion_at"] - now))
+            meets.add_metric([batch_id], float(bool(estimate["meets_completion_window"])))
+        yield remaining
+        yield meets
+
+
 class AutoscaleCollector:
     """The autoscaler's last decision per model and GPU kind, and its decision counts
     (app/autoscale_record.py): what KEDA or an HPA scales engine Deployments on."""
@@ -502,6 +530,7 @@ def scrape_registry(svc: Services) -> CollectorRegistry:
         "fleet": FleetCollector(fleet),
         "fallback": FallbackCollector(fleet.redis),
         "batch_window": BatchWindowCollector(fleet.redis),
+        "batch_eta": BatchEtaCollector(fleet.redis),
         "autoscale": AutoscaleCollector(fleet.redis),
     }))
     return registry

@@ -673,6 +673,15 @@ class Settings(BaseSettings):
     batch_expiry_check_interval_s: float = Field(
         10.0, gt=0, description="How often beat looks for batches past their completion window.",
     )
+    batch_eta_interval_s: float = Field(
+        60.0, ge=0, description="How often beat estimates every running batch's completion "
+        "time again (workers/batch/estimates.py; a batch is also estimated as it is "
+        "validated). 0: only at validation.",
+    )
+    batch_eta_max_lines: int = Field(
+        2000, gt=0, description="Lines of a batch its completion estimate simulates at most; "
+        "a larger batch is sampled evenly and its duration scaled by its line count.",
+    )
     batch_completion_window_s: float = Field(
         24 * 3600.0, gt=0, description="Length of the batch completion window `24h` (shorter "
         "only for tests): a batch not finished this long after creation expires.",

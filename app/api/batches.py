@@ -29,7 +29,8 @@ def show(batch_id: str) -> ResponseReturnValue:
     with services().db.session() as session:
         batch = batches.get_batch(session, batch_id, team_id=current_principal().team_id)
         counts = batches.line_counts(session, [batch.id])[batch.id]
-        return jsonify(batches.batch_to_dict(batch, counts))
+        estimates = batches.batch_estimates(services().fleet.redis, [batch.id])
+        return jsonify(batches.batch_to_dict(batch, counts, estimates.get(batch.id)))
 
 
 @bp.get("")
@@ -38,7 +39,9 @@ def index() -> ResponseReturnValue:
     with services().db.session() as session:
         page = batches.list_batches(session, query, team_id=current_principal().team_id)
         counts = batches.line_counts(session, [b.id for b in page.items])
-        data = [batches.batch_to_dict(b, counts[b.id]) for b in page.items]
+        estimates = batches.batch_estimates(services().fleet.redis, [b.id for b in page.items])
+        data = [batches.batch_to_dict(b, counts[b.id], estimates.get(b.id))
+                for b in page.items]
     return jsonify(list_object(data, has_more=page.has_more))
 
 

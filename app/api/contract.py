@@ -305,8 +305,20 @@ class BatchUsage(_Strict):
     total_tokens: int
 
 
+class BatchEstimate(_Strict):
+    """blockq's completion estimate of a running batch (workers/batch/estimates.py): when its
+    last line is estimated to finish, when that was estimated, whether it is within the
+    completion window; all null before the first estimate and once the batch ended."""
+
+    estimated_completion_at: int | None
+    estimated_at: int | None
+    meets_completion_window: bool | None
+    remaining_lines: int | None
+    lines_per_s: float | None
+
+
 class BatchObject(_Strict):
-    """OpenAI's Batch object."""
+    """OpenAI's Batch object, and blockq's own fields under `blockq`."""
 
     id: str
     object: Literal["batch"]
@@ -330,6 +342,7 @@ class BatchObject(_Strict):
     request_counts: RequestCounts
     metadata: dict[str, str] | None
     usage: BatchUsage
+    blockq: BatchEstimate
 
 
 class BatchList(_Strict):

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import click
 import openai
@@ -140,6 +142,28 @@ def batch_status(batch_id: str, wait: bool, base_url: str, api_key: str) -> None
     except openai.APIError as exc:
         _fail(exc)
     click.echo(current.model_dump_json(indent=2))
+    estimate = completion_estimate_line(current.model_dump())
+    if estimate:
+        click.echo(estimate, err=True)  # stdout stays the Batch object's JSON
+
+
+def completion_estimate_line(batch: dict[str, Any]) -> str | None:
+    """blockq's completion estimate of a Batch object, in a line; None before the first one
+    or once it ended."""
+    estimate = batch.get("blockq") or {}
+    done_at = estimate.get("estimated_completion_at")
+    if done_at is None:
+        return None
+
+    def when(unix: int) -> str:
+        return datetime.fromtimestamp(unix, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+    rate = estimate.get("lines_per_s")
+    meets = ("within its completion window" if estimate.get("meets_completion_window")
+             else "AFTER its completion window: the fleet cannot meet it")
+    return (f"estimated completion {when(done_at)}, {meets} ({estimate.get('remaining_lines')} "
+            f"lines left{f' at {rate:g} lines/s' if rate else ''}; estimated "
+            f"{when(estimate['estimated_at'])})")
 
 
 @batch.command("cancel")

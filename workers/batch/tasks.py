@@ -8,6 +8,7 @@ from celery import shared_task
 
 from app import dispatch
 from workers import runtime
+from workers.batch.estimates import estimate_batch, refresh_estimates
 from workers.batch.expand import Expansion, expand
 from workers.batch.expiry import expire_due
 from workers.batch.finalize import finalize
@@ -21,6 +22,9 @@ logger = logging.getLogger(__name__)
 def expand_batch(batch_id: str) -> str:
     """Read the input file into lines; a batch stopped meanwhile goes on to finalization."""
     outcome = expand(runtime.get(), batch_id)
+    if outcome is Expansion.STARTED:
+        # Validated: its completion estimate, on the bulk predictor (a lost one: beat's next).
+        dispatch.batch_estimate(batch_id).send(runtime.current_celery(), retry=False)
     if outcome is Expansion.STOPPED:
         # NOTE: a plain send: the batch is cancelling, and the releaser resends a lost one.
         dispatch.batch_task(dispatch.TASK_BATCH_FINALIZE, batch_id).send(
@@ -44,6 +48,22 @@ def release_lines() -> dict[str, int]:
 def expire_batches() -> int:
     """Beat: expire batches past their completion window (and send them to finalization)."""
     return len(expire_due(runtime.get()))
+
+
+@shared_task(name=dispatch.TASK_BATCH_ESTIMATE)
+def estimate_completion(batch_id: str) -> int | None:
+    """A batch's completion estimate (as it is validated); the unix time, or None."""
+    record = estimate_batch(runtime.get(), batch_id)
+    if record is not None and not record.meets_completion_window:
+        logger.warning("batch %s cannot meet its completion window: estimated to finish at "
+                       "%d", batch_id, record.estimated_completion_at)
+    return None if record is None else record.estimated_completion_at
+
+
+@shared_task(name=dispatch.TASK_BATCH_ESTIMATES)
+def estimate_completions() -> int:
+    """Beat: every running batch's completion estimate again; how many were estimated."""
+    return len(refresh_estimates(runtime.get()))
 
 
 @shared_task(name=dispatch.TASK_BATCH_FINALIZE, **ON_OUTAGE)

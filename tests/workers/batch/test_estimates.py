@@ -1,0 +1,135 @@
+"""A batch's completion estimate against the real PostgreSQL and Redis: made from its lines'
+predicted lengths when it is validated, shown in the Batch object and /metrics, flagged when
+the completion window cannot be met, forgotten once the batch stops."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from app import batches, dispatch
+from app.batches import BATCH_ETA_KEY
+from app.celery_app import create_celery
+from app.cli.client import completion_estimate_line
+from app.files import new_file_id, register_file
+from app.metrics import BatchEtaCollector
+from app.models import Batch, BatchStatus, Team, utcnow
+from app.settings import Settings
+from app.storage import file_store
+from app.teams import create_team
+from workers.batch.estimates import estimate_batch, refresh_estimates
+from workers.batch.expand import Expansion, expand
+from workers.runtime import Runtime
+
+pytestmark = pytest.mark.services
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture
+def rt(fresh_services: Settings) -> Iterator[Runtime]:
+    runtime = Runtime(fresh_services.model_copy(update={
+        "max_batch_in_flight": 64, "length_predictor": "learned", "engine_kind": "emulated",
+        "num_instances": 2, "emulated_exec_model": "qwen2-7b-a30", "max_model_len": 4096}))
+    yield runtime
+    runtime.db.dispose()
+
+
+def _validated_batch(rt: Runtime, texts: list[str], *, window_s: float = 86_400.0) -> str:
+    lines = [{"custom_id": f"c{i}", "method": "POST", "url": CHAT,
+              "body": {"model": rt.settings.model_name, "max_tokens": 2000,
+                       "messages": [{"role": "user", "content": text}]}}
+             for i, text in enumerate(texts)]
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    file_id = new_file_id()
+    file_store(rt.settings).path(file_id).write_bytes(content)
+    with rt.db.session() as session:
+        team = session.scalar(select(Team).where(Team.name == "acme")) or create_team(
+            session, "acme")
+        register_file(session, file_id=file_id, team_id=team.id, purpose="batch",
+                      filename="in.jsonl", size_bytes=len(content))
+        batch = Batch(id=batches.new_batch_id(), team_id=team.id, endpoint=CHAT,
+                      input_file_id=file_id, completion_window="24h",
+                      expires_at=utcnow() + timedelta(seconds=window_s))
+        session.add(batch)
+    assert expand(rt, batch.id) is Expansion.STARTED
+    return batch.id
+
+
+def _shown(rt: Runtime, batch_id: str) -> dict[str, Any]:
+    with rt.db.session() as session:
+        batch = session.get(Batch, batch_id)
+        counts = batches.line_counts(session, [batch_id])[batch_id]
+        return batches.batch_to_dict(batch, counts, batches.batch_estimates(
+            rt.redis, [batch_id]).get(batch_id))
+
+
+def test_a_validated_batch_gets_an_estimate_from_its_lines_predicted_lengths(
+        rt: Runtime) -> None:
+    essays = _validated_batch(rt, [f"Write a long, detailed essay on the history of {topic}, "
+                                   "with sections and sources." for topic in TOPICS])
+    labels = _validated_batch(rt, [f"Answer with one word, yes or no: is {topic} a fruit?"
+                                   for topic in TOPICS])
+    assert _shown(rt, essays)["blockq"]["estimated_completion_at"] is None  # none yet
+
+    now = utcnow()
+    long_eta, short_eta = estimate_batch(rt, essays, now=now), estimate_batch(rt, labels, now=now)
+
+    # The same line count, unlike answers: the accurate head's lengths tell them apart.
+    assert long_eta.remaining_lines == short_eta.remaining_lines == len(TOPICS)
+    assert long_eta.estimated_completion_at > short_eta.estimated_completion_at
+    assert long_eta.meets_completion_window and short_eta.meets_completion_window
+    shown = _shown(rt, essays)["blockq"]
+    assert shown["estimated_completion_at"] == long_eta.estimated_completion_at
+    assert shown["estimated_at"] == int(now.timestamp()) and shown["meets_completion_window"]
+    assert "within its completion window" in completion_estimate_line(_shown(rt, essays))
+
+    families = {f.name: f for f in BatchEtaCollector(rt.redis).collect()}
+    remaining = {s.labels["batch_id"]: s.value
+                 for s in families["blockq_batch_estimated_remaining_seconds"].samples}
+    assert remaining[essays] > remaining[labels] >= 0
+    assert {s.labels["batch_id"]: s.value for s in families[
+        "blockq_batch_meets_completion_window"].samples} == {essays: 1.0, labels: 1.0}
+
+
+def test_a_window_the_fleet_cannot_meet_is_flagged_with_the_estimate(rt: Runtime) -> None:
+    batch_id = _validated_batch(rt, [f"Write a long essay about {t}." for t in TOPICS],
+                                window_s=0.5)
+    record = estimate_batch(rt, batch_id)
+    assert not record.meets_completion_window
+    assert _shown(rt, batch_id)["blockq"]["meets_completion_window"] is False
+    assert "AFTER its completion window" in completion_estimate_line(_shown(rt, batch_id))
+
+
+def test_estimates_follow_running_batches_and_are_forgotten_when_they_stop(
+        rt: Runtime) -> None:
+    running = _validated_batch(rt, ["Summarise the plot of Hamlet."] * 3)
+    stopped = _validated_batch(rt, ["Name a colour."] * 3)
+    refresh_estimates(rt)
+    assert set(batches.batch_estimates(rt.redis, [running, stopped])) == {running, stopped}
+    with rt.db.session() as session:
+        session.get(Batch, stopped).status = BatchStatus.CANCELLED
+    assert set(refresh_estimates(rt)) == {running}
+    assert rt.redis.hexists(BATCH_ETA_KEY, running) and not rt.redis.hexists(
+        BATCH_ETA_KEY, stopped)
+    assert _shown(rt, stopped)["blockq"]["estimated_completion_at"] is None
+    assert estimate_batch(rt, stopped) is None
+
+
+TOPICS = ("tea", "rivers", "the moon", "compilers", "bees", "jazz", "glaciers", "chess")
+
+
+def test_the_estimates_run_on_the_bulk_predictor_and_beat_repeats_them() -> None:
+    """Where the accurate head is loaded already; a batch is estimated again as it runs."""
+    celery = create_celery(Settings(), set_as_current=False)
+    for task in (dispatch.TASK_BATCH_ESTIMATE, dispatch.TASK_BATCH_ESTIMATES):
+        assert celery.amqp.router.route({}, task)["queue"].name == dispatch.QUEUE_PREDICT_BULK
+    assert celery.amqp.router.route({}, dispatch.TASK_PREDICT)["queue"].name == "predict"
+    entry = celery.conf.beat_schedule["estimate-batches"]
+    assert entry["task"] == dispatch.TASK_BATCH_ESTIMATES
+    assert entry["schedule"] == Settings().batch_eta_interval_s

@@ -1,0 +1,74 @@
+"""The batch completion estimate's simulation (pure): the sums of the lines' lengths decide it,
+the interactive load slows it, a large batch is sampled and scaled, a batch alone finds the
+fleet's saturated rate."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.batch.eta import (
+    EtaConfig,
+    EtaInstance,
+    EtaLine,
+    InteractiveLoad,
+    estimate,
+    saturated_lines_per_s,
+)
+from workers.sim import InstanceConfig, bundled_model
+
+CONFIG = InstanceConfig(num_total_blocks=7289, block_size=16, max_num_seqs=48,
+                        max_num_batched_tokens=512, max_model_len=4096)
+FLEET = [EtaInstance(CONFIG, bundled_model("qwen2-7b-a30"))] * 3
+WINDOW = EtaConfig(max_in_flight=96)
+
+
+def _lines(n: int, output: int, prompt: int = 120) -> list[EtaLine]:
+    return [EtaLine(prompt + i % 7, output + i % 5) for i in range(n)]
+
+
+def test_long_answers_take_far_longer_than_short_ones_with_the_same_line_count() -> None:
+    short = estimate(_lines(600, 5), FLEET, config=WINDOW)
+    essays = estimate(_lines(600, 500), FLEET, config=WINDOW)
+    assert short.num_lines == essays.num_lines == 600
+    assert essays.seconds > 10 * short.seconds > 0
+
+
+def test_interactive_load_slows_the_batch_it_yields_to() -> None:
+    lines = _lines(600, 200)
+    alone = estimate(lines, FLEET, config=WINDOW)
+    shared = estimate(lines, FLEET, InteractiveLoad(6.0, ((300, 250), (80, 40))), WINDOW)
+    assert shared.seconds > alone.seconds * 1.05
+
+
+def test_a_large_batch_is_sampled_and_its_duration_scaled() -> None:
+    lines = _lines(1200, 150)
+    full = estimate(lines, FLEET, config=EtaConfig(max_in_flight=96, max_lines=1200))
+    sampled = estimate(lines, FLEET, config=EtaConfig(max_in_flight=96, max_lines=400))
+    assert sampled.simulated_lines == 400 and full.simulated_lines == 1200
+    assert sampled.num_lines == 1200
+    assert sampled.seconds == pytest.approx(full.seconds, rel=0.15)
+
+
+def test_a_caller_drawn_sample_stands_for_the_whole_batch() -> None:
+    lines = _lines(300, 150)
+    part = estimate(lines, FLEET, config=WINDOW, num_lines=900)
+    assert part.num_lines == 900
+    assert part.seconds == pytest.approx(3 * estimate(lines, FLEET, config=WINDOW).seconds)
+
+
+def test_a_batch_alone_runs_at_the_fleets_saturated_rate() -> None:
+    lines = _lines(600, 200)
+    rate = saturated_lines_per_s(lines, FLEET, WINDOW)
+    one = saturated_lines_per_s(lines, FLEET[:1], WINDOW)
+    assert rate == pytest.approx(estimate(lines, FLEET, config=WINDOW).lines_per_s)
+    assert 2.0 * one < rate  # three instances carry well over twice one's
+
+
+def test_nothing_left_is_done_now_and_a_run_past_the_cap_says_so() -> None:
+    assert estimate([], FLEET).seconds == 0.0
+    capped = estimate(_lines(300, 2000), FLEET, config=EtaConfig(max_sim_s=5.0))
+    assert capped.capped and capped.seconds >= 5.0
+    with pytest.raises(ValueError, match="no instance"):
+        estimate(_lines(3, 3), [])
+    with pytest.raises(ValueError, match="interactive rate"):
+        InteractiveLoad(2.0, ())

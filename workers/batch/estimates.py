@@ -1,0 +1,215 @@
+"""Batch completion estimates, kept up to date: when a batch is validated and again as it runs.
+
+This module gathers what `workers/batch/eta.py` needs (the batch's remaining lines with their
+predicted lengths from the accurate head, batched; the fleet its model runs on; the recent
+interactive load it yields to) and stores the answer in Redis (`app.batches.BATCH_ETA_KEY`),
+where the Batch object, `blockq batch status` and /metrics read it.
+
+NOTE: an estimate is derived data: lost with Redis, the next round (`batch_eta_interval_s`)
+computes it again, so it needs no column.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.batches import BATCH_ETA_KEY
+from app.models import (
+    TERMINAL_STATUSES,
+    Batch,
+    BatchLine,
+    BatchStatus,
+    InferenceRequest,
+    LineStatus,
+    Priority,
+    utcnow,
+)
+from app.settings import Settings
+from workers.batch import eta
+from workers.predict import stage
+from workers.runtime import Runtime
+from workers.sim import InstanceConfig, bundled_model
+
+__all__ = ["EtaRecord", "estimate_batch", "fleet_of", "refresh_estimates"]
+
+logger = logging.getLogger(__name__)
+
+#: Interactive requests created this recently give the load the batch yields to.
+INTERACTIVE_WINDOW_S = 300.0
+#: Recent interactive requests whose shapes the simulated stream draws from.
+MAX_SHAPES = 500
+#: Block size of an emulated engine that sets none (workers/serve/factory.py's default).
+_DEFAULT_BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True, slots=True)
+class EtaRecord:
+    """What the Batch object shows under "blockq"."""
+
+    estimated_completion_at: int  # unix seconds
+    estimated_at: int
+    meets_completion_window: bool
+    remaining_lines: int
+    lines_per_s: float | None
+
+    def to_json(self) -> str:
+        return json.dumps({name: getattr(self, name) for name in self.__slots__})
+
+
+def fleet_of(settings: Settings, model: str | None) -> list[eta.EtaInstance]:
+    """The configured instances serving `model` (all of them when it is None or none
+    serves it), each with its scheduler settings and execution-time model."""
+    ids = settings.instance_ids
+    members = [settings.for_instance(i) for i in ids]
+    serving = [m for m in members if model is None or m.model_name == model] or members
+    return [eta.EtaInstance(InstanceConfig(
+        num_total_blocks=m.emulated_num_blocks, block_size=m.block_size or _DEFAULT_BLOCK_SIZE,
+        max_num_seqs=m.max_num_seqs, max_num_batched_tokens=m.max_num_batched_tokens,
+        max_model_len=m.max_model_len), bundled_model(m.emulated_exec_model))
+        for m in serving]
+
+
+def estimate_batch(rt: Runtime, batch_id: str, *, now: datetime | None = None) -> EtaRecord | None:
+    """Estimate `batch_id`'s completion now and store it; None when it is not running."""
+    now = now or utcnow()
+    s = rt.settings
+    with rt.db.session() as session:
+        batch = session.get(Batch, batch_id)
+        if batch is None or batch.status not in (BatchStatus.VALIDATING,
+                                                 BatchStatus.IN_PROGRESS):
+            return None
+        model, expires_at = batch.model, batch.expires_at
+        queries, num_remaining = _remaining(session, batch_id, s.batch_eta_max_lines)
+        interactive = _interactive_load(session, now)
+    lines = _predicted_lines(rt, queries)
+    config = eta.EtaConfig(max_in_flight=s.max_batch_in_flight, max_lines=s.batch_eta_max_lines)
+    answer = eta.estimate(lines, fleet_of(s, model), interactive, config,
+                          num_lines=num_remaining)
+    # An emulated fleet runs `emulated_time_scale` wall seconds per emulated one.
+    wall_s = answer.seconds * (s.emulated_time_scale if s.engine_kind == "emulated" else 1.0)
+    done_at = now + timedelta(seconds=wall_s)
+    record = EtaRecord(
+        estimated_completion_at=int(math.ceil(done_at.timestamp())),
+        estimated_at=int(now.timestamp()),
+        meets_completion_window=not answer.capped and done_at <= expires_at,
+        remaining_lines=num_remaining,
+        lines_per_s=None if not wall_s else round(num_remaining / wall_s, 3))
+    rt.redis.hset(BATCH_ETA_KEY, batch_id, record.to_json())
+    return record
+
+
+def refresh_estimates(rt: Runtime) -> dict[str, EtaRecord]:
+    """Estimate every running batch again and forget the estimates of batches that stopped;
+    a batch that will miss its completion window is logged."""
+    with rt.db.session() as session:
+        running = set(session.scalars(select(Batch.id).where(
+            Batch.status.in_([BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS]))))
+    stale = [bid.decode() if isinstance(bid, bytes) else bid
+             for bid in rt.redis.hkeys(BATCH_ETA_KEY)]
+    gone = [bid for bid in stale if bid not in running]
+    if gone:
+        rt.redis.hdel(BATCH_ETA_KEY, *gone)
+    records = {}
+    for batch_id in sorted(running):
+        record = estimate_batch(rt, batch_id)
+        if record is not None:
+            records[batch_id] = record
+            if not record.meets_completion_window:
+                logger.warning("batch %s is estimated to finish after its completion window "
+                               "(at %d, %d lines left)", batch_id,
+                               record.estimated_completion_at, record.remaining_lines)
+    return records
+
+
+# -- inputs -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class _Remaining:
+    """A line still to run: its length query, prompt tokens, and output tokens already made
+    (a released line) or a length already predicted."""
+
+    query: stage.LengthQuery
+    prompt_tokens: int
+    generated: int = 0
+    predicted: int | None = None
+
+
+def _remaining(session: Session, batch_id: str,
+               most: int) -> tuple[list[_Remaining], int]:
+    """A sample of at most about `most` of the batch's unfinished lines (every k-th pending
+    line, every k-th unfinished request), and how many there are in all."""
+    pending_n = session.scalar(select(func.count()).select_from(BatchLine).where(
+        BatchLine.batch_id == batch_id, BatchLine.status == LineStatus.PENDING)) or 0
+    unfinished = (InferenceRequest.batch_id == batch_id,
+                  InferenceRequest.status.not_in([str(s) for s in TERMINAL_STATUSES]))
+    running_n = session.scalar(select(func.count()).select_from(InferenceRequest)
+                               .where(*unfinished)) or 0
+    total = pending_n + running_n
+    every = max(1, math.ceil(total / most))
+    pending = session.execute(
+        select(BatchLine.fields).where(BatchLine.batch_id == batch_id,
+                                       BatchLine.status == LineStatus.PENDING,
+                                       BatchLine.line % every == 0)
+        .order_by(BatchLine.line)).scalars().all()
+    running = session.execute(
+        select(InferenceRequest.prompt, InferenceRequest.messages,
+               InferenceRequest.max_tokens, InferenceRequest.model,
+               InferenceRequest.prompt_tokens, InferenceRequest.predicted_output_tokens,
+               InferenceRequest.output_tokens)
+        .where(*unfinished, InferenceRequest.batch_line % every == 0)).all()
+    rows = [_Remaining(_query(f.get("messages") or f.get("prompt", ""), f.get("max_tokens"),
+                              f.get("model")), int(f.get("prompt_tokens") or 1))
+            for f in pending if f]
+    rows += [_Remaining(_query(r.messages or r.prompt, r.max_tokens, r.model),
+                        int(r.prompt_tokens or 1), int(r.output_tokens or 0),
+                        r.predicted_output_tokens) for r in running]
+    return rows, total
+
+
+def _query(prompt: Any, max_tokens: int | None, model: str | None) -> stage.LengthQuery:
+    return stage.LengthQuery(prompt, int(max_tokens or 1), Priority.BATCH.rank, model or "")
+
+
+def _predicted_lines(rt: Runtime, remaining: Sequence[_Remaining]) -> list[eta.EtaLine]:
+    """Each line with its remaining output tokens: predicted by the accurate head, batched
+    (a released line's own prediction where it has one), less what it generated already."""
+    todo = [r.query for r in remaining if r.predicted is None]
+    predictor = stage.length_predictor(rt, stage.HEAD_ACCURATE)
+    if isinstance(predictor, stage.LearnedLengths):
+        answers = iter(predictor.predict_many(todo))
+    else:
+        answers = iter([predictor.predict(q) for q in todo])
+    lines = []
+    for r in remaining:
+        tokens = r.predicted if r.predicted is not None else next(answers).tokens
+        lines.append(eta.EtaLine(r.prompt_tokens + r.generated, max(1, tokens - r.generated)))
+    return lines
+
+
+def _interactive_load(session: Session, now: datetime) -> eta.InteractiveLoad:
+    """The interactive stream of the last `INTERACTIVE_WINDOW_S`: its rate, and the shapes
+    of its latest requests (their actual output where they finished, else predicted)."""
+    since = now - timedelta(seconds=INTERACTIVE_WINDOW_S)
+    recent = (InferenceRequest.priority == str(Priority.INTERACTIVE),
+              InferenceRequest.created_at >= since)
+    count = session.scalar(select(func.count()).select_from(InferenceRequest)
+                           .where(*recent)) or 0
+    if not count:
+        return eta.InteractiveLoad()
+    rows = session.execute(
+        select(InferenceRequest.prompt_tokens,
+               func.coalesce(InferenceRequest.output_tokens,
+                             InferenceRequest.predicted_output_tokens,
+                             InferenceRequest.max_tokens))
+        .where(*recent).order_by(InferenceRequest.created_at.desc()).limit(MAX_SHAPES)).all()
+    shapes = tuple((max(1, int(p or 1)), max(1, int(o or 1))) for p, o in rows)
+    return eta.InteractiveLoad(count / INTERACTIVE_WINDOW_S, shapes)

@@ -1,0 +1,216 @@
+"""A batch's completion estimate: its lines, at their predicted lengths, replayed on a simulation
+of the fleet beside the interactive load they yield to.
+
+Pure: no Celery, no database; the batch worker gathers the inputs (`workers/batch/eta_inputs`)
+and this module answers. The fleet is each instance's own scheduler (`workers.sim.Scheduler`,
+vLLM's priority policy: every interactive request before any batch line) stepped in emulated
+time by the instance's execution-time model. Interactive requests arrive as a Poisson stream at
+the recent rate, with shapes drawn from recent ones; the batch's lines wait in one queue and
+are released up to the releaser's window in flight, each to the instance with the fewest
+requests ahead of it, as the releaser and the router do.
+
+NOTE: sums of lengths decide a batch's duration, so this is where per-request length accuracy
+pays: a batch of short classification prompts and one of long essays have the same line
+count, and a per-model mean length gets one of them badly wrong (issue 43).
+
+A large batch is simulated on a sample of its lines (`EtaConfig.max_lines`, drawn evenly) and
+its duration scaled by the line count: once the window is full, a batch runs at a steady rate,
+so its duration is linear in its lines.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from workers.sim import InstanceConfig, Scheduler, SeqState, engine_priority
+from workers.sim.exec_model import ExecModel
+
+__all__ = ["EtaConfig", "EtaInstance", "EtaLine", "Estimate", "InteractiveLoad", "estimate",
+           "saturated_lines_per_s"]
+
+#: The engines' class priorities (`Priority.rank`): interactive before batch.
+_INTERACTIVE, _BATCH = 0, 1
+
+
+@dataclass(frozen=True, slots=True)
+class EtaLine:
+    """One line still to run: its prompt and (predicted) output tokens."""
+
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class EtaInstance:
+    """One instance of the fleet: its scheduler's settings and its execution-time model."""
+
+    config: InstanceConfig
+    exec_model: ExecModel
+
+
+@dataclass(frozen=True, slots=True)
+class InteractiveLoad:
+    """The interactive stream the batch yields to: its rate and a sample of its shapes
+    ((prompt tokens, output tokens), drawn with replacement)."""
+
+    rate_rps: float = 0.0
+    shapes: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.rate_rps < 0 or (self.rate_rps > 0 and not self.shapes):
+            raise ValueError("an interactive rate needs a non-negative rate and some shapes")
+
+
+@dataclass(frozen=True, slots=True)
+class EtaConfig:
+    #: Batch lines in flight at most (the releaser's window, `Settings.max_batch_in_flight`).
+    max_in_flight: int = 256
+    #: Lines simulated at most; a larger batch is sampled and its duration scaled.
+    max_lines: int = 2_000
+    #: Emulated seconds after which the simulation stops: the estimate is then "longer".
+    max_sim_s: float = 8 * 86_400.0
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """Seconds until the last line finishes (from the moment the inputs describe)."""
+
+    seconds: float
+    num_lines: int
+    simulated_lines: int
+    #: True when the simulation stopped at `EtaConfig.max_sim_s` (`seconds` is a lower bound).
+    capped: bool = False
+
+    @property
+    def lines_per_s(self) -> float:
+        return self.num_lines / self.seconds if self.seconds > 0 else math.inf
+
+
+def estimate(lines: Sequence[EtaLine], fleet: Sequence[EtaInstance],
+             interactive: InteractiveLoad = InteractiveLoad(),
+             config: EtaConfig = EtaConfig(), *, num_lines: int | None = None) -> Estimate:
+    """How long `lines` take on `fleet` beside `interactive` (0 s for no line).
+
+    `num_lines`: the lines `lines` stand for, when they are a sample the caller drew (default:
+    `lines` are all of them); the duration is scaled to it.
+    """
+    if not fleet:
+        raise ValueError("the fleet has no instance")
+    total = len(lines) if num_lines is None else num_lines
+    if not lines or total <= 0:
+        return Estimate(0.0, max(total, 0), 0)
+    sample = _sample(lines, config.max_lines)
+    seconds, capped = _FleetRun(fleet, interactive, config).run(sample)
+    return Estimate(seconds * total / len(sample), total, len(sample), capped)
+
+
+def saturated_lines_per_s(lines: Sequence[EtaLine], fleet: Sequence[EtaInstance],
+                          config: EtaConfig = EtaConfig()) -> float:
+    """Lines a second the fleet runs `lines` at alone (no interactive load): what a batch alone
+    on an idle fleet should reach."""
+    return estimate(lines, fleet, InteractiveLoad(), config).lines_per_s
+
+
+def _sample(lines: Sequence[EtaLine], most: int) -> list[EtaLine]:
+    """At most `most` lines, evenly spaced over the batch (its order kept)."""
+    if len(lines) <= most:
+        return list(lines)
+    step = len(lines) / most
+    return [lines[int(i * step)] for i in range(most)]
+
+
+class _FleetRun:
+    """One simulation: the instances' schedulers stepped in emulated time."""
+
+    def __init__(self, fleet: Sequence[EtaInstance], interactive: InteractiveLoad,
+                 config: EtaConfig) -> None:
+        self.models = [member.exec_model for member in fleet]
+        self.configs = [replace(member.config, scheduling_policy="priority")
+                        for member in fleet]
+        self.schedulers = [Scheduler(c) for c in self.configs]
+        self.interactive, self.config = interactive, config
+        self.rng = random.Random(config.seed)
+        self.is_batch: dict[str, bool] = {}
+        self.batch_in_flight = 0
+        self.batch_done = 0
+        self.outputs: list = [None] * len(fleet)
+        self.busy = [False] * len(fleet)
+        # (time, order, kind, instance): kind 0 a step ends, 1 an interactive arrival.
+        self.events: list[tuple[float, int, int, int]] = []
+        self.order = 0
+
+    def run(self, lines: list[EtaLine]) -> tuple[float, bool]:
+        pending = list(reversed(lines))
+        if self.interactive.rate_rps > 0:
+            self._push(self.rng.expovariate(self.interactive.rate_rps), 1, -1)
+        now = 0.0
+        self._release(pending, now)
+        while self.batch_done < len(lines):
+            if not self.events or now > self.config.max_sim_s:
+                return max(now, self.config.max_sim_s), True
+            now, _, kind, k = heapq.heappop(self.events)
+            if kind == 1:
+                self._arrive(now)
+                continue
+            result = self.schedulers[k].update_from_output(self.outputs[k])
+            for rid in result.finished_ids:
+                if self.is_batch.pop(rid):
+                    self.batch_in_flight -= 1
+                    self.batch_done += 1
+            self.busy[k] = False
+            self._release(pending, now)
+            if not self.busy[k]:  # a released line may have started it already
+                self._start(k, now)
+        return now, False
+
+    def _push(self, at: float, kind: int, instance: int) -> None:
+        self.order += 1
+        heapq.heappush(self.events, (at, self.order, kind, instance))
+
+    def _arrive(self, now: float) -> None:
+        prompt, output = self.rng.choice(self.interactive.shapes)
+        self._add(now, prompt, output, batch=False)
+        self._push(now + self.rng.expovariate(self.interactive.rate_rps), 1, -1)
+
+    def _release(self, pending: list[EtaLine], now: float) -> None:
+        while pending and self.batch_in_flight < self.config.max_in_flight:
+            line = pending.pop()
+            self._add(now, line.prompt_tokens, line.output_tokens, batch=True)
+            self.batch_in_flight += 1
+
+    def _add(self, now: float, prompt: int, output: int, *, batch: bool) -> None:
+        k = self._place(batch)
+        config = self.configs[k]
+        prompt = max(1, min(prompt, config.max_model_len - 1))
+        output = max(1, min(output, config.max_model_len - prompt))
+        rid = f"{'b' if batch else 'i'}{self.order}"
+        self.order += 1
+        self.is_batch[rid] = batch
+        self.schedulers[k].add_request(SeqState(
+            rid, prompt, output, priority=engine_priority(_BATCH if batch else _INTERACTIVE,
+                                                          now, output, 0.0), arrival_s=now))
+        if not self.busy[k]:
+            self._start(k, now)
+
+    def _place(self, batch: bool) -> int:
+        """The instance with the fewest requests ahead of a new one of its class."""
+        def ahead(k: int) -> tuple[int, int]:
+            sch = self.schedulers[k]
+            waiting = sum(1 for s in sch.waiting if batch or not self.is_batch[s.request_id])
+            return waiting + len(sch.running), k
+        return min(range(len(self.schedulers)), key=ahead)
+
+    def _start(self, k: int, now: float) -> None:
+        sch = self.schedulers[k]
+        while sch.has_unfinished_requests:
+            output = sch.schedule()
+            if output.num_scheduled_tokens:
+                self.outputs[k], self.busy[k] = output, True
+                self._push(now + self.models[k].step_ms(output.stats) / 1000.0, 0, k)
+                return
+            sch.update_from_output(output)  # a priority step that only preempted
