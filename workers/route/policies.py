@@ -271,8 +271,8 @@ class BlockAffinity:
     step or two: less than the load difference between instances, so a conversation's turns
     scatter and each instance recomputes them. The hit's value to the fleet (prefill work no
     instance does) is not in that score; the margin buys it. On multi-turn chats block's cache
-    hits fell from 46 to 27 % as load rose while prefix_affinity kept 55 %
-    (docs/benchmarks_cluster.md).
+    hits fall as load rises while prefix_affinity's hold (docs/benchmarks_cluster.md,
+    docs/measurements.md).
     """
 
     needs_what_if = True
@@ -322,8 +322,8 @@ class BlockSlo:
     `block`'s end-to-end objective accepts seconds of queueing on a fast GPU for a long
     request, so a TTFT target fails; `block_ttft`'s sees nothing after the first token. On a
     fast GPU whose KV cache is no larger than a slow one's, it keeps admitting while blocks
-    are free, the decodes outgrow the cache and vLLM preempts and recomputes (2,215 preemptions
-    in 4,000 requests at 38 req/s, docs/benchmarks_cluster.md). The what-if simulates those
+    are free, the decodes outgrow the cache and vLLM preempts and recomputes, again and again
+    (docs/benchmarks_cluster.md, docs/measurements.md). The what-if simulates those
     preemptions (`WhatIf.num_preemptions`: any request's, until the new one finishes); each
     counts as `PREEMPTION_S` of waiting, more than any TTFT difference between instances that
     are not overloaded, so that an instance whose cache holds the request wins.
