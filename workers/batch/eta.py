@@ -29,8 +29,8 @@ from dataclasses import dataclass, replace
 from workers.sim import InstanceConfig, Scheduler, SeqState, engine_priority
 from workers.sim.exec_model import ExecModel
 
-__all__ = ["EtaConfig", "EtaInstance", "EtaLine", "Estimate", "InteractiveLoad", "estimate",
-           "saturated_lines_per_s"]
+__all__ = ["Checkpoint", "EtaConfig", "EtaInstance", "EtaLine", "Estimate", "InteractiveLoad",
+           "estimate", "replay", "saturated_lines_per_s"]
 
 #: The engines' class priorities (`Priority.rank`): interactive before batch.
 _INTERACTIVE, _BATCH = 0, 1
@@ -74,6 +74,9 @@ class EtaConfig:
     #: Emulated seconds after which the simulation stops: the estimate is then "longer".
     max_sim_s: float = 8 * 86_400.0
     seed: int = 0
+    #: Sigma of lognormal noise on every step time (0: the model's own times). A benchmark's
+    #: ground truth sets it; an estimate does not.
+    step_noise: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +112,28 @@ def estimate(lines: Sequence[EtaLine], fleet: Sequence[EtaInstance],
     return Estimate(seconds * total / len(sample), total, len(sample), capped)
 
 
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A replay's state once a share of its lines finished: when, and each unfinished line's
+    index with the output tokens it has made."""
+
+    at_s: float
+    unfinished: tuple[tuple[int, int], ...]
+
+
+def replay(lines: Sequence[EtaLine], fleet: Sequence[EtaInstance],
+           interactive: InteractiveLoad = InteractiveLoad(), config: EtaConfig = EtaConfig(),
+           *, checkpoint: float = 0.25) -> tuple[Estimate, Checkpoint]:
+    """Every line simulated (no sampling), and the state when `checkpoint` of them had
+    finished: a benchmark's ground truth, to judge estimates made then."""
+    if not fleet or not lines:
+        raise ValueError("a replay needs lines and a fleet")
+    run = _FleetRun(fleet, interactive, config, checkpoint=checkpoint)
+    seconds, capped = run.run(list(lines))
+    assert run.checkpoint is not None
+    return Estimate(seconds, len(lines), len(lines), capped), run.checkpoint
+
+
 def saturated_lines_per_s(lines: Sequence[EtaLine], fleet: Sequence[EtaInstance],
                           config: EtaConfig = EtaConfig()) -> float:
     """Lines a second the fleet runs `lines` at alone (no interactive load): what a batch alone
@@ -128,7 +153,7 @@ class _FleetRun:
     """One simulation: the instances' schedulers stepped in emulated time."""
 
     def __init__(self, fleet: Sequence[EtaInstance], interactive: InteractiveLoad,
-                 config: EtaConfig) -> None:
+                 config: EtaConfig, *, checkpoint: float | None = None) -> None:
         self.models = [member.exec_model for member in fleet]
         self.configs = [replace(member.config, scheduling_policy="priority")
                         for member in fleet]
@@ -143,6 +168,11 @@ class _FleetRun:
         # (time, order, kind, instance): kind 0 a step ends, 1 an interactive arrival.
         self.events: list[tuple[float, int, int, int]] = []
         self.order = 0
+        # Step-time noise from its own generator: the interactive stream stays the same.
+        self.noise_rng = random.Random(config.seed + 1)
+        self.at_share, self.checkpoint = checkpoint, None
+        self.line_of: dict[str, tuple[int, SeqState]] = {}
+        self.num_released = 0
 
     def run(self, lines: list[EtaLine]) -> tuple[float, bool]:
         pending = list(reversed(lines))
@@ -162,11 +192,22 @@ class _FleetRun:
                 if self.is_batch.pop(rid):
                     self.batch_in_flight -= 1
                     self.batch_done += 1
+                    self.line_of.pop(rid, None)
+            self._check(now, len(lines))
             self.busy[k] = False
             self._release(pending, now)
             if not self.busy[k]:  # a released line may have started it already
                 self._start(k, now)
         return now, False
+
+    def _check(self, now: float, num_lines: int) -> None:
+        """Keep the state once `at_share` of the lines finished (once)."""
+        if (self.at_share is None or self.checkpoint is not None
+                or self.batch_done < self.at_share * num_lines):
+            return
+        running = sorted((index, seq.num_output_tokens) for index, seq in self.line_of.values())
+        waiting = [(index, 0) for index in range(self.num_released, num_lines)]
+        self.checkpoint = Checkpoint(now, tuple(running + waiting))
 
     def _push(self, at: float, kind: int, instance: int) -> None:
         self.order += 1
@@ -180,10 +221,12 @@ class _FleetRun:
     def _release(self, pending: list[EtaLine], now: float) -> None:
         while pending and self.batch_in_flight < self.config.max_in_flight:
             line = pending.pop()
-            self._add(now, line.prompt_tokens, line.output_tokens, batch=True)
+            seq = self._add(now, line.prompt_tokens, line.output_tokens, batch=True)
+            self.line_of[seq.request_id] = (self.num_released, seq)
+            self.num_released += 1
             self.batch_in_flight += 1
 
-    def _add(self, now: float, prompt: int, output: int, *, batch: bool) -> None:
+    def _add(self, now: float, prompt: int, output: int, *, batch: bool) -> SeqState:
         k = self._place(batch)
         config = self.configs[k]
         prompt = max(1, min(prompt, config.max_model_len - 1))
@@ -191,11 +234,12 @@ class _FleetRun:
         rid = f"{'b' if batch else 'i'}{self.order}"
         self.order += 1
         self.is_batch[rid] = batch
-        self.schedulers[k].add_request(SeqState(
-            rid, prompt, output, priority=engine_priority(_BATCH if batch else _INTERACTIVE,
-                                                          now, output, 0.0), arrival_s=now))
+        seq = SeqState(rid, prompt, output, priority=engine_priority(
+            _BATCH if batch else _INTERACTIVE, now, output, 0.0), arrival_s=now)
+        self.schedulers[k].add_request(seq)
         if not self.busy[k]:
             self._start(k, now)
+        return seq
 
     def _place(self, batch: bool) -> int:
         """The instance with the fewest requests ahead of a new one of its class."""
@@ -211,6 +255,9 @@ class _FleetRun:
             output = sch.schedule()
             if output.num_scheduled_tokens:
                 self.outputs[k], self.busy[k] = output, True
-                self._push(now + self.models[k].step_ms(output.stats) / 1000.0, 0, k)
+                step_s = self.models[k].step_ms(output.stats) / 1000.0
+                if self.config.step_noise:
+                    step_s *= self.noise_rng.lognormvariate(0.0, self.config.step_noise)
+                self._push(now + step_s, 0, k)
                 return
             sch.update_from_output(output)  # a priority step that only preempted

@@ -12,6 +12,7 @@ from workers.batch.eta import (
     EtaLine,
     InteractiveLoad,
     estimate,
+    replay,
     saturated_lines_per_s,
 )
 from workers.sim import InstanceConfig, bundled_model
@@ -72,3 +73,16 @@ def test_nothing_left_is_done_now_and_a_run_past_the_cap_says_so() -> None:
         estimate(_lines(3, 3), [])
     with pytest.raises(ValueError, match="interactive rate"):
         InteractiveLoad(2.0, ())
+
+
+def test_a_replay_keeps_the_state_at_a_quarter_of_its_lines() -> None:
+    lines = _lines(400, 120)
+    truth, quarter = replay(lines, FLEET, config=WINDOW, checkpoint=0.25)
+    assert 0 < quarter.at_s < truth.seconds
+    assert len(quarter.unfinished) == 300  # a quarter finished, every other line still to run
+    indices = [index for index, _ in quarter.unfinished]
+    assert len(set(indices)) == 300 and all(0 <= i < 400 for i in indices)
+    assert any(made > 0 for _, made in quarter.unfinished)  # some were running then
+    noisy, _ = replay(lines, FLEET, config=EtaConfig(max_in_flight=96, step_noise=0.2))
+    assert noisy.seconds != truth.seconds
+    assert noisy.seconds == pytest.approx(truth.seconds, rel=0.2)
