@@ -238,7 +238,7 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
     if rules is None:
         rules = RoutingRules.of_policy(policy, late_binding=late_binding,
                                        refuse_margin=refuse_margin)
-    router = _Router(setup, rules, seed)
+    router = RoutedFleet(setup, rules, seed)
     miss_action = SloMissAction.REFUSE if reject_unmeetable else SloMissAction.ROUTE
     requests: list[SimulatedRequest] = []
     aborted = False
@@ -309,7 +309,7 @@ class LedgerCandidate:
         return self.ledger.published(self.instance_id)
 
 
-class _Router:
+class RoutedFleet:
     """The fleet and its router: publications on schedule, decisions, held requests."""
 
     def __init__(self, setup: ClusterSetup, rules: RoutingRules, seed: int) -> None:
