@@ -1,0 +1,513 @@
+"""The search: the cheapest fleet of a catalog's GPU kinds that meets every model's latency
+targets, each candidate judged by the cluster simulation that runs blockq's routing decision.
+
+The production router routes a request only among its model's instances, so each model's pool
+is planned on its own requests and the fleet's cost is the pools' sum. For one pool:
+
+1. **Bounds.** Each kind's saturated rate on the pool's workload (`saturation_rate`) bounds how
+   few instances can carry the rate (a fleet below it cannot keep up for long), and a lone
+   request's latency on the kind (no queue, no batch) says whether the kind can meet the
+   targets at all; neither needs the simulation.
+2. **One kind.** The fewest instances of each kind that meet the targets: up from the
+   throughput bound, doubling, then bisected.
+3. **Two kinds.** For each pair, the staircase of the fewest ``b`` for ``1, 2, ...`` of ``a``:
+   that count never grows as ``a`` grows, so each row starts from the last row's count (known
+   to pass) and steps down until a count fails. Only points cheaper than the best fleet found
+   so far and above the throughput bound are simulated: the simulation runs only near the
+   frontier.
+4. **Headroom.** The rate scale at which the chosen pool first misses a target, bisected.
+
+Every run replays the pool's whole workload at its rate, lengthened by repetition to at least
+`PlanOptions.min_requests_per_instance` requests an instance (a finite run passes above the
+steady state while its backlog is short: docs/benchmarks_cluster.md). A pool of one kind is
+routed with `PlanOptions.single_policy`, one of unlike kinds with `mixed_policy`: the production
+defaults (`app.settings.Settings.routing_policy_for`), which the caller passes in.
+
+NOTE: the staircase and the bisections assume a pool that meets its targets still meets them
+with one more instance (monotonicity). Pools of three or more kinds are not searched.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from workers.cluster_sim import (
+    DEFAULT_PREDICTOR,
+    ClusterSetup,
+    FleetMember,
+    Workload,
+    predictor_from_spec,
+    saturation_rate,
+    simulate,
+)
+from workers.sim import BatchStats
+
+from .baseline import routing_blind_mix
+from .catalog import Catalog
+from .derive import KindModel, kind_model
+from .workload import PlanInputError, PlanWorkload
+
+__all__ = ["Alternative", "FleetPlan", "PlanOptions", "PoolJudge", "PoolResult", "Targets",
+           "lone_latency", "plan_fleet"]
+
+#: Rate scales the headroom search tries before it bisects.
+HEADROOM_STEPS = (1.1, 1.25, 1.5, 2.0, 3.0, 4.0)
+#: A pool's counts by GPU kind, in the catalog's order: ((kind, count), ...).
+Mix = tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Targets:
+    """A model's latency targets, seconds at the 99th percentile (None: no such target)."""
+
+    ttft_p99_s: float | None = None
+    e2e_p99_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.ttft_p99_s is None and self.e2e_p99_s is None:
+            raise ValueError("a target needs ttft_p99, e2e_p99 or both")
+
+    def met_by(self, ttft_p99_s: float, e2e_p99_s: float) -> bool:
+        return ((self.ttft_p99_s is None or ttft_p99_s <= self.ttft_p99_s)
+                and (self.e2e_p99_s is None or e2e_p99_s <= self.e2e_p99_s))
+
+    def shortfall(self, ttft_p99_s: float, e2e_p99_s: float) -> float:
+        """The worst figure / target ratio (at most 1: met)."""
+        ratios = [figure / target for figure, target in ((ttft_p99_s, self.ttft_p99_s),
+                                                          (e2e_p99_s, self.e2e_p99_s))
+                  if target is not None]
+        return max(ratios)
+
+    def describe(self) -> str:
+        parts = [f"{name}<={value:g}s" for name, value in (("ttft_p99", self.ttft_p99_s),
+                                                            ("e2e_p99", self.e2e_p99_s))
+                 if value is not None]
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    """How the search judges and how far it looks."""
+
+    #: Routing policy of a pool of one GPU kind, and of one of unlike kinds.
+    single_policy: str = "round_robin"
+    mixed_policy: str = "block_slo"
+    #: The router's output lengths (the shipped length model's measured errors).
+    predictor: str = DEFAULT_PREDICTOR
+    seed: int = 0
+    #: Step-time noise and publication interval of the simulated instances.
+    exec_noise_sigma: float = 0.1
+    publish_interval_s: float = 0.1
+    #: A run replays at least this many requests an instance (the workload repeated).
+    min_requests_per_instance: int = 100
+    #: Most instances of one kind in one pool the search tries.
+    max_instances: int = 64
+    #: Requests one instance is saturated with to measure its rate.
+    saturation_requests: int = 1000
+    #: The throughput bound prunes a pool whose saturated rates sum below this share of the
+    #: offered rate: a saturated rate measured on a finite queue includes its drain tail and
+    #: runs 10-15 % under the steady state, so the bound keeps that much slack.
+    bound_slack: float = 0.8
+    #: Headroom is bisected to this share of the rate scale.
+    headroom_resolution: float = 0.05
+    #: Most rate scale the headroom search looks at, as a multiple of the plan's.
+    headroom_max: float = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolResult:
+    """One pool judged by the simulation."""
+
+    model: str
+    mix: Mix
+    rate_scale: float
+    ttft_p99_s: float
+    e2e_p99_s: float
+    meets: bool
+    num_requests: int
+    policy: str
+
+    @property
+    def num_instances(self) -> int:
+        return sum(count for _, count in self.mix)
+
+
+@dataclass(frozen=True, slots=True)
+class Alternative:
+    """A fleet for comparison: the cheapest of one kind, or the routing-blind plan."""
+
+    name: str
+    #: Each model's pool (None where none was found: the kind cannot meet its targets).
+    pools: Mapping[str, PoolResult | None]
+    cost_per_hour: float
+
+    @property
+    def meets_targets(self) -> bool:
+        return all(p is not None and p.meets for p in self.pools.values())
+
+
+@dataclass(frozen=True, slots=True)
+class FleetPlan:
+    """The planned fleet, its predicted latencies, headroom and the alternatives."""
+
+    pools: Mapping[str, PoolResult]
+    cost_per_hour: float
+    #: The rate scale at which some model's pool first misses a target (relative to the
+    #: planned workload, itself at `rate_scale` x the input's rate).
+    headroom: float
+    #: Per model, the headroom of its own pool.
+    headroom_by_model: Mapping[str, float]
+    alternatives: tuple[Alternative, ...]
+    kind_models: Mapping[tuple[str, str], KindModel]
+    saturated_rps: Mapping[tuple[str, str], float]
+    rate_scale: float
+    num_simulations: int
+    notes: tuple[str, ...] = field(default=())
+
+
+def lone_latency(model: KindModel, prompt_tokens: int, output_tokens: int) -> tuple[float, float]:
+    """TTFT and end-to-end seconds of a request alone on an idle instance (no queue, no batch):
+    the fastest the kind can serve it."""
+    budget = model.config.max_num_batched_tokens
+    exec_model = model.exec_model
+    ttft_ms, done = 0.0, 0
+    while done < prompt_tokens:
+        chunk = min(budget, prompt_tokens - done)
+        ttft_ms += exec_model.step_ms(BatchStats(
+            num_prefill_tokens=chunk, num_prefill_seqs=1, prefill_chunk_x_context=chunk * done,
+            prefill_chunk_sq=chunk * chunk))
+        done += chunk
+    decode_ms = exec_model.sum_decode_steps_ms(1, prompt_tokens + 1, output_tokens - 1)
+    return ttft_ms / 1000, (ttft_ms + decode_ms) / 1000
+
+
+class PoolJudge:
+    """One model's pool: its workload, rate and targets, and every kind it may run on; judges
+    mixes by simulation and remembers each verdict."""
+
+    def __init__(self, model: str, workload: Workload, rate: float, targets: Targets,
+                 kinds: Mapping[str, KindModel], prices: Mapping[str, float],
+                 max_counts: Mapping[str, int | None], options: PlanOptions) -> None:
+        self.model = model
+        self.workload = workload
+        self.rate = rate
+        self.targets = targets
+        self.kinds = dict(kinds)
+        self.prices = dict(prices)
+        self.options = options
+        self.max_counts = {k: min(options.max_instances, max_counts.get(k) or math.inf)
+                           for k in kinds}
+        sample = workload.head(options.saturation_requests)
+        self.saturated = {k: saturation_rate(sample, m.config, m.exec_model)
+                          for k, m in self.kinds.items()}
+        self.lone_ok = {k: self._lone_ok(m) for k, m in self.kinds.items()}
+        self._verdicts: dict[tuple[Mix, float], PoolResult] = {}
+        self.num_simulations = 0
+        self.best_miss: PoolResult | None = None
+
+    # -- judging -------------------------------------------------------------------------
+    def _lone_ok(self, model: KindModel) -> list[bool]:
+        """Per request, whether it meets the targets alone on the kind."""
+        return [self.targets.met_by(*lone_latency(model, p, o)) for p, o in
+                zip(self.workload.num_prompt_tokens, self.workload.num_output_tokens, strict=True)]
+
+    def can_meet(self, kind: str) -> bool:
+        """Whether the kind meets the targets at p99 for lone requests (a necessary bound)."""
+        ok = self.lone_ok[kind]
+        return sum(ok) >= 0.99 * len(ok)
+
+    def capacity(self, mix: Mix, scale: float = 1.0) -> bool:
+        """The throughput bound: the mix's saturated rates sum above the offered rate."""
+        return (sum(self.saturated[k] * n for k, n in mix)
+                > self.options.bound_slack * self.rate * scale)
+
+    def cost(self, mix: Mix) -> float:
+        return sum(self.prices[k] * n for k, n in mix)
+
+    def judge(self, mix: Mix, scale: float = 1.0) -> PoolResult:
+        """The mix at `scale` x the pool's rate, simulated (or a failing verdict without a run
+        when below the throughput bound)."""
+        mix = tuple((k, n) for k, n in mix if n > 0)
+        key = (mix, round(scale, 6))
+        if key in self._verdicts:
+            return self._verdicts[key]
+        policy = self.policy_of(mix)
+        if not mix or not self.capacity(mix, scale):
+            result = PoolResult(self.model, mix, scale, math.inf, math.inf, False, 0, policy)
+        else:
+            result = self._simulate(mix, scale, policy)
+        self._verdicts[key] = result
+        if not result.meets and math.isfinite(result.ttft_p99_s) and (
+                self.best_miss is None or self._miss(result) < self._miss(self.best_miss)):
+            self.best_miss = result
+        return result
+
+    def _miss(self, result: PoolResult) -> float:
+        return self.targets.shortfall(result.ttft_p99_s, result.e2e_p99_s)
+
+    def policy_of(self, mix: Mix) -> str:
+        return self.options.mixed_policy if len(mix) > 1 else self.options.single_policy
+
+    def members(self, mix: Mix) -> list[FleetMember]:
+        return [FleetMember(self.kinds[k].config, self.kinds[k].exec_model,
+                            throughput_rps=self.saturated[k])
+                for k, n in mix for _ in range(n)]
+
+    def _simulate(self, mix: Mix, scale: float, policy: str) -> PoolResult:
+        options = self.options
+        members = self.members(mix)
+        workload = lengthened(self.workload, options.min_requests_per_instance * len(members))
+        limits = [t for t in (self.targets.ttft_p99_s, self.targets.e2e_p99_s) if t is not None]
+        setup = ClusterSetup.of_fleet(members, publish_interval_s=options.publish_interval_s,
+                                      exec_noise_sigma=options.exec_noise_sigma,
+                                      abort_ttft_s=2 * max(limits))
+        run = simulate(workload, self.rate * scale, setup, policy,
+                       predictor_from_spec(options.predictor), seed=options.seed)
+        self.num_simulations += 1
+        meets = not run.aborted and self.targets.met_by(run.ttft_p99_s, run.e2e_p99_s)
+        return PoolResult(self.model, mix, scale, run.ttft_p99_s, run.e2e_p99_s, meets,
+                          len(workload), policy)
+
+    # -- searching -----------------------------------------------------------------------
+    def fewest(self, kind: str) -> PoolResult | None:
+        """The fewest instances of `kind` alone that meet the targets (None: none up to its
+        limit does)."""
+        limit = self.max_counts[kind]
+        if not self.can_meet(kind) or limit < 1:
+            return None
+        # At or below the bound: fails (unless it is 1, checked at the end).
+        low = max(1, math.floor(self.options.bound_slack * self.rate / self.saturated[kind]))
+        high = min(limit, max(low + 1, math.ceil(1.2 * self.rate / self.saturated[kind])))
+        while not self.judge(((kind, high),)).meets:
+            if high >= limit:
+                return None
+            low, high = high, min(limit, math.ceil(1.5 * high))
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self.judge(((kind, middle),)).meets:
+                high = middle
+            else:
+                low = middle
+        if low >= 1 and self.judge(((kind, low),)).meets:  # the bound itself may pass
+            return self.judge(((kind, low),))
+        return self.judge(((kind, high),))
+
+    def staircase(self, kind_a: str, kind_b: str, fewest_b: int, best_cost: float
+                  ) -> PoolResult | None:
+        """The cheapest passing mix with at least one of each kind, cheaper than `best_cost`
+        (None: none). `fewest_b` instances of `kind_b` alone pass.
+
+        Row by row (1, 2, ... of `kind_a`), the fewest `kind_b` that pass, bisected below the
+        last row's count (which passes here too) and below the most that are still cheaper
+        than the best so far; a row whose cheapest candidates fail is skipped."""
+        best: PoolResult | None = None
+        known = fewest_b  # (count_a, known) passes for every count_a from here on
+        for count_a in range(1, self.max_counts[kind_a] + 1):
+            base = self.prices[kind_a] * count_a
+            top = min(known - 1, math.ceil((best_cost - base) / self.prices[kind_b]) - 1)
+            if top < 1:
+                break
+
+            def mix(count_b: int, count_a: int = count_a) -> Mix:
+                return ((kind_a, count_a), (kind_b, count_b))
+
+            if not self.judge(mix(top)).meets:
+                continue
+            low, high = 0, top  # high passes; low fails (0: not a pair)
+            while high - low > 1:
+                middle = (low + high) // 2
+                if self.judge(mix(middle)).meets:
+                    high = middle
+                else:
+                    low = middle
+            known = high
+            best, best_cost = self.judge(mix(high)), self.cost(mix(high))
+        return best
+
+    def cheapest(self, singles: Mapping[str, PoolResult | None]) -> PoolResult | None:
+        """The cheapest pool of one or two kinds (None: no kind meets the targets)."""
+        found = [r for r in singles.values() if r is not None]
+        if not found:
+            return None
+        best = min(found, key=lambda r: self.cost(r.mix))
+        best_cost = self.cost(best.mix)
+        # One staircase per pair walks its whole frontier; it starts from a kind that meets
+        # the targets alone (the one needing more instances: fewer rows to walk).
+        pairs = []
+        for a, b in itertools.combinations(self.kinds, 2):
+            if singles.get(a) is None and singles.get(b) is None:
+                continue
+            if singles.get(b) is None or (singles.get(a) is not None and singles[a].num_instances
+                                          > singles[b].num_instances):  # type: ignore[union-attr]
+                a, b = b, a
+            pairs.append((a, b))
+        # Cheapest throughput first: good mixes early make the cost bound prune the rest.
+        pairs.sort(key=lambda p: min(self.prices[k] / self.saturated[k] for k in p))
+        for kind_a, kind_b in pairs:
+            fewest_b = singles[kind_b].num_instances  # type: ignore[union-attr]
+            result = self.staircase(kind_a, kind_b, fewest_b, best_cost)
+            if result is not None:
+                best, best_cost = result, self.cost(result.mix)
+        return best
+
+    def headroom(self, mix: Mix) -> float:
+        """The rate scale at which `mix` first misses a target: the lowest failing scale found,
+        to `headroom_resolution` (`headroom_max` when even that passes)."""
+        options = self.options
+        low = high = 1.0
+        for step in HEADROOM_STEPS:  # most plans are tight: look near 1 first
+            high = min(options.headroom_max, step)
+            if not self.judge(mix, high).meets:
+                break
+            low = high
+        else:
+            return round(high, 3)
+        while high - low > options.headroom_resolution:
+            middle = (low + high) / 2
+            if self.judge(mix, middle).meets:
+                low = middle
+            else:
+                high = middle
+        return round(high, 3)
+
+
+def lengthened(workload: Workload, min_requests: int) -> Workload:
+    """`workload` repeated back to back until it holds `min_requests` (the same rate)."""
+    if len(workload) >= min_requests:
+        return workload
+    copies = math.ceil(min_requests / len(workload))
+    period = workload.unit_arrival_s[-1] + 1.0
+    arrivals = tuple(t + c * period for c in range(copies) for t in workload.unit_arrival_s)
+    scale = (len(arrivals) - 1) / arrivals[-1] if arrivals[-1] > 0 else 1.0
+    return Workload(workload.name, tuple(t * scale for t in arrivals),
+                    workload.num_prompt_tokens * copies, workload.num_output_tokens * copies)
+
+
+def _order(mix: Mapping[str, int], catalog: Catalog) -> Mix:
+    return tuple((k.name, mix[k.name]) for k in catalog.kinds if mix.get(k.name, 0) > 0)
+
+
+def plan_fleet(workload: PlanWorkload, targets: Mapping[str, Targets], catalog: Catalog,
+               options: PlanOptions = PlanOptions(), rate_scale: float = 1.0,
+               family_of: Mapping[str, str] | None = None,
+               progress: Callable[[str], None] | None = None) -> FleetPlan:
+    """The cheapest fleet of `catalog`'s kinds meeting every model's `targets` on `workload` at
+    `rate_scale` x its rate; its headroom and the alternatives (module docstring).
+
+    `family_of` maps a workload's model name to its execution-time models' family (default:
+    the name itself). Raises `PlanInputError` naming the model when one has no target, no
+    execution-time model, or targets no fleet of the catalog meets (with the best figure
+    reached and by which fleet).
+    """
+    family_of = dict(family_of or {})
+    say = progress or (lambda _message: None)
+    for model in workload.models:
+        if model not in targets:
+            raise PlanInputError(f"model {model!r} has no target: give --slo "
+                                 f"{model}:ttft_p99=S[,e2e_p99=S]")
+    judges: dict[str, PoolJudge] = {}
+    kind_models: dict[tuple[str, str], KindModel] = {}
+    notes: list[str] = []
+    for model in workload.models:
+        family = family_of.get(model, model)
+        kinds = {}
+        for kind in catalog.kinds:
+            try:
+                kinds[kind.name] = kind_model(family, kind)
+            except PlanInputError as exc:
+                if "no execution-time model" in str(exc):
+                    raise PlanInputError(f"model {model!r}: {exc}") from None
+                notes.append(f"{model}: {exc}")
+        for name, km in kinds.items():
+            kind_models[(model, name)] = km
+        prepared = _capped(workload.by_model[model], model, kinds)
+        judges[model] = PoolJudge(model, prepared, workload.rate_by_model[model] * rate_scale,
+                                  targets[model], kinds,
+                                  {k.name: k.price_per_hour for k in catalog.kinds},
+                                  {k.name: k.max_count for k in catalog.kinds}, options)
+        say(f"{model}: {len(prepared)} requests at "
+            f"{judges[model].rate:.3g} req/s; saturated rate per instance: "
+            + ", ".join(f"{k} {r:.3g}" for k, r in judges[model].saturated.items()))
+    singles = {m: {k: j.fewest(k) for k in j.kinds} for m, j in judges.items()}
+    pools: dict[str, PoolResult] = {}
+    for model, judge in judges.items():
+        say(f"{model}: one kind: " + ", ".join(
+            f"{k} {'-' if r is None else r.num_instances}" for k, r in singles[model].items()))
+        best = judge.cheapest(singles[model])
+        if best is None:
+            raise PlanInputError(_unmeetable(model, judge))
+        pools[model] = best
+        say(f"{model}: planned {_label(best.mix)} ({judge.num_simulations} simulations)")
+    headroom_by_model = {m: judges[m].headroom(p.mix) for m, p in pools.items()}
+    alternatives = [_single_alternative(kind.name, judges, singles) for kind in catalog.kinds]
+    alternatives.append(_routing_blind(judges, catalog))
+    return FleetPlan(
+        pools=pools, cost_per_hour=sum(judges[m].cost(p.mix) for m, p in pools.items()),
+        headroom=min(headroom_by_model.values()), headroom_by_model=headroom_by_model,
+        alternatives=tuple(alternatives), kind_models=kind_models,
+        saturated_rps={(m, k): r for m, j in judges.items() for k, r in j.saturated.items()},
+        rate_scale=rate_scale, num_simulations=sum(j.num_simulations for j in judges.values()),
+        notes=tuple(notes))
+
+
+def _capped(workload: Workload, model: str, kinds: Mapping[str, KindModel]) -> Workload:
+    """The model's workload with outputs capped at the context (vLLM stops there); a prompt
+    too long for the context is an input error."""
+    if not kinds:
+        raise PlanInputError(f"model {model!r}: no GPU kind of the catalog can hold it")
+    max_len = min(k.config.max_model_len for k in kinds.values())
+    too_long = [p for p in workload.num_prompt_tokens if p >= max_len]
+    if too_long:
+        raise PlanInputError(f"model {model!r}: {len(too_long)} prompts of {max_len} tokens or "
+                             f"more (the longest {max(too_long)}): longer than the context "
+                             f"the instances run with ({max_len})")
+    outputs = tuple(max(1, min(o, max_len - p)) for p, o in
+                    zip(workload.num_prompt_tokens, workload.num_output_tokens, strict=True))
+    return Workload(workload.name, workload.unit_arrival_s, workload.num_prompt_tokens, outputs)
+
+
+def _unmeetable(model: str, judge: PoolJudge) -> str:
+    message = f"model {model!r}: no fleet of the catalog meets {judge.targets.describe()}"
+    best = judge.best_miss
+    if best is not None:
+        return (f"{message}; the best reached ttft_p99 {best.ttft_p99_s:.3g} s, e2e_p99 "
+                f"{best.e2e_p99_s:.3g} s with {_label(best.mix)}")
+    lone = {k: _lone_p99(judge, k) for k in judge.kinds}
+    kind, (ttft, e2e) = min(lone.items(), key=lambda i: judge.targets.shortfall(*i[1]))
+    return (f"{message}; even alone on an idle {kind} (the fastest kind for it) its requests' "
+            f"p99 is ttft {ttft:.3g} s, e2e {e2e:.3g} s")
+
+
+def _lone_p99(judge: PoolJudge, kind: str) -> tuple[float, float]:
+    model = judge.kinds[kind]
+    pairs = [lone_latency(model, p, o) for p, o in zip(
+        judge.workload.num_prompt_tokens, judge.workload.num_output_tokens, strict=True)]
+    return (float(np.percentile([p[0] for p in pairs], 99)),
+            float(np.percentile([p[1] for p in pairs], 99)))
+
+
+def _label(mix: Mix) -> str:
+    return " + ".join(f"{n} x {k}" for k, n in mix) or "no instance"
+
+
+def _single_alternative(kind: str, judges: Mapping[str, PoolJudge],
+                        singles: Mapping[str, Mapping[str, PoolResult | None]]) -> Alternative:
+    pools = {m: singles[m].get(kind) for m in judges}
+    cost = sum(judges[m].cost(p.mix) for m, p in pools.items() if p is not None)
+    return Alternative(f"single:{kind}", pools, cost)
+
+
+def _routing_blind(judges: Mapping[str, PoolJudge], catalog: Catalog) -> Alternative:
+    pools: dict[str, PoolResult | None] = {}
+    for model, judge in judges.items():
+        mix = routing_blind_mix(judge.workload, judge.rate, judge.kinds, judge.prices,
+                                {k.name: k.max_count for k in catalog.kinds},
+                                judge.lone_ok)
+        pools[model] = None if mix is None else judge.judge(_order(mix, catalog))
+    cost = sum(judges[m].cost(p.mix) for m, p in pools.items() if p is not None)
+    return Alternative("routing_blind", pools, cost)
