@@ -180,8 +180,9 @@ def _query(prompt: Any, max_tokens: int | None, model: str | None) -> stage.Leng
 
 
 def _predicted_lines(rt: Runtime, remaining: Sequence[_Remaining]) -> list[eta.EtaLine]:
-    """Each line with its remaining output tokens: predicted by the accurate head, batched
-    (a released line's own prediction where it has one), less what it generated already."""
+    """Each line with its remaining output tokens: expected from the accurate head's median
+    and p90, batched (a released line's own recorded prediction where it has one), less what
+    it generated already."""
     todo = [r.query for r in remaining if r.predicted is None]
     predictor = stage.length_predictor(rt, stage.HEAD_ACCURATE)
     if isinstance(predictor, stage.LearnedLengths):
@@ -190,7 +191,11 @@ def _predicted_lines(rt: Runtime, remaining: Sequence[_Remaining]) -> list[eta.E
         answers = iter([predictor.predict(q) for q in todo])
     lines = []
     for r in remaining:
-        tokens = r.predicted if r.predicted is not None else next(answers).tokens
+        if r.predicted is not None:
+            tokens = r.predicted
+        else:
+            answer = next(answers)
+            tokens = eta.expected_tokens(answer.tokens, answer.p90_tokens, r.query.max_tokens)
         lines.append(eta.EtaLine(r.prompt_tokens + r.generated, max(1, tokens - r.generated)))
     return lines
 

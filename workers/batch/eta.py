@@ -30,7 +30,10 @@ from workers.sim import InstanceConfig, Scheduler, SeqState, engine_priority
 from workers.sim.exec_model import ExecModel
 
 __all__ = ["Checkpoint", "EtaConfig", "EtaInstance", "EtaLine", "Estimate", "InteractiveLoad",
-           "estimate", "replay", "saturated_lines_per_s"]
+           "estimate", "expected_tokens", "replay", "saturated_lines_per_s"]
+
+#: The standard normal's 90th percentile.
+_Z90 = 1.2815515655446004
 
 #: The engines' class priorities (`Priority.rank`): interactive before batch.
 _INTERACTIVE, _BATCH = 0, 1
@@ -139,6 +142,20 @@ def saturated_lines_per_s(lines: Sequence[EtaLine], fleet: Sequence[EtaInstance]
     """Lines a second the fleet runs `lines` at alone (no interactive load): what a batch alone
     on an idle fleet should reach."""
     return estimate(lines, fleet, InteractiveLoad(), config).lines_per_s
+
+
+def expected_tokens(median: int, p90: int | None, cap: int) -> int:
+    """A line's expected output tokens from its predicted median and 90th percentile, as a
+    lognormal through both (at most `cap`).
+
+    NOTE: a batch's duration is a sum of lengths, and answer lengths are right-skewed: the sum
+    of medians falls short of the sum (by exp(sigma^2 / 2), a third at the head's typical
+    spread), so the estimate uses expected values.
+    """
+    if p90 is None or p90 <= median or median < 1:
+        return max(1, min(median, cap))
+    sigma = math.log(p90 / median) / _Z90
+    return max(1, min(cap, round(median * math.exp(sigma * sigma / 2))))
 
 
 def _sample(lines: Sequence[EtaLine], most: int) -> list[EtaLine]:

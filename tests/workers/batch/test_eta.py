@@ -12,6 +12,7 @@ from workers.batch.eta import (
     EtaLine,
     InteractiveLoad,
     estimate,
+    expected_tokens,
     replay,
     saturated_lines_per_s,
 )
@@ -86,3 +87,11 @@ def test_a_replay_keeps_the_state_at_a_quarter_of_its_lines() -> None:
     noisy, _ = replay(lines, FLEET, config=EtaConfig(max_in_flight=96, step_noise=0.2))
     assert noisy.seconds != truth.seconds
     assert noisy.seconds == pytest.approx(truth.seconds, rel=0.2)
+
+
+def test_a_lines_expected_length_sits_above_its_median_as_its_spread_grows() -> None:
+    assert expected_tokens(100, None, 4096) == 100  # no spread known: the median
+    assert expected_tokens(100, 100, 4096) == 100
+    narrow, wide = expected_tokens(100, 150, 4096), expected_tokens(100, 400, 4096)
+    assert 100 < narrow < wide
+    assert expected_tokens(100, 400, 120) == 120  # never past the line's max_tokens
