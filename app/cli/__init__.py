@@ -188,6 +188,25 @@ def stop(timeout_s: float) -> None:
 
 
 @main.command()
+def autoscale() -> None:
+    """Decide every BLOCKQ_AUTOSCALE_INTERVAL_S and publish blockq_desired_instances, starting
+    nothing: for an orchestrator that scales the engines on it (KEDA, docs/deploy.md)."""
+    settings = Settings.load()
+    if not settings.autoscale:
+        raise click.ClickException("BLOCKQ_AUTOSCALE is not true: nothing to decide")
+    autoscaler = StackAutoscaler(None, settings)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    console.print(f"autoscaling {len(settings.instance_ids)} instance slots every "
+                  f"{settings.autoscale_interval_s:g} s (deciding only)")
+    try:
+        autoscaler.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        autoscaler.stop()
+
+
+@main.command()
 def migrate() -> None:
     """Apply database migrations up to the latest revision."""
     settings = Settings.load()

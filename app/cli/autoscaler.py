@@ -16,6 +16,10 @@ Each fleet slot (instance gpu.<k>, app/settings.py) is stopped, starting, runnin
   SIGTERM, Celery's warm shutdown. A drain past autoscale_drain_timeout_s is reported (log and
   Redis) and waits on: nothing is killed mid-answer (an operator who must can SIGKILL the pid
   the report names, or `blockq stop`).
+
+Without a stack (`blockq autoscale`, for Kubernetes) it only decides and records: KEDA or an HPA
+scales the engine Deployments on blockq_desired_instances (docker/kubernetes, docs/deploy.md),
+and a slot counts as running while its heartbeat is fresh.
 """
 
 from __future__ import annotations
@@ -106,7 +110,7 @@ class _Slot:
 class StackAutoscaler:
     """Decides every interval and drives the stack's engine workers to the decision."""
 
-    def __init__(self, stack: Stack, settings: Settings, *, sizer: Sizer | None = None,
+    def __init__(self, stack: Stack | None, settings: Settings, *, sizer: Sizer | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.stack = stack
         self.settings = settings
@@ -128,6 +132,11 @@ class StackAutoscaler:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @property
+    def _stack(self) -> Stack:
+        assert self.stack is not None, "acting needs the local stack"
+        return self.stack
+
     # --- the loop -----------------------------------------------------------------------------
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="blockq-autoscaler",
@@ -147,6 +156,10 @@ class StackAutoscaler:
                 slot.process.wait()
         self.db.dispose()
 
+    def run(self) -> None:
+        """Decide every interval in this thread until `stop()` (or an interrupt)."""
+        self._loop()
+
     def _loop(self) -> None:
         while not self._stopping.is_set():
             started = time.monotonic()
@@ -161,7 +174,11 @@ class StackAutoscaler:
         """One round: follow every slot, decide, act. Public for tests and benchmarks."""
         statuses = {s.instance_id: s for s in self.fleet.statuses()}
         for slot in self.slots.values():
-            self._follow(slot, statuses.get(slot.instance_id))
+            if self.stack is None:  # the orchestrator acts: follow the heartbeats
+                status = statuses.get(slot.instance_id)
+                slot.phase = "running" if status is not None and status.alive else "stopped"
+            else:
+                self._follow(slot, statuses.get(slot.instance_id))
         now = self.clock()
         history = recent_arrivals(self.db, now - self.settings.autoscale_window_s,
                                   self.settings.default_model)
@@ -202,6 +219,8 @@ class StackAutoscaler:
             "rate_rps": decision.rate_rps, "target_rps": decision.target_rps,
             "predicted_ttft_p99_s": decision.predicted_ttft_p99_s,
             "cost_per_hour": decision.cost_per_hour})
+        if self.stack is None:
+            return
         for index, wanted in decision.desired.items():
             slots = sorted((s for s in self.slots.values() if s.slot.entry_index == index),
                            key=lambda s: s.slot.index)
@@ -217,15 +236,15 @@ class StackAutoscaler:
     # --- acting -------------------------------------------------------------------------------
     def _start(self, slot: _Slot) -> None:
         self.controls.hold(slot.instance_id, None)
-        self.stack.start_process(slot.instance_id, self.commands[slot.instance_id])
+        self._stack.start_process(slot.instance_id, self.commands[slot.instance_id])
         slot.phase, slot.since, slot.started_at = "starting", time.monotonic(), self.clock()
-        slot.restarts_at_start = self.stack.restart_count(slot.instance_id)
+        slot.restarts_at_start = self._stack.restart_count(slot.instance_id)
         slot.reported, slot.ready_s = False, None
         logger.info("autoscale: starting %s (%s)", slot.instance_id, slot.slot.spec.model)
 
     def _drain(self, slot: _Slot) -> None:
         self.controls.hold(slot.instance_id, "drained")
-        slot.process = self.stack.release(slot.instance_id)
+        slot.process = self._stack.release(slot.instance_id)
         slot.phase, slot.since, slot.reported = "draining", time.monotonic(), False
         logger.info("autoscale: draining %s (%s)", slot.instance_id, slot.slot.spec.model)
 
@@ -238,14 +257,14 @@ class StackAutoscaler:
             self._follow_first_token(slot)
 
     def _follow_start(self, slot: _Slot, status: InstanceStatus | None) -> None:
-        restarts = self.stack.restart_count(slot.instance_id) - slot.restarts_at_start
+        restarts = self._stack.restart_count(slot.instance_id) - slot.restarts_at_start
         if restarts and not slot.reported:
             slot.reported = True
             self._report({"event": "start_failed", "instance_id": slot.instance_id,
                           "restarts": restarts})
             logger.warning("autoscale: %s failed to start (restart %d; the supervisor retries "
                            "with backoff; log: %s)", slot.instance_id, restarts,
-                           self.stack.log_dir / f"{slot.instance_id}.log")
+                           self._stack.log_dir / f"{slot.instance_id}.log")
         # NOTE: a heartbeat from before this start (a stopped worker's, until its TTL) is not
         # this start's: the state must be published after it.
         published_at = status.state.published_at if status and status.state else None
@@ -309,7 +328,7 @@ class StackAutoscaler:
         return not sum(depths.get(instance_id, {}).values())
 
     def _model_load_s(self, instance_id: str) -> float | None:
-        log = self.stack.log_dir / f"{instance_id}.log"
+        log = self._stack.log_dir / f"{instance_id}.log"
         try:
             matches = _LOADED.findall(log.read_text(errors="replace")[-200_000:])
         except OSError:
