@@ -17,6 +17,7 @@ from app.cli.autoscaler import StackAutoscaler
 from app.cli.client import batch, submit
 from app.cli.demo import JobSummary, load_sample_prompts, run_sample_job, summarize
 from app.cli.models import models
+from app.cli.plan import plan
 from app.cli.retention import purge
 from app.cli.showcase import print_showcase, run_showcase
 from app.cli.stack import ENGINE_STOP_GRACE_S, Stack, StackError
@@ -222,5 +223,5 @@ def show_settings() -> None:
         console.print(f"[bold]{env}[/bold] (default {info.default!r})\n    {info.description}")
 
 
-for group in (models, teams, keys, submit, batch, purge):
+for group in (models, teams, keys, submit, batch, purge, plan):
     main.add_command(group)

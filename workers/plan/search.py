@@ -421,7 +421,7 @@ def plan_fleet(workload: PlanWorkload, targets: Mapping[str, Targets], catalog: 
                 kinds[kind.name] = kind_model(family, kind)
             except PlanInputError as exc:
                 if "no execution-time model" in str(exc):
-                    raise PlanInputError(f"model {model!r}: {exc}") from None
+                    raise
                 notes.append(f"{model}: {exc}")
         for name, km in kinds.items():
             kind_models[(model, name)] = km
