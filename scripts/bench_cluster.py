@@ -72,6 +72,15 @@ Usage::
         [--num-requests 10000] [--seed 0] [--plot-dir docs/img] [--json FILE] [--markdown]
         [--all-points] [--smoke]
     python scripts/bench_cluster.py --replot FILE [--markdown] [--plot-dir docs/img]
+    python scripts/bench_cluster.py --fleet FLEET --workload-file FILE [--rate-scale X]
+        [--catalog FILE] [--model-map SERVED=FAMILY ...]
+
+``--workload-file`` (issue 41) replays a `blockq plan` workload (JSONL of ``arrival_s, model,
+prompt_tokens, output_tokens``) at its own arrival times, or ``--rate-scale`` times faster, on
+``--fleet`` under the production default policies, each model's pool on its own requests: the
+simulation the planner judged with (`workers.plan.replay_fleet`). An instance with a
+``gpu_kind`` runs as the catalog's kind. The last line printed is
+``{"models": {MODEL: {"ttft_p99_s", "e2e_p99_s", "requests"}}}``.
 """
 
 from __future__ import annotations
@@ -114,6 +123,7 @@ from workers.cluster_sim import (
     with_equal_kv,
     with_throughputs,
 )
+from workers.plan import PlanInputError, PlanOptions, load_catalog, parse_workload, replay_fleet
 from workers.route.late_binding import LateBinding
 from workers.route.policies import needs_what_if
 from workers.sim import InstanceConfig, bundled_model
@@ -819,9 +829,22 @@ def main() -> None:
     parser.add_argument("--replot", type=Path, metavar="JSON",
                         help="reprint tables and redraw plots from a --json file of an earlier "
                              "run (reruns only the CDF points, with that run's settings)")
+    parser.add_argument("--workload-file", type=Path,
+                        help="with --fleet: replay this blockq plan workload (JSONL) under the "
+                             "production default policies and print each model's latencies")
+    parser.add_argument("--rate-scale", type=float, default=1.0,
+                        help="with --workload-file: replay at this multiple of its rate")
+    parser.add_argument("--catalog", type=Path, help="with --workload-file: the GPU catalog "
+                        "an instance's gpu_kind names (default: the shipped one)")
+    parser.add_argument("--model-map", nargs="+", default=[], metavar="SERVED=FAMILY",
+                        help="with --workload-file: the execution-time model family of a "
+                             "served model name")
     args = parser.parse_args()
     if args.replot:
         replot(args)
+        return
+    if args.workload_file:
+        replay_workload_file(args, parser)
         return
     if args.fleet:
         use_fleet(args, parser)
@@ -883,6 +906,41 @@ def use_fleet(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
     args.models = [fleet_label(specs)]
     if args.configs == list(DEFAULT_CONFIGS):
         args.configs = list(FLEET_CONFIGS)
+
+
+def replay_workload_file(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """`--fleet` replaying `--workload-file` (issue 41): a table, then the JSON line."""
+    from app.settings import Settings  # the production defaults of the routing policies
+
+    if not args.fleet:
+        parser.error("--workload-file needs --fleet")
+    text = args.fleet
+    if not text.lstrip().startswith(("[", "{")):
+        text = Path(text).read_text() if Path(text).is_file() else text
+    defaults = Settings.model_fields
+    options = PlanOptions(single_policy=defaults["routing_policy"].default,
+                          mixed_policy=defaults["mixed_fleet_routing_policy"].default,
+                          seed=args.seed, publish_interval_s=args.publish_interval,
+                          exec_noise_sigma=args.exec_noise)
+    try:
+        family_of = dict(item.split("=", 1) for item in args.model_map)
+        with args.workload_file.open() as lines:
+            workload = parse_workload(lines, source=str(args.workload_file))
+        catalog = load_catalog(args.catalog) if args.catalog else load_catalog()
+        result = replay_fleet(parse_fleet(text), workload, catalog, options, args.rate_scale,
+                              family_of)
+    except (FleetError, PlanInputError, OSError, ValueError) as exc:
+        parser.error(str(exc))
+    table = Table(title=f"{args.workload_file.name} at x{args.rate_scale:g} its rate")
+    for column in ("model", "instances", "policy", "rate req/s", "requests", "TTFT p99 s",
+                   "e2e p99 s"):
+        table.add_column(column)
+    for model, figures in result["models"].items():
+        table.add_row(model, str(figures["instances"]), figures["policy"],
+                      f"{figures['rate_rps']:g}", str(figures["requests"]),
+                      str(figures["ttft_p99_s"]), str(figures["e2e_p99_s"]))
+    Console().print(table)
+    print(json.dumps(result), flush=True)
 
 
 def default_predictor(workload: Workload) -> str:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +40,7 @@ from workers.cluster_sim import (
     DEFAULT_PREDICTOR,
     ClusterSetup,
     FleetMember,
+    RunResult,
     Workload,
     predictor_from_spec,
     saturation_rate,
@@ -53,7 +54,7 @@ from .derive import KindModel, kind_model
 from .workload import PlanInputError, PlanWorkload
 
 __all__ = ["Alternative", "FleetPlan", "PlanOptions", "PoolJudge", "PoolResult", "Targets",
-           "lone_latency", "plan_fleet"]
+           "lengthened", "lone_latency", "plan_fleet", "run_pool"]
 
 #: Rate scales the headroom search tries before it bisects.
 HEADROOM_STEPS = (1.1, 1.25, 1.5, 2.0, 3.0, 4.0)
@@ -259,19 +260,13 @@ class PoolJudge:
                 for k, n in mix for _ in range(n)]
 
     def _simulate(self, mix: Mix, scale: float, policy: str) -> PoolResult:
-        options = self.options
-        members = self.members(mix)
-        workload = lengthened(self.workload, options.min_requests_per_instance * len(members))
         limits = [t for t in (self.targets.ttft_p99_s, self.targets.e2e_p99_s) if t is not None]
-        setup = ClusterSetup.of_fleet(members, publish_interval_s=options.publish_interval_s,
-                                      exec_noise_sigma=options.exec_noise_sigma,
-                                      abort_ttft_s=2 * max(limits))
-        run = simulate(workload, self.rate * scale, setup, policy,
-                       predictor_from_spec(options.predictor), seed=options.seed)
+        run, num_requests = run_pool(self.workload, self.rate * scale, self.members(mix),
+                                     policy, self.options, abort_ttft_s=2 * max(limits))
         self.num_simulations += 1
         meets = not run.aborted and self.targets.met_by(run.ttft_p99_s, run.e2e_p99_s)
         return PoolResult(self.model, mix, scale, run.ttft_p99_s, run.e2e_p99_s, meets,
-                          len(workload), policy)
+                          num_requests, policy)
 
     # -- searching -----------------------------------------------------------------------
     def fewest(self, kind: str) -> PoolResult | None:
@@ -374,6 +369,21 @@ class PoolJudge:
             else:
                 high = middle
         return round(high, 3)
+
+
+def run_pool(workload: Workload, rate: float, members: Sequence[FleetMember], policy: str,
+             options: PlanOptions, abort_ttft_s: float | None = None) -> tuple[RunResult, int]:
+    """One model's pool replaying `workload` at `rate` (lengthened to at least
+    `min_requests_per_instance` an instance) under `policy`: the run every verdict of the
+    planner, and `scripts/bench_cluster.py --workload-file`, rest on. Also returns how many
+    requests it replayed."""
+    workload = lengthened(workload, options.min_requests_per_instance * len(members))
+    setup = ClusterSetup.of_fleet(members, publish_interval_s=options.publish_interval_s,
+                                  exec_noise_sigma=options.exec_noise_sigma,
+                                  abort_ttft_s=abort_ttft_s)
+    run = simulate(workload, rate, setup, policy, predictor_from_spec(options.predictor),
+                   seed=options.seed)
+    return run, len(workload)
 
 
 def lengthened(workload: Workload, min_requests: int) -> Workload:

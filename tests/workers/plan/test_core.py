@@ -13,16 +13,19 @@ from workers.plan import (
     PlanRequest,
     Targets,
     derivation_error,
+    fleet_entries,
     kind_model,
     load_catalog,
     lone_latency,
     parse_catalog,
     parse_workload,
     plan_fleet,
+    replay_fleet,
     workload_of,
 )
 from workers.plan.baseline import routing_blind_mix
 from workers.plan.search import PoolJudge, lengthened
+from workers.sim.fleet_spec import parse_fleet
 
 #: Quick searches for tests: short runs, few saturated requests.
 FAST = PlanOptions(min_requests_per_instance=20, saturation_requests=100,
@@ -189,3 +192,22 @@ def test_a_short_workload_is_lengthened_at_the_same_rate() -> None:
     assert longer.num_prompt_tokens[:300] == chat.num_prompt_tokens
     span = longer.unit_arrival_s[-1] - longer.unit_arrival_s[0]
     assert (len(longer) - 1) / span == pytest.approx(1.0)
+
+
+def test_a_replayed_plan_shows_the_figures_the_planner_predicted() -> None:
+    workload, catalog, targets = _small_plan_inputs()
+    plan = plan_fleet(workload, targets, catalog, FAST)
+    specs = parse_fleet(json.dumps(fleet_entries(plan)))
+    replayed = replay_fleet(specs, workload, catalog, FAST)["models"]
+    for model, pool in plan.pools.items():
+        assert replayed[model]["ttft_p99_s"] == pytest.approx(pool.ttft_p99_s, abs=1e-4)
+        assert replayed[model]["e2e_p99_s"] == pytest.approx(pool.e2e_p99_s, abs=1e-4)
+        assert replayed[model]["requests"] == pool.num_requests
+
+
+def test_a_replay_names_a_model_the_fleet_does_not_serve() -> None:
+    workload, catalog, _ = _small_plan_inputs()
+    specs = parse_fleet(json.dumps([{"model": "llama-2-7b", "gpu_kind": "A30"}]))
+    with pytest.raises(PlanInputError, match="model 'llama-3-8b' of the workload has no "
+                       "instance in the fleet"):
+        replay_fleet(specs, workload, catalog, FAST)

@@ -1,0 +1,81 @@
+"""Anyone can check a plan: a declared fleet (`BLOCKQ_FLEET`) replaying a workload file through
+the same simulation the planner judged with (`search.run_pool`), each model's pool on its own
+requests, under the production default policies (`scripts/bench_cluster.py --workload-file`).
+
+An instance's step times and vLLM settings come from its `gpu_kind` in the catalog when it has
+one (as the planner built them: bundled where profiled, else from the datasheet), else from its
+bundled `exec_model`; its own `num_blocks` and `max_num_seqs` override either.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from workers.cluster_sim import FleetMember, saturation_rate
+from workers.sim import bundled_model
+from workers.sim.fleet_spec import InstanceSpec
+from workers.sim.hardware import instance_config
+
+from .catalog import Catalog
+from .derive import kind_model
+from .search import PlanOptions, run_pool
+from .workload import PlanInputError, PlanWorkload
+
+__all__ = ["replay_fleet"]
+
+
+def _member(spec: InstanceSpec, family: str, catalog: Catalog) -> tuple[str, FleetMember]:
+    """The instance's kind label and its simulated member."""
+    if spec.gpu_kind is not None:
+        km = kind_model(family, catalog.kind(spec.gpu_kind))
+        label, config, model = spec.gpu_kind, km.config, km.exec_model
+    elif spec.exec_model is not None:
+        label, config, model = (spec.exec_model, instance_config(spec.exec_model),
+                                bundled_model(spec.exec_model))
+    else:
+        raise PlanInputError(f"fleet instance of model {spec.model!r} names neither gpu_kind "
+                             "nor exec_model: the simulation cannot price its steps")
+    sized = {field: value for field, value in (("num_total_blocks", spec.num_blocks),
+                                               ("max_num_seqs", spec.max_num_seqs))
+             if value is not None}
+    return label, FleetMember(replace(config, **sized) if sized else config, model)
+
+
+def replay_fleet(specs: Sequence[InstanceSpec], workload: PlanWorkload, catalog: Catalog,
+                 options: PlanOptions | None = None, rate_scale: float = 1.0,
+                 family_of: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``{"models": {MODEL: {"ttft_p99_s", "e2e_p99_s", "requests", ...}}}`` for every model of
+    `workload`. Raises `PlanInputError` naming a model the fleet does not serve."""
+    options = options or PlanOptions()
+    family_of = dict(family_of or {})
+    models: dict[str, Any] = {}
+    for model in workload.models:
+        pool = [s for s in specs if s.model == model]
+        if not pool:
+            raise PlanInputError(f"model {model!r} of the workload has no instance in the fleet "
+                                 f"(it serves {sorted({s.model for s in specs})})")
+        labelled = [_member(s, family_of.get(model, model), catalog) for s in pool]
+        kinds = {label for label, _ in labelled}
+        policy = options.mixed_policy if len(kinds) > 1 else options.single_policy
+        sample = workload.by_model[model].head(options.saturation_requests)
+        saturated: dict[str, float] = {}
+        members = []
+        for label, member in labelled:  # told their capacity, as the planner tells them
+            if label not in saturated:
+                saturated[label] = saturation_rate(sample, member.config, member.exec_model)
+            members.append(replace(member, throughput_rps=saturated[label]))
+        run, num_requests = run_pool(workload.by_model[model],
+                                     workload.rate_by_model[model] * rate_scale, members, policy,
+                                     options)
+        models[model] = {"ttft_p99_s": _figure(run.ttft_p99_s),
+                         "e2e_p99_s": _figure(run.e2e_p99_s), "requests": num_requests,
+                         "instances": len(members), "policy": policy,
+                         "rate_rps": round(workload.rate_by_model[model] * rate_scale, 4)}
+    return {"models": models}
+
+
+def _figure(value: float) -> float | None:
+    return round(value, 4) if math.isfinite(value) else None
