@@ -37,11 +37,7 @@ def submit_request(
     `slo_miss_action`: the team's, kept with a request that has latency targets.
     `session_id`: the x-session-id header's, when the body names no session_id.
     """
-    if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_LEN:
-        raise InvalidRequest(
-            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} characters.",
-            param="Idempotency-Key",
-        )
+    _check_idempotency_key(idempotency_key)
     parsed = parse_body(CreateRequest, body)
     fields = request_fields(services, parsed)
     # 404 for a model never served; an accepted request waits out an outage of its instances.
@@ -57,23 +53,31 @@ def submit_request(
             tx.post(dispatch.predict(request.id, priority=Priority(request.priority).rank))
     logs.bind_request_id(request.id)
     if created:
-        logger.info("request created", extra={"priority": request.priority,
-                                              "prompt_tokens": request.prompt_tokens,
-                                              "max_tokens": request.max_tokens})
+        # NOTE: debug: a line a request on its path costs the API CPU at every rate, and the
+        # access log already records the call with its request id (app/api/access_log.py).
+        logger.debug("request created", extra={"priority": request.priority,
+                                               "prompt_tokens": request.prompt_tokens,
+                                               "max_tokens": request.max_tokens})
     return request, created
 
 
 def submit_together(services: Services, bodies: list[dict[str, Any]], *, team_id: str | None,
                     stream: bool = False, slo_miss_action: str | None = None,
-                    session_id: str | None = None, defer_predict: bool = False
-                    ) -> tuple[list[InferenceRequest], list[tuple[int, Message]]]:
+                    session_id: str | None = None, defer_predict: bool = False,
+                    idempotency_key: str | None = None
+                    ) -> tuple[list[InferenceRequest], list[tuple[int, Message]], bool]:
     """Several requests of one OpenAI call (its prompts, each n times), in order: all are
     validated before any is stored (one bad prompt refuses the call), then stored and enqueued
     in one transaction. `session_id`: the conversation they belong to (app/sessions.py).
 
     `defer_predict`: their predict messages are staged but not sent (routing in the API,
     `Settings.route_in_api`): the requests and their deferred outbox entries, in order, which
-    the caller retires by routing each request itself or sends."""
+    the caller retires by routing each request itself or sends.
+
+    `idempotency_key` (per team, as `submit_request`'s): the call joins the requests an earlier
+    call made under it with the same body (running or finished; nothing is stored or sent),
+    and the last value returned is False; another body under it is a 409."""
+    _check_idempotency_key(idempotency_key)
     columns = []
     for body in bodies:
         parsed = parse_body(CreateRequest, body)
@@ -83,17 +87,38 @@ def submit_together(services: Services, bodies: list[dict[str, Any]], *, team_id
         _with_miss_action(fields, slo_miss_action)
         columns.append(fields)
     with services.outbox.transaction() as tx:
-        requests = store.create_requests(tx.session, columns)
-        for request in requests:
+        if idempotency_key is None:
+            requests, created = store.create_requests(tx.session, columns), True
+        else:
+            requests, created = store.create_requests_once(
+                tx.session, columns, _choice_keys(team_id, idempotency_key, len(columns)))
+        for request in requests if created else ():
             tx.post(dispatch.predict(request.id, priority=Priority(request.priority).rank),
                     defer=defer_predict)
     logs.bind_request_id(requests[0].id)
+    if not created:
+        logger.info("call joined its earlier requests (Idempotency-Key)")
+        return requests, [], False
     # NOTE: debug: every call's access line carries its (bound) request id, and its routing
     # its own line; a third line per request was a measurable share of the API's CPU.
     logger.debug("requests created", extra={"count": len(requests),
                                            "prompt_tokens": requests[0].prompt_tokens,
                                            "max_tokens": requests[0].max_tokens})
-    return requests, tx.deferred
+    return requests, tx.deferred, True
+
+
+def _choice_keys(team_id: str | None, idempotency_key: str, count: int) -> list[str]:
+    """The stored keys of an OpenAI call's choices: per team, apart from the native API's keys
+    (`submit_request`: `<team>:<key>`), one per choice."""
+    return [f"{team_id}:openai:{idempotency_key}:{index}" for index in range(count)]
+
+
+def _check_idempotency_key(idempotency_key: str | None) -> None:
+    if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_LEN:
+        raise InvalidRequest(
+            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} characters.",
+            param="Idempotency-Key",
+        )
 
 
 def _with_miss_action(fields: dict[str, Any], slo_miss_action: str | None) -> None:

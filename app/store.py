@@ -160,6 +160,52 @@ def _insert_statement(names: tuple[str, ...], postgresql: bool) -> Executable:
     return select(inserted.c.id).add_cte(events)
 
 
+def create_requests_once(session: Session, rows: Sequence[dict[str, Any]],
+                         idempotency_keys: Sequence[str]) -> tuple[list[InferenceRequest], bool]:
+    """`create_requests` under one idempotency key per row (the choices of one OpenAI call), or
+    the requests already made under those keys, in order, running or ended (but cancelled:
+    those let go of their keys and new requests are made). Returns (requests, created).
+    Another body under the same keys raises Conflict, as `create_request` does."""
+    assert len(rows) == len(idempotency_keys), "one key per row"
+    existing = _all_by_idempotency_keys(session, rows, idempotency_keys)
+    if existing is not None and any(r.status == RequestStatus.CANCELLED for r in existing):
+        # NOTE: cancelled (its clients left, or someone cancelled it): it will never answer, so
+        # a retry under its key starts again rather than joining it; the old rows let go of it.
+        session.execute(update(InferenceRequest)
+                        .where(InferenceRequest.id.in_([r.id for r in existing]))
+                        .values(idempotency_key=None))
+        existing = None
+    if existing is not None:
+        return existing, False
+    try:
+        with session.begin_nested():
+            keyed = [{**row, "idempotency_key": key} for row, key in zip(rows, idempotency_keys,
+                                                                          strict=True)]
+            return create_requests(session, keyed), True
+    except IntegrityError:
+        # Another API process inserted the same keys between our lookup and insert.
+        existing = _all_by_idempotency_keys(session, rows, idempotency_keys)
+        if existing is None:
+            raise
+        return existing, False
+
+
+def _all_by_idempotency_keys(session: Session, rows: Sequence[dict[str, Any]],
+                             keys: Sequence[str]) -> list[InferenceRequest] | None:
+    """The requests made under `keys`, in order, each checked against its row's body; None when
+    there are none. A different number of them (another call's key with fewer choices) is
+    a Conflict, as another body is."""
+    found = {request.idempotency_key: request for request in session.scalars(
+        select(InferenceRequest).where(InferenceRequest.idempotency_key.in_(keys)))}
+    if not found:
+        return None
+    if len(found) != len(keys) or set(found) != set(keys):
+        raise Conflict("This Idempotency-Key was already used with a different request body.",
+                       param="Idempotency-Key", code="idempotency_key_reused")
+    return [_same_body_or_conflict(found[key], row["body_sha256"])
+            for row, key in zip(rows, keys, strict=True)]
+
+
 def _by_idempotency_key(session: Session, key: str) -> InferenceRequest | None:
     return session.scalar(select(InferenceRequest).where(InferenceRequest.idempotency_key == key))
 

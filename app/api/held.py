@@ -69,6 +69,16 @@ redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]))
 return 1
 """
 
+# KEYS[1]: a request's waiters; ARGV: slot id. Takes the waiter out; returns how many others
+# wait with a running lease.
+_LEAVE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZCARD', KEYS[1])
+"""
+
 
 class TooManyHeld(BlockqError):
     """The team holds its cap of open completions."""
@@ -137,6 +147,10 @@ def _key(team_id: str) -> str:
     return f"blockq:held:{team_id}"
 
 
+def _waiters_key(request_id: str) -> str:
+    return f"blockq:waiters:{request_id}"
+
+
 def held_slots(client: redis.Redis, team_id: str) -> int:
     """Slots of the team with a running lease, over all API processes."""
     seconds, micros = client.time()
@@ -151,6 +165,7 @@ class _TeamSlots:
         self.lease_ms = int(lease_s * 1000)
         self._take = client.register_script(_TAKE)
         self._renew = client.register_script(_RENEW)
+        self._leave = client.register_script(_LEAVE)
 
     def take(self, team_id: str, cap: int) -> str | None:
         """A new slot's id; None when the team is full. Raises BrokerUnavailable when Redis
@@ -167,15 +182,31 @@ class _TeamSlots:
                 "down) and poll GET /v1/requests/<id>.", code="service_unavailable") from None
         return slot if taken else None
 
-    def renew(self, team_id: str, slot: str) -> None:
+    def renew(self, team_id: str, slot: str, request_ids: tuple[str, ...] = ()) -> None:
+        """Renew the slot's lease, and its lease as a waiter of each of `request_ids`."""
         try:
-            self._renew(keys=[_key(team_id)], args=[self.lease_ms, slot])
+            with self.redis.pipeline(transaction=False) as pipe:
+                for key in (_key(team_id), *map(_waiters_key, request_ids)):
+                    self._renew(keys=[key], args=[self.lease_ms, slot], client=pipe)
+                pipe.execute()
         except redis.RedisError:
             pass  # the lease runs out; tried again at the next renewal
 
-    def give_back(self, team_id: str, slot: str) -> None:
+    def others_waiting(self, request_id: str, slot: str) -> int:
+        """Take the slot out of the request's waiters; how many others still wait for it (0
+        while Redis cannot be reached: the caller cancels, as it did before joins)."""
         try:
-            self.redis.zrem(_key(team_id), slot)
+            return int(self._leave(keys=[_waiters_key(request_id)], args=[slot]))
+        except redis.RedisError:
+            return 0
+
+    def give_back(self, team_id: str, slot: str, request_ids: tuple[str, ...] = ()) -> None:
+        try:
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.zrem(_key(team_id), slot)
+                for request_id in request_ids:
+                    pipe.zrem(_waiters_key(request_id), slot)
+                pipe.execute()
         except redis.RedisError:
             pass  # its lease runs out
 
@@ -185,21 +216,37 @@ class _TeamSlots:
 
 class Hold:
     """One held connection: its team slot and process slot until `release`; `alive` renews the
-    lease when due and says whether the client is still there."""
+    lease when due and says whether the client is still there.
+
+    It also counts as a waiter of the requests it answers (`wait_for`), under the same slot id
+    and lease: calls with the same Idempotency-Key wait for the same requests, and one whose
+    client leaves cancels them only if no other call still waits (`others_waiting`)."""
 
     def __init__(self, owner: HeldConnections, team_id: str, slot: str,
                  sock: socket.socket | None) -> None:
         self.owner, self.team_id, self.slot = owner, team_id, slot
         self.sock = sock
         self.renewed_at = time.monotonic()
+        self.request_ids: tuple[str, ...] = ()
         self._released = False
         self._lock = threading.Lock()
+
+    def wait_for(self, request_ids: list[str]) -> None:
+        """Count this connection as a waiter of `request_ids` (renewed with its lease)."""
+        self.request_ids = tuple(request_ids)
+        self.renewed_at = time.monotonic()
+        self.owner.slots.renew(self.team_id, self.slot, self.request_ids)
+
+    def others_waiting(self, request_id: str) -> int:
+        """Stop waiting for `request_id`; how many other connections still wait for it."""
+        self.request_ids = tuple(rid for rid in self.request_ids if rid != request_id)
+        return self.owner.slots.others_waiting(request_id, self.slot)
 
     def alive(self) -> bool:
         now = time.monotonic()
         if now - self.renewed_at >= self.owner.lease_s / 3:
             self.renewed_at = now
-            self.owner.slots.renew(self.team_id, self.slot)
+            self.owner.slots.renew(self.team_id, self.slot, self.request_ids)
         return not client_gone(self.sock)
 
     def release(self) -> None:
@@ -209,7 +256,7 @@ class Hold:
             if self._released:
                 return
             self._released = True
-        self.owner.slots.give_back(self.team_id, self.slot)
+        self.owner.slots.give_back(self.team_id, self.slot, self.request_ids)
         self.owner.process_slots.release()
 
 

@@ -3,6 +3,16 @@
 Each completion is an ordinary request (same predict -> route -> engine path, same records);
 the endpoint waits for its end, or with `stream: true` relays the text the engine worker
 publishes as server-sent events while it is generated.
+
+With an `Idempotency-Key` header (per team, as on POST /v1/requests), a call joins the requests
+an earlier call made under the key with the same body: a running one is waited for, a finished
+one answered at once, and a stream relays its text from the first token (a replay, then the
+rest as it comes). A cancelled one lets go of its key: the retry starts again. Another body
+under the key is a 409.
+
+A client that leaves has its requests cancelled, which aborts them in their engines, unless
+another call still waits for them (the same key): each held connection counts as a waiter of
+its requests in Redis (app/api/held.py).
 """
 
 from __future__ import annotations
@@ -126,11 +136,12 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
     try:
         # One request per choice (a stream has one: the body's validation saw to it).
         in_api = routing.enabled()
-        submitted, deferred = submit_together(svc, native_bodies(parsed), team_id=team_id,
-                                              stream=parsed.stream,
-                                              slo_miss_action=principal.slo_miss_action,
-                                              session_id=session_id, defer_predict=in_api)
-        if in_api:
+        submitted, deferred, created = submit_together(
+            svc, native_bodies(parsed), team_id=team_id, stream=parsed.stream,
+            slo_miss_action=principal.slo_miss_action, session_id=session_id,
+            defer_predict=in_api, idempotency_key=request.headers.get("Idempotency-Key"))
+        hold.wait_for([choice.id for choice in submitted])
+        if in_api and created:
             routing.route(submitted, deferred)
         if cold:
             _await_cold_start(svc, submitted, parsed.model, hold)
@@ -146,7 +157,7 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
             response.call_on_close(hold.release)
             handed_over = True
             return response
-        finished = _wait_for_all(svc, submitted, hold)
+        finished = _wait_for_all(svc, submitted, hold, joined=not created)
     finally:
         if not handed_over:
             hold.release()
@@ -155,11 +166,12 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
             {REQUEST_ID_HEADER: ", ".join(choice.id for choice in finished)})
 
 
-def _wait_for_all(svc: Services, submitted: list[InferenceRequest],
-                  hold: Hold) -> list[InferenceRequest]:
+def _wait_for_all(svc: Services, submitted: list[InferenceRequest], hold: Hold, *,
+                  joined: bool = False) -> list[InferenceRequest]:
     """The finished rows of a call's choices, in order. One that fails ends the call and the
-    others are cancelled (nobody would read them); after a timeout (504) all go on, as a single
-    request does. One deadline covers the whole call, however many choices it has."""
+    others are cancelled (unless another call waits for them); after a timeout (504) all go on,
+    as a single request does. One deadline covers the whole call, however many choices it has.
+    `joined`: the requests of an earlier call (Idempotency-Key), which may have ended."""
     deadline = time.monotonic() + svc.settings.sync_timeout_s
     finished: list[InferenceRequest] = []
     try:
@@ -167,12 +179,12 @@ def _wait_for_all(svc: Services, submitted: list[InferenceRequest],
             # NOTE: the first choice was stored a moment ago: it cannot have finished yet, so
             # its row is read once, at its end; a later one may have finished meanwhile.
             finished.append(_wait_until_finished(svc, choice.id, hold, deadline,
-                                                 may_be_finished=index > 0))
+                                                 may_be_finished=joined or index > 0))
     except GatewayTimeout:
         raise
     except BaseException:
         for choice in submitted[len(finished) + 1:]:
-            cancel_quietly(svc, choice.id, hold.team_id)
+            abandon(svc, choice.id, hold)
         raise
     return finished
 
@@ -230,8 +242,8 @@ def _quiet_ms(deadline: float) -> int:
 def _check_client(svc: Services, request_id: str, hold: Hold) -> None:
     """Renew the hold's lease; cancel the request of a client that has left."""
     if not hold.alive():
-        logger.info("client of %s left: cancelling it", request_id)
-        cancel_quietly(svc, request_id, hold.team_id)
+        logger.info("client of %s left", request_id)
+        abandon(svc, request_id, hold)
         raise ClientGone(f"The client closed its connection; request {request_id} was "
                          "cancelled.", code="client_closed_request")
 
@@ -303,7 +315,7 @@ def _await_cold_start(svc: Services, submitted: list[InferenceRequest], model: s
             time.sleep(COLD_START_POLL_S)
     except BaseException:
         for choice in submitted:
-            cancel_quietly(svc, choice.id, hold.team_id)
+            abandon(svc, choice.id, hold)
         raise
 
 
@@ -347,7 +359,7 @@ class _Relay:
                 yield event
         except GeneratorExit:
             if not self.finished:  # the client went away: stop generating for nobody
-                cancel_quietly(self.svc, self.request.id, self.team_id)
+                abandon(self.svc, self.request.id, self.hold)
             raise
 
     def _events(self) -> Iterator[str]:
@@ -430,9 +442,9 @@ class _Relay:
         socket, before any write would fail)."""
         if self.hold.alive():
             return False
-        logger.info("client of stream %s left: cancelling it", self.request.id)
+        logger.info("client of stream %s left", self.request.id)
         self.finished = True
-        cancel_quietly(self.svc, self.request.id, self.team_id)
+        abandon(self.svc, self.request.id, self.hold)
         return True
 
     def _keep_alive(self) -> Iterator[str]:
@@ -520,6 +532,18 @@ def _gathered(events: Generator[str, None, bool]) -> tuple[str, bool]:
 
 def _sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+def abandon(svc: Services, request_id: str, hold: Hold) -> None:
+    """The call held by `hold` stops waiting for `request_id` (its client left, or the call
+    ended early): cancel the request, which aborts it in its engine, unless another call still
+    waits for it (the same Idempotency-Key)."""
+    others = hold.others_waiting(request_id)
+    if others:
+        logger.info("%s left to the %d other call(s) waiting for it", request_id, others)
+        return
+    logger.info("cancelling %s: nobody waits for it", request_id)
+    cancel_quietly(svc, request_id, hold.team_id)
 
 
 def cancel_quietly(svc: Services, request_id: str, team_id: str) -> None:

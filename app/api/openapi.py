@@ -120,6 +120,14 @@ SESSION_PARAM = Param(
     "this header is absent).")
 ADMIN = "Operations (admin keys only)"
 
+#: A completion's Idempotency-Key: a retried call joins the first one's requests.
+COMPLETION_KEY_PARAM = Param(
+    "Idempotency-Key", "header",
+    {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY_LEN, "pattern": "^[^,]*$"},
+    "Calling again with the same key and body joins the first call's requests: a running one "
+    "is waited for, a finished one answered at once, a stream replayed from its first token; "
+    "a cancelled one starts again. Another body: 409. One header, without a comma.")
+
 OPERATIONS: dict[str, Operation] = {
     # --- native requests
     "requests.create": Operation(
@@ -145,14 +153,15 @@ OPERATIONS: dict[str, Operation] = {
                                    errors=(404,)),
     "openai.completions": Operation(
         "Create a completion", "OpenAI-compatible", c.CompletionObject, body=CompletionBody,
-        stream=c.CompletionChunk, errors=(400, 404, 413, 422, 504),
-        params=(*SLO_PARAMS, SESSION_PARAM),
+        stream=c.CompletionChunk, errors=(400, 404, 409, 413, 422, 504),
+        params=(*SLO_PARAMS, SESSION_PARAM, COMPLETION_KEY_PARAM),
         description="Waits for the answer; with `stream: true`, server-sent events as the text "
                     "is generated, ended by `data: [DONE]`."),
     "openai.chat_completions": Operation(
         "Create a chat completion", "OpenAI-compatible", c.ChatCompletionObject,
         body=ChatCompletionBody, stream=c.ChatCompletionChunk,
-        errors=(400, 404, 413, 422, 504), params=(*SLO_PARAMS, SESSION_PARAM),
+        errors=(400, 404, 409, 413, 422, 504),
+        params=(*SLO_PARAMS, SESSION_PARAM, COMPLETION_KEY_PARAM),
         description="As /v1/completions, with messages rendered by the model's chat template."),
     # --- files
     "files.upload": Operation(
