@@ -111,6 +111,13 @@ class ClusterSetup:
     #: Every instance's own settings and step times, in instance order (gpu.0, gpu.1, ...);
     #: empty: `num_instances` alike instances.
     fleet: tuple[FleetMember, ...] = ()
+    #: Routers deciding side by side (each API process routes its own held completions), each
+    #: taking the arrivals in turn; with `decision_s` above 0 a decision sees another's
+    #: assignment only once that one is noted, `decision_s` after it started (the herd effect).
+    num_routers: int = 1
+    #: Simulated time one routing decision takes, from reading the fleet to noting the
+    #: assignment; a router decides one request at a time. 0: decisions are instant.
+    decision_s: float = 0.0
 
     @classmethod
     def of_fleet(cls, fleet: Sequence[FleetMember], **options: object) -> ClusterSetup:
@@ -133,8 +140,11 @@ class ClusterSetup:
             raise ValueError("num_instances must be positive")
         if self.fleet and len(self.fleet) != self.num_instances:
             raise ValueError("num_instances must be the fleet's size")
-        if self.publish_interval_s < 0 or self.exec_noise_sigma < 0:
-            raise ValueError("publish_interval_s and exec_noise_sigma must not be negative")
+        if self.publish_interval_s < 0 or self.exec_noise_sigma < 0 or self.decision_s < 0:
+            raise ValueError("publish_interval_s, exec_noise_sigma and decision_s must not be "
+                             "negative")
+        if self.num_routers < 1:
+            raise ValueError("num_routers must be positive")
         if self.ground_truth not in GROUND_TRUTHS:
             raise ValueError(f"ground_truth must be one of {GROUND_TRUTHS}")
 
@@ -243,13 +253,14 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
     requests: list[SimulatedRequest] = []
     aborted = False
     for index, arrival_s in enumerate(arrival_times):
-        router.advance_to(arrival_s)
+        decided_at = router.decision_start(index, arrival_s)
+        router.advance_to(decided_at)
         hashes = workload.prefix_hashes_of(index) if config.enable_prefix_caching else ()
         request = SimulatedRequest(f"r{index}", arrival_s, workload.num_prompt_tokens[index],
                                    workload.num_output_tokens[index], predicted[index], hashes)
         requests.append(request)
         target = targets[index] if targets is not None and route_by_targets else None
-        router.route(_Routed(
+        router.route(RoutedRequest(
             request, router.planned(request, router_sees_prefixes),
             RequestView(request.request_id, request.num_prompt_tokens, predicted[index],
                         max_tokens=config.max_model_len - request.num_prompt_tokens,
@@ -257,7 +268,7 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
             None if target is None else RequestTargets.of(
                 None if target.ttft_s is None else target.ttft_s * 1000,
                 None if target.e2e_s is None else target.e2e_s * 1000,
-                miss_action, _moment(arrival_s))), arrival_s)
+                miss_action, _moment(arrival_s))), decided_at)
         if setup.abort_ttft_s is not None and index % 100 == 99 and _too_late(
                 requests, arrival_s, setup.abort_ttft_s, len(workload)):
             aborted = True
@@ -281,7 +292,7 @@ def _moment(at_s: float) -> datetime:
 
 
 @dataclass(slots=True)
-class _Routed:
+class RoutedRequest:
     """A request as the router holds it: its outcome, what it plans with, what policies read."""
 
     request: SimulatedRequest
@@ -336,7 +347,11 @@ class RoutedFleet:
             if member.throughput_rps is not None:
                 self.ledger.set_throughput(engine.instance_id, member.throughput_rps)
         self._tickets = itertools.count()
-        self._held: deque[_Routed] = deque()
+        self._decision_s = setup.decision_s
+        self._router_free_at = [0.0] * setup.num_routers
+        # Assignments not noted yet: (when noted, instance, request as planned, bound at).
+        self._unnoted: list[tuple[float, str, SimRequest, float]] = []
+        self._held: deque[RoutedRequest] = deque()
         self.rejected: set[str] = set()
         self.decision_s: list[float] = []
 
@@ -362,7 +377,7 @@ class RoutedFleet:
             if due > self._published_at[k]:
                 self._publish(k, due)
 
-    def route(self, routed: _Routed, now_s: float) -> None:
+    def route(self, routed: RoutedRequest, now_s: float) -> None:
         """Route, hold or refuse a new request at `now_s`, as the route task would."""
         rule = self.rules.late_binding
         if rule is not None and self._held and must_wait(
@@ -375,9 +390,18 @@ class RoutedFleet:
         elif isinstance(outcome, Routed):
             self._apply(routed, outcome, now_s)
 
-    def decide(self, routed: _Routed, now_s: float,
+    def decision_start(self, index: int, arrival_s: float) -> float:
+        """When the router taking the `index`-th arrival starts deciding it: at its arrival,
+        or once that router has finished its previous decision."""
+        k = index % len(self._router_free_at)
+        start = max(arrival_s, self._router_free_at[k])
+        self._router_free_at[k] = start + self._decision_s
+        return start
+
+    def decide(self, routed: RoutedRequest, now_s: float,
                held_since: float | None = None) -> Routed | Unrouted:
         """The decision pipeline on what the router knows at `now_s` (nothing applied)."""
+        self._note_due(now_s)
         return decide_route(
             RouteRequest(routed.view, targets=routed.targets, held_since=held_since),
             FleetRead(self._candidates), self.rules,
@@ -391,14 +415,14 @@ class RoutedFleet:
             self._publish(k, now_s)
             self._release(now_s)
 
-    def _decide(self, routed: _Routed, now_s: float,
+    def _decide(self, routed: RoutedRequest, now_s: float,
                 held_since: float | None = None) -> Routed | Unrouted:
         started = time.perf_counter()
         outcome = self.decide(routed, now_s, held_since)
         self.decision_s.append(time.perf_counter() - started)
         return outcome
 
-    def _hold(self, routed: _Routed, now_s: float) -> None:
+    def _hold(self, routed: RoutedRequest, now_s: float) -> None:
         routed.held = Held(routed.request.request_id, now_s)
         self._held.append(routed)
 
@@ -421,19 +445,33 @@ class RoutedFleet:
         for held in released:
             self._held.remove(scan[held.request_id])
 
-    def _apply(self, routed: _Routed, outcome: Routed, now_s: float) -> None:
+    def _apply(self, routed: RoutedRequest, outcome: Routed, now_s: float) -> None:
         """Refuse the request, or bind it to the chosen instance at `now_s`."""
         request = routed.request
         if outcome.refused:
             self.rejected.add(request.request_id)
             return
         instance_id = outcome.instance_id
+        bound_s = now_s + self._decision_s
         if instance_id in outcome.plan.what_ifs:
             # NOTE: the what-if counts from the bind; the request's latency from its arrival.
             request.what_if_e2e_s = (outcome.plan.what_ifs[instance_id][1]
-                                     + now_s - request.arrival_s)
-        self._by_id[instance_id].add(request, now_s)
-        self.ledger.assign(instance_id, routed.planned, now_s)
+                                     + bound_s - request.arrival_s)
+        self._by_id[instance_id].add(request, bound_s)
+        if self._decision_s > 0:
+            self._unnoted.append((bound_s, instance_id, routed.planned, bound_s))
+        else:
+            self.ledger.assign(instance_id, routed.planned, now_s)
+
+    def _note_due(self, now_s: float) -> None:
+        """Note the assignments whose decisions ended by `now_s`: what every router sees."""
+        if not self._unnoted:
+            return
+        due = [a for a in self._unnoted if a[0] <= now_s]
+        if due:
+            self._unnoted = [a for a in self._unnoted if a[0] > now_s]
+            for _, instance_id, planned, bound_s in due:
+                self.ledger.assign(instance_id, planned, bound_s)
 
     def _next_publication(self) -> tuple[int, float]:
         """The instance publishing next and when."""

@@ -590,11 +590,16 @@ class FleetLedger:
             ids = {r.request_id for r in snapshot.requests}
             assigned = [(r, at) for r, at in old.assigned
                         if at > published_at_s and r.request_id not in ids]
-        self._instances[instance_id] = _Entry(self, instance_id, snapshot, assigned)
+        self._instances[instance_id] = _Entry(self, instance_id, snapshot, published_at_s,
+                                              assigned)
 
     def assign(self, instance_id: str, request: SimRequest, assigned_at_s: float) -> None:
-        """Record that `request` (waiting, with the length planned with) was routed here."""
+        """Record that `request` (waiting, with the length planned with) was routed here at
+        `assigned_at_s`; a note older than the instance's snapshot is dropped (the snapshot
+        shows the request, as `publish` judges)."""
         entry = self._entry(instance_id)
+        if assigned_at_s < entry.published_at_s:
+            return
         entry.assigned.append((request, assigned_at_s))
         entry.changed()
 
@@ -642,6 +647,7 @@ class _Entry:
     ledger: FleetLedger
     instance_id: str
     snapshot: InstanceSnapshot
+    published_at_s: float
     # Routed here since the snapshot, in routing order, with their routing times.
     assigned: list[tuple[SimRequest, float]]
     _published: Published | None = None

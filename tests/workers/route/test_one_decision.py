@@ -22,8 +22,7 @@ from app.models import InferenceRequest
 from app.settings import Settings
 from tests.engine_states import engine_state, waiting_request
 from tests.workers.request_rows import REQUEST_FIELDS, stored_request
-from workers.cluster_sim.simulation import ClusterSetup, FleetMember, RoutedFleet
-from workers.cluster_sim.simulation import _Routed as SimRouted
+from workers.cluster_sim.simulation import ClusterSetup, FleetMember, RoutedFleet, RoutedRequest
 from workers.predict import stage as predict_stage
 from workers.predict.inline import InlineRouter
 from workers.route import tasks as route_tasks
@@ -112,7 +111,7 @@ def _simulated(policy_override: str | None, settings: Settings) -> list[str]:
     def route(step: int, request_id: str, prompt: int, predicted: int) -> tuple[str, str]:
         now = step / 10 + 0.05
         view = RequestView(request_id, prompt, predicted, max_tokens=MAX_TOKENS)
-        outcome = fleet.decide(SimRouted(None, None, view), now)  # type: ignore[arg-type]
+        outcome = fleet.decide(RoutedRequest(None, None, view), now)  # type: ignore[arg-type]
         assert isinstance(outcome, Routed)
         fleet.ledger.assign(outcome.instance_id,
                             SimRequest(request_id, prompt, predicted_output_tokens=predicted),
