@@ -17,6 +17,7 @@ from workers.health.rebalance import Rebalance
 from workers.health.sweep import Sweep
 from workers.health.undelivered import WebhookPolicy
 from workers.locks import held
+from workers.route.stage import exec_models
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,8 @@ def requeue_orphans() -> dict[str, int]:
     unserved = fail_unserved(rt.outbox, rt.fleet, settings,
                              timeout_s=settings.unserved_model_timeout_s)
     # A returning instance takes work at once (after a crash, the survivors hold the backlog).
-    rebalanced = Rebalance(rt.outbox, rt.redis).run(
+    rebalanced = Rebalance(rt.outbox, rt.redis, fleet=rt.fleet,
+                           exec_models=exec_models(rt).for_candidates).run(
         [status for status in statuses if status.instance_id not in forgotten])
     if rebalanced:
         logger.warning("rebalance: %d waiting request(s) back to routing for returned "

@@ -1,8 +1,9 @@
 """A returning instance takes work at once (workers/health/rebalance.py), on the real PostgreSQL
-and Redis: when an instance comes back idle, the newest half of the never-started requests
-waiting in the engines of its model's other instances go back to routing (streamed and started
-ones stay); an instance of another model takes nothing, and one that is busy again takes no
-more."""
+and Redis: when an instance comes back idle, it takes, by the what-if across the live pool, the
+never-started requests waiting in the engines of its model's other instances that would end
+sooner on it, routed to it directly (without execution-time models: the newest half go back to
+routing); streamed and started ones stay; an instance of another model takes nothing, and one
+that is busy again takes no more."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.engine_states import engine_state, waiting_request
 from workers.health.rebalance import Rebalance
 from workers.runtime import Runtime
 from workers.sim.engine_state import RequestState
+from workers.sim.exec_model import bundled_model, bundled_model_names
 
 RUNNING, QUEUED = RequestStatus.RUNNING, RequestStatus.QUEUED
 
@@ -69,3 +71,42 @@ def test_an_instance_that_never_left_takes_nothing(
     assert rebalance.run(rt.fleet.statuses()) == 0
     assert rebalance.run(rt.fleet.statuses()) == 0  # idle, but alive all along
     assert {request_status(r) for r in backlog} == {RUNNING}
+
+
+def _bundled(statuses: object) -> dict[str, object]:
+    model = bundled_model(bundled_model_names()[0])
+    return {s.instance_id: model for s in statuses}  # type: ignore[attr-defined]
+
+
+def test_a_returned_instance_takes_its_share_by_the_what_if_routed_to_it_directly(
+        rt: Runtime, routed_request: Callable[..., str],
+        request_status: Callable[[str], str]) -> None:
+    """Two survivors hold a backlog (12 and 6 waiting); the returned instance takes what would
+    end sooner on it, more from the longer queue, each request routed to it at once (a new
+    attempt there, assigned, its generate message on its queue), none back to routing, where
+    round robin (the bias watch's fallback) sent half of them back."""
+    rebalance = Rebalance(rt.outbox, rt.redis, fleet=rt.fleet, exec_models=_bundled)
+    long_queue = [routed_request("gpu.0", 1, RUNNING) for _ in range(12)]
+    short_queue = [routed_request("gpu.2", 1, RUNNING) for _ in range(6)]
+    publish(rt, "gpu.0", "big", *(waiting_request(r, 200, 200) for r in long_queue))
+    publish(rt, "gpu.2", "big", *(waiting_request(r, 200, 200) for r in short_queue))
+    publish(rt, "gpu.1", "big")
+    rt.fleet.mark_stopped("gpu.1")
+    assert rebalance.run(rt.fleet.statuses()) == 0
+
+    publish(rt, "gpu.1", "big")  # back, idle
+    moved = rebalance.run(rt.fleet.statuses())
+
+    taken = [r for r in long_queue + short_queue if request_status(r) == "routed"]
+    assert moved == len(taken) > 0
+    from_long = sum(r in long_queue for r in taken)
+    assert from_long > len(taken) - from_long  # more from the longer queue
+    assert set(taken) <= set(long_queue[-from_long:] + short_queue)  # the newest first
+    with rt.db.session() as session:
+        rows = [session.get(InferenceRequest, r) for r in taken]
+    assert {(row.instance_id, row.attempt, row.policy) for row in rows if row} == {
+        ("gpu.1", 2, "rebalance")}
+    assert request_ids_in_broker(rt.redis, ["gpu.1"], fresh_s=30) == set(taken)
+    assert request_ids_in_broker(rt.redis, ["route"], fresh_s=30) == set()
+    (gpu1,) = [s for s in rt.fleet.statuses() if s.instance_id == "gpu.1"]
+    assert {a.request_id for a in gpu1.assigned} == set(taken)
