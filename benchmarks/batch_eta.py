@@ -109,12 +109,22 @@ def choose_models(rows: Sequence[LengthRow]) -> tuple[str, str]:
 
 def make_batches(test: Sequence[LengthRow], models: Sequence[str], *, lines: int,
                  seed: int) -> list[BatchSpec]:
-    """Per model: short, long and mixed answers, twice each (other prompts where there are
-    enough; lines drawn with replacement from each pool)."""
+    """Per model: prompts that ask for short answers, for long ones, and a mix, twice each
+    (other prompts where there are enough; lines drawn with replacement from each pool).
+
+    NOTE: a prompt's kind is what it asks, its median answer over every model, not this
+    model's own answer to it: choosing by the answer the estimate is judged on would pick
+    each model's own outliers (regression to the mean), not unlike content.
+    """
     rng = np.random.default_rng(seed)
+    by_prompt: dict[str, list[int]] = defaultdict(list)
+    for row in test:
+        by_prompt[row.prompt_id].append(row.output_tokens)
+    asks = {pid: statistics.median(tokens) for pid, tokens in by_prompt.items()}
     batches = []
     for fleet, model in enumerate(models):
-        own = sorted((r for r in test if r.model == model), key=lambda r: r.output_tokens)
+        own = sorted((r for r in test if r.model == model),
+                     key=lambda r: (asks[r.prompt_id], r.prompt_id))
         half = len(own) // 2
         pools = {"short": own[:half], "long": own[half:], "mixed": own}
         for kind, pool in pools.items():
@@ -171,9 +181,8 @@ def _one(spec: BatchSpec, head: LengthPredictor, counter: TokenCounter, mean: fl
     truth_lines = [EtaLine(p, min(r.output_tokens, c))
                    for p, r, c in zip(prompts, spec.rows, room, strict=True)]
     predicted = head.predict_batch([r.prompt for r in spec.rows], spec.model, room)
-    learned_tokens = [expected_tokens(p.tokens, p.p90_tokens, c)
-                      for p, c in zip(predicted, room, strict=True)]
-    mean_tokens = [min(round(mean), c) for c in room]
+    learned = [(p.tokens, p.p90_tokens) for p in predicted]
+    means = [(min(round(mean), c), None) for c in room]
     shapes = tuple((counter(r.prompt), r.output_tokens) for r in interactive)
     load = InteractiveLoad(args.rate, shapes)
     fleet = fleet_of(spec.fleet)
@@ -181,18 +190,18 @@ def _one(spec: BatchSpec, head: LengthPredictor, counter: TokenCounter, mean: fl
         max_in_flight=args.window, seed=seed, step_noise=args.step_noise), checkpoint=0.25)
     config = EtaConfig(max_in_flight=args.window, max_lines=args.max_lines, seed=seed + 1000)
 
-    def at_start(tokens: Sequence[int]) -> float:
-        return estimate([EtaLine(p, t) for p, t in zip(prompts, tokens, strict=True)], fleet,
-                        load, config).seconds
+    def at_start(lengths: Sequence[tuple[int, int | None]]) -> float:
+        return estimate([EtaLine(p, expected_tokens(m, p90, c)) for p, (m, p90), c in zip(
+            prompts, lengths, room, strict=True)], fleet, load, config).seconds
 
-    def at_quarter(tokens: Sequence[int]) -> float:
-        rest = [EtaLine(prompts[i] + made, max(1, tokens[i] - made))
+    def at_quarter(lengths: Sequence[tuple[int, int | None]]) -> float:
+        rest = [EtaLine(prompts[i] + made,
+                        expected_tokens(*lengths[i], room[i], made=made) - made)
                 for i, made in quarter.unfinished]
         return estimate(rest, fleet, load, config).seconds
 
-    return Outcome(spec, truth.seconds, at_start(learned_tokens), at_start(mean_tokens),
-                   truth.seconds - quarter.at_s, at_quarter(learned_tokens),
-                   at_quarter(mean_tokens),
+    return Outcome(spec, truth.seconds, at_start(learned), at_start(means),
+                   truth.seconds - quarter.at_s, at_quarter(learned), at_quarter(means),
                    saturated_lines_per_s(truth_lines, fleet, EtaConfig(
                        max_in_flight=args.window, max_lines=len(truth_lines))))
 

@@ -141,6 +141,7 @@ class _Remaining:
     prompt_tokens: int
     generated: int = 0
     predicted: int | None = None
+    predicted_p90: int | None = None
 
 
 def _remaining(session: Session, batch_id: str,
@@ -164,14 +165,15 @@ def _remaining(session: Session, batch_id: str,
         select(InferenceRequest.prompt, InferenceRequest.messages,
                InferenceRequest.max_tokens, InferenceRequest.model,
                InferenceRequest.prompt_tokens, InferenceRequest.predicted_output_tokens,
-               InferenceRequest.output_tokens)
+               InferenceRequest.predicted_output_tokens_p90, InferenceRequest.output_tokens)
         .where(*unfinished, InferenceRequest.batch_line % every == 0)).all()
     rows = [_Remaining(_query(f.get("messages") or f.get("prompt", ""), f.get("max_tokens"),
                               f.get("model")), int(f.get("prompt_tokens") or 1))
             for f in pending if f]
     rows += [_Remaining(_query(r.messages or r.prompt, r.max_tokens, r.model),
                         int(r.prompt_tokens or 1), int(r.output_tokens or 0),
-                        r.predicted_output_tokens) for r in running]
+                        r.predicted_output_tokens, r.predicted_output_tokens_p90)
+             for r in running]
     return rows, total
 
 
@@ -192,10 +194,11 @@ def _predicted_lines(rt: Runtime, remaining: Sequence[_Remaining]) -> list[eta.E
     lines = []
     for r in remaining:
         if r.predicted is not None:
-            tokens = r.predicted
+            median, p90 = r.predicted, r.predicted_p90
         else:
             answer = next(answers)
-            tokens = eta.expected_tokens(answer.tokens, answer.p90_tokens, r.query.max_tokens)
+            median, p90 = answer.tokens, answer.p90_tokens
+        tokens = eta.expected_tokens(median, p90, r.query.max_tokens, made=r.generated)
         lines.append(eta.EtaLine(r.prompt_tokens + r.generated, max(1, tokens - r.generated)))
     return lines
 

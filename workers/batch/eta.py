@@ -144,18 +144,38 @@ def saturated_lines_per_s(lines: Sequence[EtaLine], fleet: Sequence[EtaInstance]
     return estimate(lines, fleet, InteractiveLoad(), config).lines_per_s
 
 
-def expected_tokens(median: int, p90: int | None, cap: int) -> int:
+def expected_tokens(median: int, p90: int | None, cap: int, made: int = 0) -> int:
     """A line's expected output tokens from its predicted median and 90th percentile, as a
-    lognormal through both (at most `cap`).
+    lognormal through both (at most `cap`); given that it has made `made` tokens and not
+    finished, its expected length knowing that (never below `made` + 1).
 
     NOTE: a batch's duration is a sum of lengths, and answer lengths are right-skewed: the sum
     of medians falls short of the sum (by exp(sigma^2 / 2), a third at the head's typical
-    spread), so the estimate uses expected values.
+    spread), so the estimate uses expected values. A running line that has passed its
+    predicted median is likely a long one: its remaining length is the lognormal's tail
+    beyond what it made, not the median less what it made.
     """
+    floor = made + 1
     if p90 is None or p90 <= median or median < 1:
-        return max(1, min(median, cap))
+        return max(floor, min(median, cap))
     sigma = math.log(p90 / median) / _Z90
-    return max(1, min(cap, round(median * math.exp(sigma * sigma / 2))))
+    mu = math.log(median)
+    if made <= 0:
+        mean = math.exp(mu + sigma * sigma / 2)
+    else:
+        # E[L | L > m] of a lognormal: exp(mu + s^2/2) * Phi((mu + s^2 - ln m) / s)
+        # / Phi((mu - ln m) / s); far in the tail, m itself plus a little.
+        tail = _phi((mu - math.log(made)) / sigma)
+        if tail < 1e-9:
+            return max(floor, min(cap, made + 1))
+        mean = (math.exp(mu + sigma * sigma / 2)
+                * _phi((mu + sigma * sigma - math.log(made)) / sigma) / tail)
+    return max(floor, min(cap, round(mean)))
+
+
+def _phi(x: float) -> float:
+    """The standard normal's distribution function."""
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
 
 
 def _sample(lines: Sequence[EtaLine], most: int) -> list[EtaLine]:

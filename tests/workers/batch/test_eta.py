@@ -95,3 +95,12 @@ def test_a_lines_expected_length_sits_above_its_median_as_its_spread_grows() -> 
     narrow, wide = expected_tokens(100, 150, 4096), expected_tokens(100, 400, 4096)
     assert 100 < narrow < wide
     assert expected_tokens(100, 400, 120) == 120  # never past the line's max_tokens
+
+
+def test_a_running_line_past_its_median_is_expected_to_run_longer() -> None:
+    fresh = expected_tokens(100, 300, 4096)
+    assert expected_tokens(100, 300, 4096, made=10) >= fresh  # barely started: about the same
+    past = expected_tokens(100, 300, 4096, made=400)
+    assert past > 400 + (fresh - 100)  # its tail: more than the median less what it made
+    assert expected_tokens(100, 300, 450, made=400) == 450  # still within its max_tokens
+    assert expected_tokens(100, None, 4096, made=150) == 151  # no spread: just past it
