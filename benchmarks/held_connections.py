@@ -34,10 +34,11 @@ import redis
 from app.api.held import held_slots
 from app.cli.stack import free_port, process_commands, stop_stacks_on_sigterm
 from app.db import Database
-from app.migrate import recreate_database, upgrade
 from app.settings import Settings
 from app.teams import ensure_team_key
+from benchmarks.local import fresh_services
 from benchmarks.paths import ROOT, TINY_MODEL
+from benchmarks.quiet import print_load_average
 
 TEAM = "bench"
 CHAT = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}],
@@ -82,10 +83,8 @@ def main() -> int:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
     args = parser.parse_args()
     stop_stacks_on_sigterm()  # SIGTERM runs the `finally` that stops the API
-    print(f"load average at the start: {os.getloadavg()}", flush=True)
-    recreate_database(args.database_url)
-    upgrade(args.database_url)
-    redis.Redis.from_url(args.redis_url).flushdb()
+    print_load_average("start")
+    fresh_services(args.database_url, args.redis_url)
     with tempfile.TemporaryDirectory(prefix="blockq-bench-held-") as tmp:
         settings = Settings(
             database_url=args.database_url, redis_url=args.redis_url, data_dir=Path(tmp),
@@ -141,7 +140,8 @@ def main() -> int:
     print("\n| measure | value |\n|---|---|")
     for name, value in rows:
         print(f"| {name} | {value} |")
-    print(f"\nload average at the end: {os.getloadavg()}")
+    print()
+    print_load_average("end")
     return 0
 
 

@@ -31,15 +31,15 @@ from typing import Any
 
 from rich.console import Console
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+from benchmarks import quiet
+from benchmarks.live import models, workloads
+from benchmarks.live.point import POLICIES, PointSpec, run_point
+from benchmarks.live.report import fmt, plot, print_report, versus_simulated_points
+from benchmarks.live.stats import rates_around_simulated, search_capacity
+from benchmarks.paths import ROOT
 
+sys.path.insert(0, str(ROOT / "scripts"))  # until bench_cluster moves into the package
 from bench_cluster import NUM_BLOCKS  # noqa: E402 - each emulated GPU's KV blocks, as simulated
-from live_bench import models, quiet, workloads  # noqa: E402
-from live_bench.point import POLICIES, PointSpec, run_point  # noqa: E402
-from live_bench.report import fmt, plot, print_report, versus_simulated_points  # noqa: E402
-from live_bench.stats import rates_around_simulated, search_capacity  # noqa: E402
 
 from app.cli.stack import stop_stacks_on_sigterm  # noqa: E402
 

@@ -8,27 +8,22 @@ import asyncio
 import functools
 import json
 import math
-import sys
 import threading
 from pathlib import Path
 
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from live_bench import point  # noqa: E402
-from live_bench.models import (  # noqa: E402
+from benchmarks.live import point
+from benchmarks.live.models import (
     assign_models,
     fleet_models,
     parse_model_shares,
     split_by_model,
     stack_fleet,
 )
-from live_bench.workloads import LiveRequest, LiveWorkload  # noqa: E402
-
-from workers.sim.fleet_spec import parse_fleet  # noqa: E402
+from benchmarks.live.workloads import LiveRequest, LiveWorkload
+from workers.sim.fleet_spec import parse_fleet
 
 FLEET_B = json.dumps([
     {"model": "llama-2-7b", "count": 2, "exec_model": "llama-2-7b-a100"},

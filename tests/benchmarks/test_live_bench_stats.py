@@ -1,29 +1,17 @@
-"""Pure parts of the live benchmark (scripts/live_bench): time conversion, percentiles with
+"""Pure parts of the live benchmark (`benchmarks.live`): time conversion, percentiles with
 requests that never finished, the capacity search."""
 
 from __future__ import annotations
 
-import importlib
 import math
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _stats() -> ModuleType:
-    scripts = str(ROOT / "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)
-    return importlib.import_module("live_bench.stats")
+from benchmarks.live import report, stats
 
 
 def test_wall_times_and_rates_convert_to_emulated_ones() -> None:
-    stats = _stats()
     assert stats.emulated_s(12.0, 4.0) == 3.0  # 4 wall s per emulated s: slow motion
     assert stats.emulated_s(0.3, 0.1) == pytest.approx(3.0)
     assert stats.wall_rate(60.0, 4.0) == 15.0
@@ -35,11 +23,10 @@ def test_wall_times_and_rates_convert_to_emulated_ones() -> None:
 def test_percentiles_match_numpy(n: int) -> None:
     values = list(np.random.default_rng(n).exponential(1.0, n))
     for q in (0, 50, 99, 100):
-        assert _stats().percentile(values, q) == pytest.approx(np.percentile(values, q))
+        assert stats.percentile(values, q) == pytest.approx(np.percentile(values, q))
 
 
 def test_a_request_that_never_finished_counts_as_infinitely_late() -> None:
-    stats = _stats()
     values = [1.0] * 99 + [math.inf]
     assert stats.percentile(values, 50) == 1.0
     assert math.isinf(stats.percentile(values, 99.5))
@@ -61,7 +48,7 @@ def _fake_measure(capacity: float):  # type: ignore[no-untyped-def]
 
 def test_the_capacity_search_stops_at_the_first_failure_then_bisects() -> None:
     measure, calls = _fake_measure(capacity=47.0)
-    result = _stats().search_capacity(measure, [60.0, 30.0, 40.0, 50.0, 70.0], slo=3.0,
+    result = stats.search_capacity(measure, [60.0, 30.0, 40.0, 50.0, 70.0], slo=3.0,
                                       bisect_steps=2)
     assert calls == [30.0, 40.0, 50.0, 45.0, 47.5]  # ascending, 60 and 70 never run
     assert (result.capacity, result.first_failing) == (45.0, 47.5)
@@ -69,7 +56,6 @@ def test_the_capacity_search_stops_at_the_first_failure_then_bisects() -> None:
 
 
 def test_the_capacity_search_when_all_pass_or_none_does() -> None:
-    stats = _stats()
     measure, calls = _fake_measure(capacity=100.0)
     result = stats.search_capacity(measure, [10.0, 20.0], slo=3.0, bisect_steps=3)
     assert (result.capacity, result.first_failing, calls) == (20.0, None, [10.0, 20.0])
@@ -80,14 +66,13 @@ def test_the_capacity_search_when_all_pass_or_none_does() -> None:
 
 def test_the_bisection_stops_at_the_resolution() -> None:
     measure, calls = _fake_measure(capacity=41.0)
-    result = _stats().search_capacity(measure, [40.0, 42.0], slo=3.0, bisect_steps=5,
+    result = stats.search_capacity(measure, [40.0, 42.0], slo=3.0, bisect_steps=5,
                                       resolution=1.0)
     assert calls == [40.0, 42.0, 41.0] and result.capacity == 41.0
 
 
 @pytest.mark.parametrize("total", [1, 2, 10, 100, 1000, 1001])
 def test_a_percentile_is_certainly_above_once_enough_values_are(total: int) -> None:
-    stats = _stats()
     rng = np.random.default_rng(total)
     for num_above in range(total + 1):
         certain = stats.percentile_certainly_above(num_above, total, 99)
@@ -98,7 +83,6 @@ def test_a_percentile_is_certainly_above_once_enough_values_are(total: int) -> N
 
 
 def test_certainty_needs_the_values_at_and_above_the_lower_interpolation_point() -> None:
-    stats = _stats()
     # p99 of 1000 values interpolates between the 990th and 991st: 11 above make it certain,
     # 10 do not (the 990th may still be under the bound).
     assert stats.percentile_certainly_above(11, 1000, 99)
@@ -107,7 +91,6 @@ def test_certainty_needs_the_values_at_and_above_the_lower_interpolation_point()
 
 
 def test_only_certainly_late_requests_count_as_late() -> None:
-    stats = _stats()
     progress = stats.RequestProgress
     rows = [
         progress("ended-on-time", True, 0.0, 2.0, False),
@@ -127,7 +110,6 @@ def test_only_certainly_late_requests_count_as_late() -> None:
 
 
 def test_live_rates_bracket_the_simulated_capacity_of_the_same_setup() -> None:
-    stats = _stats()
     summary = [
         {"workload": "conversations", "config": "block", "num_requests": 4000, "seed": 0,
          "capacity_rps": 50.0},
@@ -153,7 +135,6 @@ def test_live_rates_bracket_the_simulated_capacity_of_the_same_setup() -> None:
 
 
 def test_engine_stall_counts_time_beyond_the_steps_only_while_work_waits() -> None:
-    stats = _stats()
     step = stats.StepRecord
     steps = [step(0.0, 0.1, True), step(0.1, 0.1, True),  # on time
              step(0.5, 0.1, False),  # 0.3 s late: the thread did not run
@@ -168,8 +149,6 @@ def test_engine_stall_counts_time_beyond_the_steps_only_while_work_waits() -> No
 
 
 def test_live_points_are_put_beside_the_simulated_ones_of_the_same_fleet_policy_and_rate() -> None:
-    _stats()
-    report = importlib.import_module("live_bench.report")
     fleet = "4xllama-2-7b-a100+8xllama-2-7b-a30"
     live = {"fleet_label": fleet, "requests": 2000, "seed": 0, "policies": ["block_slo"],
             "points": [{"policy": "block_slo", "rate": 58.0, "stopped_early": False,

@@ -4,20 +4,14 @@ way) finds what the trace says is shared."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+from benchmarks.live.workloads import mooncake, mooncake_token_ids
+from benchmarks.paths import DATA_DIR
+from workers.serve.prefixes import PrefixMemory
+from workers.sim.snapshot import live_prefix_unit_tokens
 
-from live_bench.workloads import mooncake, mooncake_token_ids  # noqa: E402
-
-from workers.serve.prefixes import PrefixMemory  # noqa: E402
-from workers.sim.snapshot import live_prefix_unit_tokens  # noqa: E402
-
-DATA = ROOT.parent / "shared" / "data"
+DATA = DATA_DIR
 
 
 def test_prompts_share_tokens_where_the_hashes_do() -> None:

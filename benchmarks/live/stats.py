@@ -9,9 +9,10 @@ that they compare with the paper's GPUs and with the discrete-event benchmark.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from benchmarks.stats import percentile, percentile_certainly_above
 
 __all__ = ["LatencySummary", "CapacityResult", "RequestProgress", "count_done_and_late",
            "emulated_s", "wall_rate", "percentile", "percentile_certainly_above", "summarize",
@@ -31,32 +32,6 @@ def wall_rate(emulated_rate: float, time_scale: float) -> float:
     if time_scale <= 0:
         raise ValueError(f"time_scale must be positive, got {time_scale}")
     return emulated_rate / time_scale
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile with numpy's default (linear) interpolation; a value of inf (a
-    request that never got its first token) ranks last, and a percentile that reaches one is
-    inf. nan for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(float(v) for v in values)
-    position = q / 100 * (len(ordered) - 1)
-    low, high = math.floor(position), math.ceil(position)
-    if math.isinf(ordered[high]):
-        return math.inf
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def percentile_certainly_above(num_above: int, total: int, q: float) -> bool:
-    """Whether `num_above` of `total` values above a bound make the q-th percentile (as
-    `percentile` computes it) exceed that bound, whatever the other values turn out to be.
-
-    The percentile interpolates between the sorted values at floor and ceil of q/100 x (n-1);
-    once the lower of the two is above the bound, so is the percentile.
-    """
-    if total <= 0:
-        return False
-    return num_above >= total - math.floor(q / 100 * (total - 1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,10 +25,9 @@ import sqlalchemy as sa
 
 from app.cli.stack import Stack
 from app.fleet import Fleet
-from app.migrate import recreate_database, upgrade
 from app.settings import Settings
-from live_bench.models import split_by_model
-from live_bench.stats import (
+from benchmarks.live.models import split_by_model
+from benchmarks.live.stats import (
     RequestProgress,
     count_done_and_late,
     emulated_s,
@@ -37,7 +36,8 @@ from live_bench.stats import (
     summarize,
     wall_rate,
 )
-from live_bench.workloads import LiveWorkload, write_jsonl
+from benchmarks.live.workloads import LiveWorkload, write_jsonl
+from benchmarks.local import bench_stack, fresh_services
 
 __all__ = ["POLICIES", "PointSpec", "policy_setup", "run_point"]
 
@@ -347,15 +347,12 @@ def _rows(database_url: str) -> list[dict[str, Any]]:
 
 def run_point(spec: PointSpec, log: Any = print) -> dict[str, Any]:
     """Measure one point; the raw result (per-request samples included) as a dict."""
-    recreate_database(spec.database_url)
-    upgrade(spec.database_url)
-    redis.Redis.from_url(spec.redis_url).flushdb()
+    fresh_services(spec.database_url, spec.redis_url)
     wall_per_s = wall_rate(spec.rate, spec.time_scale)
     workload = spec.workload
     with tempfile.TemporaryDirectory(prefix="blockq-live-") as tmp:
         settings = _settings(spec, Path(tmp))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKQ_")}
-        stack = Stack(settings, env={**env, **settings.as_env()})
+        stack = bench_stack(settings)
         started = time.time()
         try:
             stack.start()

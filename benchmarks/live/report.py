@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.tables import fmt
+
 __all__ = ["fmt", "print_report", "plot", "versus_simulated_points"]
-
-
-def fmt(value: float | None, digits: int = 2) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return "inf" if math.isinf(value) else f"{value:.{digits}f}"
 
 
 def _capacity(points: list[dict[str, Any]], slo: float) -> tuple[float | None, float | None]:

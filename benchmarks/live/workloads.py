@@ -66,7 +66,7 @@ class LiveRequest:
     #: learned-errors noise model's, when available), None if there is none.
     learned_tokens: int | None
     max_tokens: int
-    #: The model the request names (a fleet of several models: `live_bench.models`); None: the
+    #: The model the request names (a fleet of several models: `benchmarks.live.models`); None: the
     #: request names none (the stack's default model).
     model: str | None = None
 

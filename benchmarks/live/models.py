@@ -12,8 +12,8 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
-from live_bench.stats import summarize
-from live_bench.workloads import LiveWorkload
+from benchmarks.live.stats import summarize
+from benchmarks.live.workloads import LiveWorkload
 from workers.sim.fleet_spec import InstanceSpec
 
 __all__ = ["assign_models", "fleet_models", "parse_model_shares", "split_by_model", "stack_fleet"]
