@@ -25,6 +25,7 @@ from rich.table import Table
 from app.cli.demo import load_sample_prompts
 from app.cli.stack import stop_stacks_on_sigterm
 from app.settings import Settings
+from benchmarks import quiet
 from benchmarks.local import add_service_arguments, bench_stack, fresh_services
 from benchmarks.paths import TINY_MODEL
 
@@ -75,40 +76,41 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     add_service_arguments(parser)
     args = parser.parse_args()
-    stop_stacks_on_sigterm()
+    with quiet.alone():  # measured alone, on a quiet machine
+        stop_stacks_on_sigterm()
 
-    fresh_services(args.database_url, args.redis_url)
-    with tempfile.TemporaryDirectory() as data_dir:
-        settings = Settings(
-            database_url=args.database_url, redis_url=args.redis_url, data_dir=Path(data_dir),
-            model_path=TINY_MODEL, api_port=8791, flower_port=5591,
-            num_instances=args.instances, engine_kind="emulated",
-            emulated_time_scale=args.time_scale, routing_policy=args.policy,
-            length_predictor=args.length_predictor,
-        )
-        stack = bench_stack(settings)
-        try:
-            stack.start()
-            stack.wait_ready(num_instances=args.instances, timeout_s=300)
-            _send(stack.client(), args.requests, args.rate, args.seed)
-        finally:
-            stack.stop()
-    records = _routing_records(args.database_url)
-    table = Table(title=f"Decision overhead: {args.policy}, {args.instances} emulated instances, "
-                        f"{len(records)} requests at {args.rate}/s")
-    for column in ("measure", "median (ms)", "p99 (ms)", "candidates"):
-        table.add_column(column, justify="right")
-    num_candidates = int(np.median([len(r["scores"]) for r in records]))
-    rows = {
-        "enter predict -> publish on gpu.<k>": [r["overhead_ms"] for r in records
-                                                if "overhead_ms" in r],
-        "  predict stage (DB + length model)": _stage(records, "predict"),
-        "  hand-off to the route task (broker)": _stage(records, "handoff"),
-        "  route task (DB + decision + publish)": _stage(records, "route"),
-        "  of which the decision (all what-ifs)": [r["decision_ms"] for r in records],
-    }
-    for label, values in rows.items():
-        table.add_row(label, f"{np.median(values):.2f}", f"{np.percentile(values, 99):.2f}",
-                      str(num_candidates))
-    Console().print(table)
-    return 0
+        fresh_services(args.database_url, args.redis_url)
+        with tempfile.TemporaryDirectory() as data_dir:
+            settings = Settings(
+                database_url=args.database_url, redis_url=args.redis_url, data_dir=Path(data_dir),
+                model_path=TINY_MODEL, api_port=8791, flower_port=5591,
+                num_instances=args.instances, engine_kind="emulated",
+                emulated_time_scale=args.time_scale, routing_policy=args.policy,
+                length_predictor=args.length_predictor,
+            )
+            stack = bench_stack(settings)
+            try:
+                stack.start()
+                stack.wait_ready(num_instances=args.instances, timeout_s=300)
+                _send(stack.client(), args.requests, args.rate, args.seed)
+            finally:
+                stack.stop()
+        records = _routing_records(args.database_url)
+        table = Table(title=f"Decision overhead: {args.policy}, {args.instances} emulated "
+                            f"instances, {len(records)} requests at {args.rate}/s")
+        for column in ("measure", "median (ms)", "p99 (ms)", "candidates"):
+            table.add_column(column, justify="right")
+        num_candidates = int(np.median([len(r["scores"]) for r in records]))
+        rows = {
+            "enter predict -> publish on gpu.<k>": [r["overhead_ms"] for r in records
+                                                    if "overhead_ms" in r],
+            "  predict stage (DB + length model)": _stage(records, "predict"),
+            "  hand-off to the route task (broker)": _stage(records, "handoff"),
+            "  route task (DB + decision + publish)": _stage(records, "route"),
+            "  of which the decision (all what-ifs)": [r["decision_ms"] for r in records],
+        }
+        for label, values in rows.items():
+            table.add_row(label, f"{np.median(values):.2f}", f"{np.percentile(values, 99):.2f}",
+                          str(num_candidates))
+        Console().print(table)
+        return 0

@@ -30,6 +30,7 @@ from app.migrate import recreate_database, upgrade
 from app.models import InferenceRequest, Priority, utcnow
 from app.outbox import Outbox
 from app.settings import Settings
+from benchmarks import quiet
 
 DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/blockq_bench_outbox"
 REDIS_URL = "redis://127.0.0.1:6379/11"
@@ -54,42 +55,42 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--handoffs", type=int, default=1000, help="of each kind")
     args = parser.parse_args()
+    with quiet.alone():  # measured alone, on a quiet machine
+        recreate_database(DATABASE_URL)
+        upgrade(DATABASE_URL)
+        broker = redis.Redis.from_url(REDIS_URL)
+        broker.flushdb()
+        settings = Settings(database_url=DATABASE_URL, redis_url=REDIS_URL)
+        db = Database(DATABASE_URL)
+        celery = create_celery(settings, set_as_current=False)
+        outbox = Outbox(db, celery)
+        request_id = _request(db)
+        message = dispatch.predict(request_id, priority=0)
 
-    recreate_database(DATABASE_URL)
-    upgrade(DATABASE_URL)
-    broker = redis.Redis.from_url(REDIS_URL)
-    broker.flushdb()
-    settings = Settings(database_url=DATABASE_URL, redis_url=REDIS_URL)
-    db = Database(DATABASE_URL)
-    celery = create_celery(settings, set_as_current=False)
-    outbox = Outbox(db, celery)
-    request_id = _request(db)
-    message = dispatch.predict(request_id, priority=0)
+        def direct() -> None:
+            with db.session() as session:
+                _touch(session, request_id)
+            message.send(celery)
 
-    def direct() -> None:
-        with db.session() as session:
-            _touch(session, request_id)
-        message.send(celery)
+        def staged() -> None:
+            with outbox.transaction() as tx:
+                _touch(tx.session, request_id)
+                tx.post(message)
 
-    def staged() -> None:
-        with outbox.transaction() as tx:
-            _touch(tx.session, request_id)
-            tx.post(message)
-
-    kinds: dict[str, Callable[[], None]] = {"direct": direct, "outbox": staged}
-    timings: dict[str, list[float]] = {name: [] for name in kinds}
-    for handoff in kinds.values():  # warm the pools
-        for _ in range(20):
-            handoff()
-    for _ in range(args.handoffs):
-        for name, handoff in kinds.items():
-            started = time.perf_counter()
-            handoff()
-            timings[name].append((time.perf_counter() - started) * 1000)
-    broker.flushdb()
-    db.dispose()
-    _report(timings, args.handoffs)
-    return 0
+        kinds: dict[str, Callable[[], None]] = {"direct": direct, "outbox": staged}
+        timings: dict[str, list[float]] = {name: [] for name in kinds}
+        for handoff in kinds.values():  # warm the pools
+            for _ in range(20):
+                handoff()
+        for _ in range(args.handoffs):
+            for name, handoff in kinds.items():
+                started = time.perf_counter()
+                handoff()
+                timings[name].append((time.perf_counter() - started) * 1000)
+        broker.flushdb()
+        db.dispose()
+        _report(timings, args.handoffs)
+        return 0
 
 
 def _report(timings: dict[str, list[float]], handoffs: int) -> None:

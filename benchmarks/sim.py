@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks import quiet
 from benchmarks.paths import DATA_DIR
 from workers.sim import (
     ExecModel,
@@ -182,18 +183,19 @@ def main() -> None:
                         help="expected future arrivals per second (the trace's mean shape)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = parser.parse_args()
-    lengths = load_lengths(args.data / TRACE, A30_QWEN2_7B.max_model_len)
-    model = bundled_model(args.model)
-    future = NO_FUTURE_LOAD
-    if args.future_rate > 0:
-        future = FutureLoad(args.future_rate, statistics.fmean(p for p, _ in lengths),
-                            statistics.fmean(d for _, d in lengths))
-    rows = [bench(size, lengths, model, args.repeats, args.reference_repeats, args.seed, future)
-            for size in args.sizes]
-    title = f"One what-if prediction, {args.model}, A30 Qwen2-7B instance"
-    if future.active:
-        title += (f", future load {future.rate_per_s:g} req/s of {future.num_prompt_tokens:.0f}"
-                  f" + {future.num_output_tokens:.0f} tokens")
-    print_rows(rows, title, args.markdown)
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peak RSS of this process: {peak_mb:.0f} MB")
+    with quiet.alone():  # measured alone, on a quiet machine
+        lengths = load_lengths(args.data / TRACE, A30_QWEN2_7B.max_model_len)
+        model = bundled_model(args.model)
+        future = NO_FUTURE_LOAD
+        if args.future_rate > 0:
+            future = FutureLoad(args.future_rate, statistics.fmean(p for p, _ in lengths),
+                                statistics.fmean(d for _, d in lengths))
+        rows = [bench(size, lengths, model, args.repeats, args.reference_repeats, args.seed, future)
+                for size in args.sizes]
+        title = f"One what-if prediction, {args.model}, A30 Qwen2-7B instance"
+        if future.active:
+            title += (f", future load {future.rate_per_s:g} req/s of {future.num_prompt_tokens:.0f}"
+                      f" + {future.num_output_tokens:.0f} tokens")
+        print_rows(rows, title, args.markdown)
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"peak RSS of this process: {peak_mb:.0f} MB")
