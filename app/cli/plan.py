@@ -218,7 +218,8 @@ def plan(workload_path: Path | None, history_hours: float | None, rate_scale: fl
                               publish_interval_s=settings.state_publish_interval_s)
         with console.status("planning: simulating candidate fleets") as status:
             result = plan_fleet(workload, targets, catalog, options, rate_scale, family_of,
-                                progress=lambda message: status.update(f"planning: {message}"))
+                                progress=lambda message: status.update(f"planning: {message}"),
+                                jobs=os.cpu_count() or 1)
     except PlanInputError as exc:
         raise click.ClickException(str(exc)) from None
     report = plan_json(result, catalog, targets)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -398,21 +399,54 @@ def lengthened(workload: Workload, min_requests: int) -> Workload:
                     workload.num_prompt_tokens * copies, workload.num_output_tokens * copies)
 
 
-def _order(mix: Mapping[str, int], catalog: Catalog) -> Mix:
-    return tuple((k.name, mix[k.name]) for k in catalog.kinds if mix.get(k.name, 0) > 0)
+@dataclass(frozen=True, slots=True)
+class _PoolPlan:
+    """Everything planned for one model's pool (what a worker process sends back)."""
+
+    best: PoolResult | None
+    unmeetable: str
+    singles: Mapping[str, PoolResult | None]
+    headroom: float
+    routing_blind: PoolResult | None
+    saturated: Mapping[str, float]
+    num_simulations: int
+
+
+def _plan_pool(judge: PoolJudge, kind_order: tuple[str, ...],
+               max_counts: Mapping[str, int | None]) -> _PoolPlan:
+    """One model's pool: each kind alone, the cheapest of one or two kinds, its headroom and
+    the routing-blind plan, each judged by simulation."""
+    singles = {k: judge.fewest(k) for k in judge.kinds}
+    best = judge.cheapest(singles)
+    if best is None:
+        return _PoolPlan(None, _unmeetable(judge.model, judge), singles, math.nan, None,
+                         judge.saturated, judge.num_simulations)
+    headroom = judge.headroom(best.mix)
+    mix = routing_blind_mix(judge.workload, judge.rate, judge.kinds, judge.prices, max_counts,
+                            judge.lone_ok)
+    blind = None if mix is None else judge.judge(tuple(
+        (k, mix[k]) for k in kind_order if mix.get(k, 0) > 0))
+    return _PoolPlan(best, "", singles, headroom, blind, judge.saturated, judge.num_simulations)
+
+
+def _plan_pool_of(args: tuple) -> _PoolPlan:
+    """`_plan_pool` of a judge built here (in a worker process: its bounds are work too)."""
+    judge_args, kind_order, max_counts = args
+    return _plan_pool(PoolJudge(*judge_args), kind_order, max_counts)
 
 
 def plan_fleet(workload: PlanWorkload, targets: Mapping[str, Targets], catalog: Catalog,
                options: PlanOptions = PlanOptions(), rate_scale: float = 1.0,
                family_of: Mapping[str, str] | None = None,
-               progress: Callable[[str], None] | None = None) -> FleetPlan:
+               progress: Callable[[str], None] | None = None, jobs: int = 1) -> FleetPlan:
     """The cheapest fleet of `catalog`'s kinds meeting every model's `targets` on `workload` at
     `rate_scale` x its rate; its headroom and the alternatives (module docstring).
 
     `family_of` maps a workload's model name to its execution-time models' family (default:
-    the name itself). Raises `PlanInputError` naming the model when one has no target, no
-    execution-time model, or targets no fleet of the catalog meets (with the best figure
-    reached and by which fleet).
+    the name itself). With `jobs` above 1 the models' pools are planned in that many worker
+    processes (they are independent). Raises `PlanInputError` naming the model when one has no
+    target, no execution-time model, or targets no fleet of the catalog meets (with the best
+    figure reached and by which fleet).
     """
     family_of = dict(family_of or {})
     say = progress or (lambda _message: None)
@@ -420,9 +454,12 @@ def plan_fleet(workload: PlanWorkload, targets: Mapping[str, Targets], catalog: 
         if model not in targets:
             raise PlanInputError(f"model {model!r} has no target: give --slo "
                                  f"{model}:ttft_p99=S[,e2e_p99=S]")
-    judges: dict[str, PoolJudge] = {}
     kind_models: dict[tuple[str, str], KindModel] = {}
     notes: list[str] = []
+    prices = {k.name: k.price_per_hour for k in catalog.kinds}
+    max_counts = {k.name: k.max_count for k in catalog.kinds}
+    kind_order = tuple(k.name for k in catalog.kinds)
+    work = []
     for model in workload.models:
         family = family_of.get(model, model)
         kinds = {}
@@ -433,35 +470,43 @@ def plan_fleet(workload: PlanWorkload, targets: Mapping[str, Targets], catalog: 
                 if "no execution-time model" in str(exc):
                     raise
                 notes.append(f"{model}: {exc}")
-        for name, km in kinds.items():
-            kind_models[(model, name)] = km
+        kind_models.update({(model, name): km for name, km in kinds.items()})
         prepared = _capped(workload.by_model[model], model, kinds)
-        judges[model] = PoolJudge(model, prepared, workload.rate_by_model[model] * rate_scale,
-                                  targets[model], kinds,
-                                  {k.name: k.price_per_hour for k in catalog.kinds},
-                                  {k.name: k.max_count for k in catalog.kinds}, options)
-        say(f"{model}: {len(prepared)} requests at "
-            f"{judges[model].rate:.3g} req/s; saturated rate per instance: "
-            + ", ".join(f"{k} {r:.3g}" for k, r in judges[model].saturated.items()))
-    singles = {m: {k: j.fewest(k) for k in j.kinds} for m, j in judges.items()}
-    pools: dict[str, PoolResult] = {}
-    for model, judge in judges.items():
-        say(f"{model}: one kind: " + ", ".join(
-            f"{k} {'-' if r is None else r.num_instances}" for k, r in singles[model].items()))
-        best = judge.cheapest(singles[model])
-        if best is None:
-            raise PlanInputError(_unmeetable(model, judge))
-        pools[model] = best
-        say(f"{model}: planned {_label(best.mix)} ({judge.num_simulations} simulations)")
-    headroom_by_model = {m: judges[m].headroom(p.mix) for m, p in pools.items()}
-    alternatives = [_single_alternative(kind.name, judges, singles) for kind in catalog.kinds]
-    alternatives.append(_routing_blind(judges, catalog))
+        judge_args = (model, prepared, workload.rate_by_model[model] * rate_scale,
+                      targets[model], kinds, prices, max_counts, options)
+        work.append((judge_args, kind_order, max_counts))
+    say(f"planning {len(work)} pools on {len(kind_order)} GPU kinds")
+    if jobs > 1 and len(work) > 1:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
+            planned = list(pool.map(_plan_pool_of, work))
+    else:
+        planned = [_plan_pool_of(item) for item in work]
+    by_model = dict(zip(workload.models, planned, strict=True))
+    for model, pool_plan in by_model.items():
+        if pool_plan.best is None:
+            raise PlanInputError(pool_plan.unmeetable)
+        say(f"{model}: planned {_label(pool_plan.best.mix)} "
+            f"({pool_plan.num_simulations} simulations)")
+    pools = {m: p.best for m, p in by_model.items() if p.best is not None}
+    headroom_by_model = {m: p.headroom for m, p in by_model.items()}
+
+    def cost(pool: PoolResult) -> float:
+        return sum(prices[k] * n for k, n in pool.mix)
+
+    alternatives = []
+    for kind in kind_order:
+        chosen = {m: p.singles.get(kind) for m, p in by_model.items()}
+        alternatives.append(Alternative(f"single:{kind}", chosen, sum(
+            cost(r) for r in chosen.values() if r is not None)))
+    blind = {m: p.routing_blind for m, p in by_model.items()}
+    alternatives.append(Alternative("routing_blind", blind, sum(
+        cost(r) for r in blind.values() if r is not None)))
     return FleetPlan(
-        pools=pools, cost_per_hour=sum(judges[m].cost(p.mix) for m, p in pools.items()),
+        pools=pools, cost_per_hour=sum(cost(p) for p in pools.values()),
         headroom=min(headroom_by_model.values()), headroom_by_model=headroom_by_model,
         alternatives=tuple(alternatives), kind_models=kind_models,
-        saturated_rps={(m, k): r for m, j in judges.items() for k, r in j.saturated.items()},
-        rate_scale=rate_scale, num_simulations=sum(j.num_simulations for j in judges.values()),
+        saturated_rps={(m, k): r for m, p in by_model.items() for k, r in p.saturated.items()},
+        rate_scale=rate_scale, num_simulations=sum(p.num_simulations for p in planned),
         notes=tuple(notes))
 
 
@@ -503,21 +548,3 @@ def _lone_p99(judge: PoolJudge, kind: str) -> tuple[float, float]:
 
 def _label(mix: Mix) -> str:
     return " + ".join(f"{n} x {k}" for k, n in mix) or "no instance"
-
-
-def _single_alternative(kind: str, judges: Mapping[str, PoolJudge],
-                        singles: Mapping[str, Mapping[str, PoolResult | None]]) -> Alternative:
-    pools = {m: singles[m].get(kind) for m in judges}
-    cost = sum(judges[m].cost(p.mix) for m, p in pools.items() if p is not None)
-    return Alternative(f"single:{kind}", pools, cost)
-
-
-def _routing_blind(judges: Mapping[str, PoolJudge], catalog: Catalog) -> Alternative:
-    pools: dict[str, PoolResult | None] = {}
-    for model, judge in judges.items():
-        mix = routing_blind_mix(judge.workload, judge.rate, judge.kinds, judge.prices,
-                                {k.name: k.max_count for k in catalog.kinds},
-                                judge.lone_ok)
-        pools[model] = None if mix is None else judge.judge(_order(mix, catalog))
-    cost = sum(judges[m].cost(p.mix) for m, p in pools.items() if p is not None)
-    return Alternative("routing_blind", pools, cost)
