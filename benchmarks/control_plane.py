@@ -57,6 +57,7 @@ from app.settings import Settings
 from benchmarks import quiet
 from benchmarks.local import add_service_arguments, bench_stack, fresh_services
 from benchmarks.paths import TINY_MODEL
+from benchmarks.tables import fmt
 from workers.predict.length_model import head_artifact
 from workers.serve.vllm_cli import vllm_cli
 
@@ -380,10 +381,6 @@ def _routed_where(args: argparse.Namespace) -> str:
     return "by the route task, after a hop" if args.route_task else "in the predict task"
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def _metric(result: dict[str, Any], name: str) -> float | None:
     value = result.get(name)
     return None if value is None else float(value)
@@ -399,10 +396,10 @@ def report(phases: list[Phase], idle: dict[str, float], meta: dict[str, str]) ->
         r = p.result
         lines.append(
             f"| {p.server} | {p.placement} | {p.load.label} | {r.get('completed')} "
-            f"| {r.get('failed', 0)} | {_fmt(_metric(r, 'p50_ttft_ms'))} "
-            f"| {_fmt(_metric(r, 'p99_ttft_ms'))} | {_fmt(_metric(r, 'p50_e2el_ms'))} "
-            f"| {_fmt(_metric(r, 'output_throughput'), 0)} "
-            f"| {_fmt(_metric(r, 'request_throughput'), 2)} "
+            f"| {r.get('failed', 0)} | {fmt(_metric(r, 'p50_ttft_ms'), 1)} "
+            f"| {fmt(_metric(r, 'p99_ttft_ms'), 1)} | {fmt(_metric(r, 'p50_e2el_ms'), 1)} "
+            f"| {fmt(_metric(r, 'output_throughput'), 0)} "
+            f"| {fmt(_metric(r, 'request_throughput'), 2)} "
             f"| {p.loads[0]:.2f} / {p.loads[1]:.2f} |")
     ratio = _saturation_ratio(phases)
     if ratio is not None:
@@ -421,7 +418,7 @@ def report(phases: list[Phase], idle: dict[str, float], meta: dict[str, str]) ->
         cells = []
         for c in LATENCY_COLUMNS:
             p50, p99, _ = p.latency.get(c, (None, None, 0))
-            cells.append(f"{_fmt(p50)} | {_fmt(p99)}")
+            cells.append(f"{fmt(p50, 1)} | {fmt(p99, 1)}")
         lines.append(f"| {p.placement} | {p.load.label} | {n} | " + " | ".join(cells) + " |")
 
     lines.append("\n### CPU per request (ms of CPU time per completed request)\n")

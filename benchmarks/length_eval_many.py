@@ -22,9 +22,9 @@ import random
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from benchmarks import quiet
+from benchmarks.tables import markdown_table, print_table
 from workers.learn import evaluation
 from workers.predict.dataset import (
     DEFAULT_DATA_DIR,
@@ -48,21 +48,14 @@ ENCODERS = {
 
 def _table(title: str, results: dict, console: Console, markdown: bool) -> None:
     best = min(results[b]["mae_tokens"] for b in evaluation.BASELINES)
-    table = Table(title=title)
-    for column in ("method", "MAE (tokens)", "vs best baseline", "median rel. error",
-                   "within ±25%", "Spearman"):
-        table.add_column(column, justify="left" if column == "method" else "right")
-    lines = ["| method | MAE (tokens) | vs best baseline | median rel. error | within ±25% "
-             "| Spearman |", "|---|---:|---:|---:|---:|---:|"]
-    for name, m in results.items():
-        cells = (f"{m['mae_tokens']:.1f}", f"{1 - m['mae_tokens'] / best:+.1%}",
-                 f"{m['median_rel_error']:.3f}", f"{m['within_25pct']:.1%}",
-                 f"{m['spearman']:.3f}")
-        table.add_row(name, *cells)
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    console.print(table)
+    headers = ("method", "MAE (tokens)", "vs best baseline", "median rel. error", "within ±25%",
+               "Spearman")
+    rows = [(name, f"{m['mae_tokens']:.1f}", f"{1 - m['mae_tokens'] / best:+.1%}",
+             f"{m['median_rel_error']:.3f}", f"{m['within_25pct']:.1%}", f"{m['spearman']:.3f}")
+            for name, m in results.items()]
+    print_table(title, headers, rows)
     if markdown:
-        print("\n".join(lines) + "\n")
+        print(markdown_table(headers, rows) + "\n")
 
 
 def _cost(rows: list, args: argparse.Namespace, console: Console) -> None:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.tables import print_table
 from workers.learn.correction import CorrectionConfig
 from workers.learn.loop import LoopConfig, correction_turn, paired_verdict, split_recent
 from workers.predict.dataset import DEFAULT_DATA_DIR, build_rows
@@ -126,10 +127,7 @@ def run_model(model: str, design: Design, tokens: np.ndarray, groups: np.ndarray
 
 def _table(results: list[dict], names: list[str], design: Design, args: argparse.Namespace,
            folds: int) -> None:
-    print(f"\n| held-out serving model | answers | method | after N requests "
-          f"| test answers (folds {folds}) | bootstrap MAE | MAE after the turn | change "
-          "| promoted | promoted but worse / kept but better |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    rows = []
     for model, n, method in itertools.product(names, args.counts, args.methods):
         cell = [r for r in results if r["model"] == model and r["n"] == n
                 and r["method"] == method and r["fold"] < folds]
@@ -141,9 +139,14 @@ def _table(results: list[dict], names: list[str], design: Design, args: argparse
                     for r in cell) / test
         wrong_in = sum(r["promoted"] and r["candidate"] > r["bootstrap"] for r in cell)
         wrong_out = sum(not r["promoted"] and r["candidate"] < r["bootstrap"] for r in cell)
-        print(f"| {model} | {design.models.count(model)} | {method} | {n} | {test} "
-              f"| {boot:.1f} | {after:.1f} | {after / boot - 1:+.1%} "
-              f"| {sum(r['promoted'] for r in cell)}/{len(cell)} | {wrong_in} / {wrong_out} |")
+        rows.append((model, str(design.models.count(model)), method, str(n), str(test),
+                     f"{boot:.1f}", f"{after:.1f}", f"{after / boot - 1:+.1%}",
+                     f"{sum(r['promoted'] for r in cell)}/{len(cell)}",
+                     f"{wrong_in} / {wrong_out}"))
+    print_table("", ("held-out serving model", "answers", "method", "after N requests",
+                     f"test answers (folds {folds})", "bootstrap MAE", "MAE after the turn",
+                     "change", "promoted", "promoted but worse / kept but better"),
+                rows, markdown=True)
 
 
 def main() -> int:
