@@ -37,6 +37,7 @@ from pathlib import Path
 
 from benchmarks import quiet
 from benchmarks.paths import DATA_DIR
+from benchmarks.tables import print_table
 from workers.sim import (
     ExecModel,
     FutureLoad,
@@ -145,27 +146,7 @@ def cells(row: Row) -> tuple[str, ...]:
 
 
 def print_rows(rows: list[Row], title: str, markdown: bool) -> None:
-    if markdown:
-        print(f"| {' | '.join(HEADERS)} |")
-        print(f"|{'|'.join('---:' for _ in HEADERS)}|")
-        for row in rows:
-            print(f"| {' | '.join(cells(row))} |")
-        return
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:  # plain output without rich
-        print(title)
-        print("  ".join(HEADERS))
-        for row in rows:
-            print("  ".join(cells(row)))
-        return
-    table = Table(title=title)
-    for header in HEADERS:
-        table.add_column(header, justify="right")
-    for row in rows:
-        table.add_row(*cells(row))
-    Console().print(table)
+    print_table(title, HEADERS, [cells(row) for row in rows], markdown=markdown)
 
 
 def main() -> None:

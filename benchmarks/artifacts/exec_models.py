@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.paths import DATA_DIR
+from benchmarks.tables import print_table
 from workers.sim.exec_model import MODELS_DIR, ExecModel
 from workers.sim.profiling import (
     AttentionScale,
@@ -110,25 +111,12 @@ def fit(spec: ProfiledModel, data_dir: Path, seed: int) -> ExecModel:
                                   attention_scale=scale, seed=seed, source=source)
 
 
-def print_table(models: list[ExecModel]) -> None:
+def print_fits(models: list[ExecModel]) -> None:
     keys = sorted({k for m in models for k in m.metrics if not k.endswith("num_holdout")})
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:  # plain output without rich
-        for model in models:
-            print(model.name)
-            for key in keys:
-                print(f"  {key:36s} {model.metrics.get(key, float('nan')):.4f}")
-        return
-    table = Table(title="Execution-time model fits (held-out profiling rows)")
-    table.add_column("metric")
-    for model in models:
-        table.add_column(model.name, justify="right")
-    for key in keys:
-        table.add_row(key, *(f"{m.metrics[key]:.4f}" if key in m.metrics else "-"
-                             for m in models))
-    Console().print(table)
+    print_table("Execution-time model fits (held-out profiling rows)",
+                ["metric", *(model.name for model in models)],
+                [[key, *(f"{m.metrics[key]:.4f}" if key in m.metrics else "-" for m in models)]
+                 for key in keys])
 
 
 def main() -> None:
@@ -143,4 +131,4 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for model in models:
         model.save(args.out / f"{model.name}.json")
-    print_table(models)
+    print_fits(models)
