@@ -24,7 +24,7 @@ from .derive import kind_model
 from .search import PlanOptions, run_pool
 from .workload import PlanInputError, PlanWorkload
 
-__all__ = ["replay_fleet"]
+__all__ = ["less_one_gpu", "replay_fleet", "tightness"]
 
 
 def _member(spec: InstanceSpec, family: str, catalog: Catalog) -> tuple[str, FleetMember]:
@@ -79,3 +79,42 @@ def replay_fleet(specs: Sequence[InstanceSpec], workload: PlanWorkload, catalog:
 
 def _figure(value: float) -> float | None:
     return round(value, 4) if math.isfinite(value) else None
+
+
+def less_one_gpu(entries: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[dict]]]:
+    """Every fleet one GPU smaller than `entries` (a plan's "fleet"): (label, entries) for each
+    entry with its count less one (an entry of one is left out)."""
+    fleets = []
+    for index, entry in enumerate(entries):
+        smaller = [dict(e) for e in entries]
+        smaller[index]["count"] -= 1
+        fleets.append((f"{entry['model']}: {entry['count'] - 1} x {entry['gpu_kind']}",
+                       [e for e in smaller if e["count"] > 0]))
+    return fleets
+
+
+def tightness(plan: Mapping[str, Any], workload: PlanWorkload, catalog: Catalog,
+              options: PlanOptions | None = None, family_of: Mapping[str, str] | None = None
+              ) -> list[dict[str, Any]]:
+    """For each GPU of a plan (`plan_json`'s dict), the fleet without it replayed: its model's
+    figures and whether that model still meets its targets (a tight plan: never)."""
+    rows = []
+    targets = {m: f["targets"] for m, f in plan["models"].items()}
+    for label, entries in less_one_gpu(plan["fleet"]):
+        model = label.split(":")[0]
+        specs = [InstanceSpec.model_validate({k: e[k] for k in ("model", "count", "gpu_kind")})
+                 for e in entries if e["model"] == model]
+        only = PlanWorkload({model: workload.by_model[model]},
+                            {model: workload.rate_by_model[model]}, workload.span_s)
+        if not specs:
+            rows.append({"without": label, "model": model, "meets_targets": False,
+                         "ttft_p99_s": None, "e2e_p99_s": None})
+            continue
+        figures = replay_fleet(specs, only, catalog, options, plan.get("rate_scale", 1.0),
+                               family_of)["models"][model]
+        goal = targets[model]
+        meets = all(figures[key] is not None and figures[key] <= goal[key]
+                    for key in ("ttft_p99_s", "e2e_p99_s") if goal[key] is not None)
+        rows.append({"without": label, "model": model, "meets_targets": meets,
+                     "ttft_p99_s": figures["ttft_p99_s"], "e2e_p99_s": figures["e2e_p99_s"]})
+    return rows

@@ -24,6 +24,7 @@ from workers.plan import (
     workload_of,
 )
 from workers.plan.baseline import routing_blind_mix
+from workers.plan.replay import less_one_gpu
 from workers.plan.search import PoolJudge, lengthened
 from workers.sim.fleet_spec import parse_fleet
 
@@ -211,3 +212,11 @@ def test_a_replay_names_a_model_the_fleet_does_not_serve() -> None:
     with pytest.raises(PlanInputError, match="model 'llama-3-8b' of the workload has no "
                        "instance in the fleet"):
         replay_fleet(specs, workload, catalog, FAST)
+
+
+def test_each_fleet_one_gpu_smaller_is_listed() -> None:
+    entries = [{"model": "a", "count": 2, "gpu_kind": "L4"},
+               {"model": "a", "count": 1, "gpu_kind": "H100-80GB"}]
+    fleets = dict(less_one_gpu(entries))
+    assert fleets["a: 1 x L4"] == [{"model": "a", "count": 1, "gpu_kind": "L4"}, entries[1]]
+    assert fleets["a: 0 x H100-80GB"] == [entries[0]]
