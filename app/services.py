@@ -19,9 +19,10 @@ from app.stream_hub import HUB_BLOCK_MS, StreamHub
 
 __all__ = ["Services", "shared_redis_pool"]
 
-#: How long a call waits for a free connection of the shared pool before it counts as a Redis
-#: outage (503).
-POOL_WAIT_S = 5.0
+#: How long a call waits for a free connection of the shared pool before it is refused: 503
+#: `redis_pool_exhausted`, saying so (app/api/held.py). Held calls set up through a per-team
+#: gate that leaves the pool room, so a pool still out this long is truly out: say it soon.
+POOL_WAIT_S = 1.0
 #: How long an API call waits for a pooled database connection: under gevent a burst of
 #: thousands of calls queues for the pool's 15 connections (2,000 streams opened at once waited
 #: past SQLAlchemy's default 30 s on a loaded machine and 184 of them got 503).

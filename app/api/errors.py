@@ -11,6 +11,8 @@ from flask.typing import ResponseReturnValue
 from flask_limiter import RateLimitExceeded
 from werkzeug.exceptions import HTTPException
 
+from app.api.held import exhausted, pool_exhausted
+from app.api.services import services
 from app.db import TRANSIENT_ERRORS
 from app.errors import BlockqError
 from app.slo import SloUnmeetable
@@ -67,6 +69,9 @@ def _too_large_message() -> str:
 def _handle_outage(error: Exception) -> ResponseReturnValue:
     """The database (or, where a call cannot do without it, Redis) restarting or unreachable: a
     503 the client may retry (with the same Idempotency-Key for a submission), never a 500."""
+    if pool_exhausted(error):  # Redis is up: this process's connections are all in use
+        refusal = exhausted(services().settings.api_redis_connections)
+        return jsonify(refusal.to_dict()), refusal.status, {"Retry-After": str(RETRY_AFTER_S)}
     service = "broker" if isinstance(error, redis.RedisError) else "database"
     logger.warning("%s unavailable: %s", service, type(error).__name__)
     body = {"error": {"message": f"The {service} is unavailable; retry shortly.",

@@ -15,6 +15,14 @@ While Redis is unreachable a completion is refused at once with 503 (Retry-After
 could not be routed before Redis is back, and a client holding a connection meanwhile only
 waits longer than one that retries. Asynchronous submissions are still accepted (the outbox).
 
+A held call needs the process's shared Redis pool (`api_redis_connections`) only while it sets
+up (its slot, its request, its routing) and for moments after (a lease renewal, its end); its
+wait holds none. A burst of one team's calls sets up at most a quarter of the pool's connections
+at once (`setup`, a per-team gate; the rest wait their turn, cooperatively): a burst of 1,000
+streams once took every connection, held while their greenlets waited for the CPU, and calls of
+every team, another team's included, waited 5 s for one and were told the broker was down. A
+pool that is still truly out answers 503 `redis_pool_exhausted` saying so, after a second.
+
 A `Hold` also notices a client that went away while its request runs: it peeks at the client's
 socket (gunicorn and werkzeug's server put it in the WSGI environ) for the end of the stream.
 """
@@ -27,7 +35,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import redis
@@ -38,7 +47,8 @@ from app.errors import BlockqError
 from app.settings import Settings
 
 __all__ = ["init_app", "held_connections", "held_slots", "HeldConnections", "Hold",
-           "TooManyHeld", "ServerBusy", "BrokerUnavailable", "ClientGone", "client_gone", "LEASE_S"]
+           "TooManyHeld", "ServerBusy", "BrokerUnavailable", "RedisPoolExhausted", "ClientGone",
+           "client_gone", "exhausted", "pool_exhausted", "LEASE_S", "SETUP_SHARE"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +56,9 @@ logger = logging.getLogger(__name__)
 LEASE_S = 30.0
 #: Seconds a refused client is told to wait before trying again.
 RETRY_AFTER_S = 1
+#: A team's held calls set up at most 1/SETUP_SHARE of the shared Redis pool's connections at
+#: once (at least one).
+SETUP_SHARE = 4
 #: Where WSGI servers put the client's socket: gunicorn, werkzeug's development server.
 SOCKET_KEYS = ("gunicorn.socket", "werkzeug.socket")
 _EXTENSION = "blockq.held"
@@ -99,6 +112,25 @@ class BrokerUnavailable(BlockqError):
 
     status = 503
     type = "server_error"
+
+
+class RedisPoolExhausted(BlockqError):
+    """Every connection of this API process's shared Redis pool is in use (not an outage)."""
+
+    status = 503
+    type = "server_error"
+
+
+def pool_exhausted(error: BaseException) -> bool:
+    """Whether `error` is the shared pool having no free connection in time (redis-py's
+    BlockingConnectionPool), rather than Redis failing."""
+    return isinstance(error, redis.ConnectionError) and "No connection available" in str(error)
+
+
+def exhausted(connections: int) -> RedisPoolExhausted:
+    return RedisPoolExhausted(
+        f"All {connections} Redis connections of this API process are in use (a burst of "
+        "calls); Redis itself is up. Retry in a second.", code="redis_pool_exhausted")
 
 
 class ClientGone(BlockqError):
@@ -160,8 +192,9 @@ def held_slots(client: redis.Redis, team_id: str) -> int:
 class _TeamSlots:
     """Slots per team in Redis."""
 
-    def __init__(self, client: redis.Redis, lease_s: float) -> None:
+    def __init__(self, client: redis.Redis, lease_s: float, connections: int) -> None:
         self.redis = client
+        self.connections = connections
         self.lease_ms = int(lease_s * 1000)
         self._take = client.register_script(_TAKE)
         self._renew = client.register_script(_RENEW)
@@ -174,6 +207,9 @@ class _TeamSlots:
         try:
             taken = self._take(keys=[_key(team_id)], args=[cap, self.lease_ms, slot])
         except redis.RedisError as exc:
+            if pool_exhausted(exc):
+                logger.warning("held completion refused: the Redis pool is exhausted")
+                raise exhausted(self.connections) from None
             logger.warning("held completion refused: Redis unreachable (%s)",
                            type(exc).__name__)
             raise BrokerUnavailable(
@@ -273,8 +309,21 @@ class HeldConnections:
         self.per_team = settings.held_connections_per_team
         self.team_caps = settings.held_connections_team_caps
         self.lease_s = lease_s or LEASE_S
-        self.slots = _TeamSlots(client, self.lease_s)
+        self.slots = _TeamSlots(client, self.lease_s, settings.api_redis_connections)
         self.process_slots = threading.BoundedSemaphore(self.per_process)
+        self.setups_per_team = max(1, settings.api_redis_connections // SETUP_SHARE)
+        self._setups: dict[str, threading.BoundedSemaphore] = {}
+        self._setups_lock = threading.Lock()
+
+    @contextmanager
+    def setup(self, team_id: str) -> Iterator[None]:
+        """Around a held call's setup (its slot, request, routing): at most `setups_per_team`
+        of one team's at once in this process; the others wait their turn (module docstring)."""
+        with self._setups_lock:
+            gate = self._setups.setdefault(team_id,
+                                           threading.BoundedSemaphore(self.setups_per_team))
+        with gate:
+            yield
 
     def cap_of(self, team_name: str) -> int:
         return self.team_caps.get(team_name, self.per_team)
@@ -310,7 +359,8 @@ def _client_socket(environ: Mapping[str, Any]) -> socket.socket | None:
     return None
 
 
-def _handle_refusal(error: TooManyHeld | ServerBusy | BrokerUnavailable) -> ResponseReturnValue:
+def _handle_refusal(error: TooManyHeld | ServerBusy | BrokerUnavailable | RedisPoolExhausted
+                    ) -> ResponseReturnValue:
     return jsonify(error.to_dict()), error.status, {"Retry-After": str(RETRY_AFTER_S)}
 
 
@@ -323,3 +373,4 @@ def init_app(app: Flask, settings: Settings, client: redis.Redis) -> None:
     app.register_error_handler(TooManyHeld, _handle_refusal)
     app.register_error_handler(ServerBusy, _handle_refusal)
     app.register_error_handler(BrokerUnavailable, _handle_refusal)
+    app.register_error_handler(RedisPoolExhausted, _handle_refusal)

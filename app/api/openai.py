@@ -124,25 +124,24 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
     # The conversation: the x-session-id header, else OpenAI's `user` (app/sessions.py).
     session_id = session_from_headers(request.headers) or parsed.user or None
     svc = services()
-    # 404 for a model never served; 503 while every instance of it is down (a held call),
-    # unless the autoscaler can start one: then the call waits for it (`cold`).
-    cold = served_models.check(svc.fleet, svc.db, svc.settings, parsed.model, held=True)
     principal = current_principal()
     team_id = principal.team_id
-    # NOTE: the connection is held (a thread, a team slot) from here until the answer is sent:
-    # a stream hands its hold to the response, which releases it when the server closes it.
-    hold = held_connections().hold(team_id, principal.team_name, request.environ)
+    held = held_connections()
+    with held.setup(team_id):  # one team's burst sets up a share of the Redis pool at a time
+        # 404 for a model never served; 503 while every instance of it is down (a held call),
+        # unless the autoscaler can start one: then the call waits for it (`cold`).
+        cold = served_models.check(svc.fleet, svc.db, svc.settings, parsed.model, held=True)
+        # NOTE: the connection is held (a thread, a team slot) from here until the answer is
+        # sent: a stream hands its hold to the response, which releases it when the server
+        # closes it.
+        hold = held.hold(team_id, principal.team_name, request.environ)
+        try:
+            submitted, created = _submit(svc, parsed, hold, session_id)
+        except BaseException:
+            hold.release()
+            raise
     handed_over = False
     try:
-        # One request per choice (a stream has one: the body's validation saw to it).
-        in_api = routing.enabled()
-        submitted, deferred, created = submit_together(
-            svc, native_bodies(parsed), team_id=team_id, stream=parsed.stream,
-            slo_miss_action=principal.slo_miss_action, session_id=session_id,
-            defer_predict=in_api, idempotency_key=request.headers.get("Idempotency-Key"))
-        hold.wait_for([choice.id for choice in submitted])
-        if in_api and created:
-            routing.route(submitted, deferred)
         if cold:
             _await_cold_start(svc, submitted, parsed.model, hold)
         if parsed.stream:
@@ -164,6 +163,23 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
     render = fmt.chat_completion_object if kind == fmt.KIND_CHAT else fmt.completion_object
     return (jsonify(render(finished, parsed.model, n=parsed.n)),
             {REQUEST_ID_HEADER: ", ".join(choice.id for choice in finished)})
+
+
+def _submit(svc: Services, parsed: OpenAIBody, hold: Hold, session_id: str | None
+            ) -> tuple[list[InferenceRequest], bool]:
+    """Store the call's requests (one per choice; a stream has one: the body's validation saw
+    to it), or join an earlier call's under its Idempotency-Key, and route them (in the API);
+    the requests, and whether they are new."""
+    principal = current_principal()
+    in_api = routing.enabled()
+    submitted, deferred, created = submit_together(
+        svc, native_bodies(parsed), team_id=principal.team_id, stream=parsed.stream,
+        slo_miss_action=principal.slo_miss_action, session_id=session_id,
+        defer_predict=in_api, idempotency_key=request.headers.get("Idempotency-Key"))
+    hold.wait_for([choice.id for choice in submitted])
+    if in_api and created:
+        routing.route(submitted, deferred)
+    return submitted, created
 
 
 def _wait_for_all(svc: Services, submitted: list[InferenceRequest], hold: Hold, *,

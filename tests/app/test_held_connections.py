@@ -17,6 +17,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,6 +207,62 @@ def test_a_waiting_stream_sends_keep_alive_comments_and_a_client_that_leaves_can
         assert api.held("a") == 1
     eventually(lambda: api.requests_of("a")[0].status == RequestStatus.CANCELLED, 5)
     eventually(lambda: api.held("a") == 0, 5)
+
+
+def test_a_truly_exhausted_redis_pool_answers_at_once_saying_so(fresh_services: Settings) -> None:
+    """Every connection of the API's shared pool taken: a completion is refused after the pool's
+    short wait with 503 `redis_pool_exhausted` and Retry-After, not told the broker is down;
+    once a connection is free again it is served."""
+    with contextmanager(serve)(fresh_services.model_copy(
+            update={"api_redis_connections": 2})) as api:
+        pool = api.services.fleet.redis.connection_pool
+        taken = [pool.get_connection("PING") for _ in range(2)]
+        try:
+            status, headers, body = answer_of(api.open_completion("a"))
+        finally:
+            for connection in taken:
+                pool.release(connection)
+        assert status == 503 and "retry-after" in headers, body
+        assert body["error"]["code"] == "redis_pool_exhausted"
+        assert "Redis itself is up" in body["error"]["message"]
+        held = api.open_completion("a")
+        eventually(lambda: api.held("a") == 1)
+        held.close()
+
+
+def test_one_teams_burst_on_a_small_pool_refuses_nobody(fresh_services: Settings) -> None:
+    """40 streams of one team at once on a pool of 4 Redis connections (one team sets up on
+    one at a time): every stream is held, another team's call meanwhile too, and the API's
+    Redis connections stay the pool's few, not one per stream."""
+    settings = fresh_services.model_copy(update={
+        "api_redis_connections": 4, "api_connections": 64, "api_reserved_connections": 4,
+        "held_connections_team_caps": {"a": 50}, "sync_timeout_s": 60.0})
+    db = int(redis.Redis.from_url(settings.redis_url).connection_pool.connection_kwargs["db"])
+    observer = redis.Redis.from_url(settings.redis_url)
+    with contextmanager(serve)(settings) as api:
+        before = _clients_on(observer, db)
+        burst = _open_in_background(api, 40)
+        other = api.open_completion("b")
+        eventually(lambda: api.held("b") == 1, 60)
+        eventually(lambda: api.held("a") == 40, 60)  # none refused
+        # The pool, Celery's producer pool (10 kombu connections, two Redis connections
+        # each) and the hub's reader.
+        assert _clients_on(observer, db) - before <= 4 + 2 * 10 + 1
+        for sock in (*burst.result(timeout=60), other):
+            sock.close()
+        eventually(lambda: api.held("a") == 0 and api.held("b") == 0, 60)
+
+
+def _open_in_background(api: Api, count: int) -> Future[list[socket.socket]]:
+    """`count` streams of team "a" opened one after another by a thread of their own."""
+    opened: Future[list[socket.socket]] = Future()
+
+    def open_all() -> None:
+        opened.set_result([api.open_completion("a", {**CHAT, "stream": True})
+                           for _ in range(count)])
+
+    threading.Thread(target=open_all, daemon=True).start()
+    return opened
 
 
 def test_a_timed_out_wait_frees_its_slot(fresh_services: Settings) -> None:
@@ -477,6 +534,26 @@ def test_one_worker_holds_hundreds_of_streams_on_a_few_redis_connections(
         eventually(lambda: api.held("a") == 0, 60)
         eventually(lambda: all(r.status == RequestStatus.CANCELLED
                                for r in api.requests_of("a")), 60)
+
+
+@pytest.mark.slow  # gunicorn loads the app (tokenizer) in its worker; 200 connections
+def test_under_gunicorn_a_burst_on_a_small_redis_pool_refuses_nobody(
+    fresh_services: Settings, tmp_path: Path
+) -> None:
+    """One gevent worker, a pool of 4 Redis connections, 200 streams of one team opened at
+    once and another team's call among them: all held, none refused. Without the per-team
+    setup gate the burst's greenlets took every connection and held it while waiting for the
+    CPU, and calls of both teams were refused as if Redis were down."""
+    settings = fresh_services.model_copy(update={
+        "api_workers": 1, "api_redis_connections": 4, "held_connections_team_caps": {"a": 250},
+        "sync_timeout_s": 120.0})
+    with under_gunicorn(settings, tmp_path / "gunicorn.log") as api:
+        streams = _open_in_background(api, 200)
+        other = api.open_completion("b")
+        eventually(lambda: api.held("a") == 200 and api.held("b") == 1, 120)
+        for sock in (*streams.result(timeout=60), other):
+            sock.close()
+        eventually(lambda: api.held("a") == 0 and api.held("b") == 0, 60)
 
 
 def _raw_answer(port: int, request: bytes) -> tuple[str, dict[str, str], bytes]:
