@@ -8,12 +8,17 @@ held. Opens N streamed chat completions on raw sockets, at once, and reports, on
   - the worker's resident memory before and with the N streams, and the difference per stream;
   - the Redis connections the API holds (the stream hub's reader and the shared pool, not one
     per stream);
-  - whether /healthz still answers, and in how long (one call, so a figure of this run only).
+  - whether /healthz still answers, and in how long (one call, so a figure of this run only);
+  - how many were refused (an error status: 503 or 429), of the burst's team (its
+    cap is N: none should be) and of another team whose `--other` streams open in the middle
+    of the burst (issue 44: a burst within its cap once refused a third of itself and 4 of 20
+    of another team, as a broker outage).
 
-Memory is the process's own (psutil RSS), meaningful on a loaded machine; the load average is
-printed at the start and the end all the same.
+Memory is the process's own (psutil RSS); the time to open them all depends on the machine's
+load, so the run holds the test services' lock and waits for a quiet machine
+(`benchmarks.quiet.alone`), and prints the load average at the start and the end.
 
-    .venv/bin/python scripts/bench_held_connections.py --streams 2000
+    .venv/bin/python scripts/bench_held_connections.py --streams 2000 --other 20
 """
 
 from __future__ import annotations
@@ -38,9 +43,10 @@ from app.settings import Settings
 from app.teams import ensure_team_key
 from benchmarks.local import fresh_services
 from benchmarks.paths import ROOT, TINY_MODEL
-from benchmarks.quiet import print_load_average
+from benchmarks.quiet import alone
 
 TEAM = "bench"
+OTHER_TEAM = "bench-other"
 CHAT = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}],
         "max_tokens": 4, "stream": True}
 
@@ -64,6 +70,19 @@ def wait_until(check: object, timeout_s: float) -> bool:
     return False
 
 
+def refused(sock: socket.socket) -> bool:
+    """Whether the API answered the stream with an error status (503, 429): a held chat stream
+    answers 200 and its first event (the assistant's role) at once."""
+    sock.setblocking(False)
+    try:
+        head = sock.recv(12, socket.MSG_PEEK)
+    except BlockingIOError:
+        return False
+    finally:
+        sock.setblocking(True)
+    return head.startswith(b"HTTP/1.1 ") and len(head) == 12 and not head.endswith(b"200")
+
+
 def worker_of(master: psutil.Process) -> psutil.Process:
     (worker,) = master.children()
     return worker
@@ -76,6 +95,8 @@ def redis_clients(client: redis.Redis, db: int) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=2000)
+    parser.add_argument("--other", type=int, default=20,
+                        help="Streams of another team, opened halfway through the burst.")
     parser.add_argument("--model-path", type=Path,
                         default=TINY_MODEL)
     parser.add_argument("--database-url",
@@ -83,18 +104,28 @@ def main() -> int:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
     args = parser.parse_args()
     stop_stacks_on_sigterm()  # SIGTERM runs the `finally` that stops the API
-    print_load_average("start")
+    with alone():
+        rows = _measure(args)
+    print("\n| measure | value |\n|---|---|")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
+    return 0
+
+
+def _measure(args: argparse.Namespace) -> list[tuple[str, str]]:
     fresh_services(args.database_url, args.redis_url)
     with tempfile.TemporaryDirectory(prefix="blockq-bench-held-") as tmp:
         settings = Settings(
             database_url=args.database_url, redis_url=args.redis_url, data_dir=Path(tmp),
             model_path=args.model_path, api_port=free_port(), flower_port=free_port(),
-            api_workers=1, held_connections_team_caps={TEAM: args.streams},
+            api_workers=1, held_connections_team_caps={TEAM: args.streams,
+                                                       OTHER_TEAM: max(args.other, 1)},
             sync_timeout_s=3600.0, log_format="text")
         db = Database(settings.resolved_database_url)
         with db.session() as session:
             team = ensure_team_key(session, TEAM, rate_limit_rpm=10 * args.streams)
             key, team_id = team.key, team.team_id
+            other = ensure_team_key(session, OTHER_TEAM, rate_limit_rpm=10 * args.streams)
         db.dispose()
         url = f"http://127.0.0.1:{settings.api_port}"
         with (Path(tmp) / "api.log").open("wb") as log:
@@ -110,8 +141,14 @@ def main() -> int:
             rss_before = worker.memory_info().rss
             clients_before = redis_clients(observer, db_number)
             started = time.monotonic()
-            streams = [open_stream(settings.api_port, key) for _ in range(args.streams)]
-            held = wait_until(lambda: held_slots(observer, team_id) >= args.streams, 600)
+            half = args.streams // 2
+            streams = [open_stream(settings.api_port, key) for _ in range(half)]
+            others = [open_stream(settings.api_port, other.key) for _ in range(args.other)]
+            streams += [open_stream(settings.api_port, key) for _ in range(args.streams - half)]
+            held = wait_until(lambda: held_slots(observer, team_id) + sum(map(refused, streams))
+                              >= args.streams, 600)
+            wait_until(lambda: held_slots(observer, other.team_id) + sum(map(refused, others))
+                       >= args.other, 60)
             took = time.monotonic() - started
             rss_with = worker.memory_info().rss
             clients_with = redis_clients(observer, db_number)
@@ -129,20 +166,19 @@ def main() -> int:
                  f"{(rss_with - rss_before) / args.streams / 1024:.1f} KiB"),
                 ("API Redis connections before / with them", f"{clients_before} / {clients_with}"),
                 ("/healthz while they are held", f"{healthz} in {healthz_ms:.0f} ms"),
+                ("refused of the burst's team (cap = streams)",
+                 f"{sum(map(refused, streams))} of {args.streams}"),
+                ("refused of the other team (opened mid-burst)",
+                 f"{sum(map(refused, others))} of {args.other}"),
             ]
-            for sock in streams:
+            for sock in (*streams, *others):
                 sock.close()
             wait_until(lambda: held_slots(observer, team_id) == 0, 300)
             rows.append(("streams held after the clients left", str(held_slots(observer, team_id))))
         finally:
             master.terminate()
             master.wait(timeout=30)
-    print("\n| measure | value |\n|---|---|")
-    for name, value in rows:
-        print(f"| {name} | {value} |")
-    print()
-    print_load_average("end")
-    return 0
+    return rows
 
 
 def _healthy(url: str) -> bool:
