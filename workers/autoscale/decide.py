@@ -129,9 +129,13 @@ class Sizer(Protocol):
 @dataclass
 class SaturationSizer:
     """Capacity by `saturation_rate` per kind on the model's recent lengths; TTFT p99 by a short
-    `simulate` run of the pool under `policy` (the production default for the pool)."""
+    `simulate` run of the pool under `policy` (the production default for the pool).
+
+    `time_scale`: wall seconds per emulated second of an emulated fleet (its engines run that
+    much faster): capacities and TTFTs are given on the wall clock the demand is measured on."""
 
     max_model_len: int = 4096
+    time_scale: float = 1.0
     policy_alike: str = "round_robin"
     policy_mixed: str = "block_slo"
     num_ttft_requests: int = 120
@@ -145,7 +149,7 @@ class SaturationSizer:
         if key not in self._cache:
             member = self._member(entry)
             self._cache[key] = saturation_rate(workload, member.config, member.exec_model)
-        return self._cache[key]
+        return self._cache[key] / self.time_scale
 
     def predicted_ttft_p99_s(self, pool: Mapping[EntryState, int], sample: Sequence[Arrival],
                              rate_rps: float) -> float | None:
@@ -154,9 +158,9 @@ class SaturationSizer:
             return None
         workload = _workload(sample[-self.num_ttft_requests:], self.max_model_len)
         mixed = len({(m.exec_model.name, m.config) for m in members}) > 1
-        result = simulate(workload, rate_rps, ClusterSetup.of_fleet(members),
+        result = simulate(workload, rate_rps * self.time_scale, ClusterSetup.of_fleet(members),
                           self.policy_mixed if mixed else self.policy_alike, MeanPredictor())
-        return result.ttft_p99_s
+        return result.ttft_p99_s * self.time_scale
 
     def _member(self, entry: EntryState) -> FleetMember:
         sized = {name: value for name, value in (("num_total_blocks", entry.num_blocks),
