@@ -64,6 +64,7 @@ class Checker:
                      "webhooks missing", "webhook bad signature", "webhook-id mismatch",
                      "webhook conflicting events", "batch inconsistencies",
                      "batch webhooks missing", "stream mismatches", "answer mismatches",
+                     "completion retries not joined",
                      "leftover assignments", "leftover queue messages"):
             self.finding(name)
         with self.db.session() as session:
@@ -76,6 +77,7 @@ class Checker:
             self._requests(rows, events)
             self._webhooks(rows, events)
             self._answers(rows, events)
+            self._joined(rows)
             self._batches(session, rows)
         self._leftovers()
         return self.findings
@@ -126,6 +128,20 @@ class Checker:
                 seen = [f"{(d.payload or {}).get('type')}->{d.answered}" for d in deliveries]
                 self.finding("webhooks missing").add(
                     f"{_story(row, events[row.id])} deliveries={seen}")
+
+    def _joined(self, rows: dict[str, Any]) -> None:
+        """Every try of a completion sent its key: the request its client got is the one the key
+        names, and no other request holds the key's choices (a cancelled one let go of it)."""
+        by_key = {row.idempotency_key.split(":openai:", 1)[1]: row for row in rows.values()
+                  if row.idempotency_key and ":openai:" in row.idempotency_key}
+        for outcome in self.outcomes:
+            if outcome.key is None or not outcome.accepted or outcome.request_id is None:
+                continue
+            row = by_key.get(f"{outcome.key}:0")
+            if row is None or row.id != outcome.request_id:
+                self.finding("completion retries not joined").add(
+                    f"key {outcome.key}: client got {outcome.request_id}, the key names "
+                    f"{row.id if row is not None else 'no request'} after {outcome.tries} tries")
 
     def _answers(self, rows: dict[str, Any], events: dict[str, list[Any]]) -> None:
         for outcome in self.outcomes:

@@ -49,6 +49,8 @@ class Outcome:
     note: str | None = None  # gave_up | refused <status> | timeout | failed
     lines: int = 0  # batches: lines in the input file
     team: str | None = None
+    #: The Idempotency-Key every try of an OpenAI completion sends: a retry joins the first.
+    key: str | None = None
 
 
 class Retry(Exception):
@@ -199,7 +201,11 @@ class Workload:
         _until_accepted(outcome, attempt, self.deadline, Counter())
 
     # OpenAI-compatible, not streamed ----------------------------------------------------------
-    def _create(self, kind: str, number: int, rng: random.Random, **extra: Any) -> Any:
+    def _create(self, kind: str, number: int, rng: random.Random, key: str,
+                **extra: Any) -> Any:
+        """One try of the call; every try sends the same body and key (`rng` is reseeded)."""
+        rng = random.Random(key)
+        extra["extra_headers"] = {"Idempotency-Key": key}
         max_tokens = rng.randint(8, 96)
         if kind == "chat":
             return self.openai.chat.completions.create(
@@ -228,9 +234,12 @@ class Workload:
         raise error
 
     def _sync(self, outcome: Outcome, kind: str, number: int, rng: random.Random) -> None:
+        outcome.key = f"chaos-{uuid.UUID(int=rng.getrandbits(128)).hex}"
+
         def attempt() -> None:
+            assert outcome.key is not None
             try:
-                response = self._create(kind, number, rng)
+                response = self._create(kind, number, rng, outcome.key)
             except Exception as error:  # noqa: BLE001 - sorted by _classify
                 self._classify(outcome, error)
                 return
@@ -243,9 +252,12 @@ class Workload:
 
     # OpenAI-compatible, streamed --------------------------------------------------------------
     def _stream(self, outcome: Outcome, kind: str, number: int, rng: random.Random) -> None:
+        outcome.key = f"chaos-{uuid.UUID(int=rng.getrandbits(128)).hex}"
+
         def attempt() -> None:
+            assert outcome.key is not None
             try:
-                stream = self._create(kind, number, rng, stream=True)
+                stream = self._create(kind, number, rng, outcome.key, stream=True)
             except Exception as error:  # noqa: BLE001 - sorted by _classify
                 self._classify(outcome, error)
                 return
