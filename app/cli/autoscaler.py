@@ -178,13 +178,7 @@ class StackAutoscaler:
 
     def step(self) -> list[ModelDecision]:
         """One round: follow every slot, decide, act. Public for tests and benchmarks."""
-        statuses = {s.instance_id: s for s in self.fleet.statuses()}
-        for slot in self.slots.values():
-            if self.stack is None:  # the orchestrator acts: follow the heartbeats
-                status = statuses.get(slot.instance_id)
-                slot.phase = "running" if status is not None and status.alive else "stopped"
-            else:
-                self._follow(slot, statuses.get(slot.instance_id))
+        self.follow()
         now = self.clock()
         history = recent_arrivals(self.db, now - self.settings.autoscale_window_s,
                                   self.settings.default_model)
@@ -193,6 +187,24 @@ class StackAutoscaler:
         for decision in decisions:
             self._apply(decision)
         return decisions
+
+    def follow(self) -> None:
+        """Follow every slot: starts that became ready, drains that can stop (or overran)."""
+        statuses = {s.instance_id: s for s in self.fleet.statuses()}
+        for slot in self.slots.values():
+            if self.stack is None:  # the orchestrator acts: follow the heartbeats
+                status = statuses.get(slot.instance_id)
+                slot.phase = "running" if status is not None and status.alive else "stopped"
+            else:
+                self._follow(slot, statuses.get(slot.instance_id))
+
+    def drain(self, instance_id: str) -> None:
+        """Drain one running instance now, then stop it (what a scale-down does; `follow`
+        carries it on)."""
+        slot = self.slots[instance_id]
+        if slot.phase not in ("starting", "running"):
+            raise ValueError(f"{instance_id} is {slot.phase}: only a live instance drains")
+        self._drain(slot)
 
     # --- deciding -----------------------------------------------------------------------------
     def _entries(self) -> list[EntryState]:

@@ -118,3 +118,44 @@ def test_a_start_that_fails_is_retried_and_reported(start_stack: Callable[..., S
     finally:
         autoscaler.stop()
 
+
+
+def test_a_drain_under_load_sends_waiting_work_back_and_stops_only_when_done(
+        start_stack: Callable[..., Stack]) -> None:
+    """Two busy instances (two seats each); one is drained: its waiting requests go back to
+    routing (the other serves them), its running ones finish there, then it stops. Every
+    request succeeds once."""
+    fleet = json.dumps([{"model": MODEL, "engine": "emulated", "count": 2, "min_count": 0,
+                         "max_count": 2, "max_num_seqs": 2, "exec_model": "llama-2-7b-a30"}])
+    stack = start_stack(1, fleet=Settings(fleet=fleet).fleet, engine_kind="emulated",
+                        emulated_time_scale=0.5, routing_policy="round_robin",
+                        max_batch_in_flight=8, engine_concurrency=64, autoscale=True)
+    autoscaler = StackAutoscaler(stack, stack.settings)
+    try:
+        with stack.client(timeout=60) as client:
+            ids = [submit(client, model=MODEL, prompt=f"Long answer {i}", max_tokens=120,
+                          ignore_eos=True) for i in range(16)]
+
+            def waiting_on_gpu1() -> bool:
+                data = client.get("/v1/instances").json()["data"]
+                return any(i["id"] == "gpu.1" and i["waiting"] > 0 for i in data)
+
+            _until(waiting_on_gpu1, 60, "a backlog on gpu.1")
+            autoscaler.drain("gpu.1")
+
+            def stopped() -> bool:
+                autoscaler.follow()
+                return autoscaler.slots["gpu.1"].phase == "stopped"
+
+            _until(stopped, 120, "gpu.1 drained and stopped")
+            results = wait_terminal(client, ids)
+            events = {i: client.get(f"/v1/requests/{i}").json()["events"] for i in ids}
+        assert Counter(r["status"] for r in results.values()) == {"succeeded": 16}
+        requeued = [i for i, evs in events.items()
+                    if any("draining" in (e.get("detail") or "") for e in evs)]
+        assert requeued, "no waiting request went back to routing"
+        assert all(results[i]["instance_id"] == "gpu.0" for i in requeued)
+        for evs in events.values():
+            assert sum(1 for e in evs if e["status"] == "succeeded") == 1
+    finally:
+        autoscaler.stop()
