@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -181,16 +182,18 @@ def _query(prompt: Any, max_tokens: int | None, model: str | None) -> stage.Leng
     return stage.LengthQuery(prompt, int(max_tokens or 1), Priority.BATCH.rank, model or "")
 
 
+#: Pending lines' predictions kept across rounds (a pending line is predicted again only when
+#: the cache dropped it, or by a new head version): (head, prompt, model, max_tokens) -> answer,
+#: oldest dropped first. NOTE: a kept answer keeps the bias correction of its round.
+_ANSWERS: dict[tuple[str, str, str, int], stage.LengthAnswer] = {}
+_MAX_ANSWERS = 50_000
+
+
 def _predicted_lines(rt: Runtime, remaining: Sequence[_Remaining]) -> list[eta.EtaLine]:
     """Each line with its remaining output tokens: expected from the accurate head's median
     and p90, batched (a released line's own recorded prediction where it has one), less what
     it generated already."""
-    todo = [r.query for r in remaining if r.predicted is None]
-    predictor = stage.length_predictor(rt, stage.HEAD_ACCURATE)
-    if isinstance(predictor, stage.LearnedLengths):
-        answers = iter(predictor.predict_many(todo))
-    else:
-        answers = iter([predictor.predict(q) for q in todo])
+    answers = iter(_answers(rt, [r.query for r in remaining if r.predicted is None]))
     lines = []
     for r in remaining:
         if r.predicted is not None:
@@ -201,6 +204,36 @@ def _predicted_lines(rt: Runtime, remaining: Sequence[_Remaining]) -> list[eta.E
         tokens = eta.expected_tokens(median, p90, r.query.max_tokens, made=r.generated)
         lines.append(eta.EtaLine(r.prompt_tokens + r.generated, max(1, tokens - r.generated)))
     return lines
+
+
+def _answers(rt: Runtime, queries: Sequence[stage.LengthQuery]) -> list[stage.LengthAnswer]:
+    """The accurate head's answers, batched; the same pending lines are estimated every round,
+    so answers are kept per head version."""
+    predictor = stage.length_predictor(rt, stage.HEAD_ACCURATE)
+    learned = isinstance(predictor, stage.LearnedLengths)
+    head = _head_name(predictor) if learned else type(predictor).__name__
+    keys = [(head, repr(q.prompt), q.model, q.max_tokens) for q in queries]
+    first = {}
+    for i, key in enumerate(keys):
+        if key not in _ANSWERS:
+            first.setdefault(key, i)
+    if first:
+        todo = [queries[i] for i in first.values()]
+        fresh = predictor.predict_many(todo) if learned else [predictor.predict(q) for q in todo]
+        _ANSWERS.update(zip(first, fresh, strict=True))
+    found = [_ANSWERS[k] for k in keys]
+    while len(_ANSWERS) > _MAX_ANSWERS:
+        del _ANSWERS[next(iter(_ANSWERS))]
+    return found
+
+
+def _head_name(predictor: stage.LearnedLengths) -> str:
+    """The active head's name; where it cannot load, a name no answer is kept under long
+    (its fallback answers, labelled by their own predictor)."""
+    try:
+        return predictor.active.get().name
+    except Exception:  # noqa: BLE001 - the predictor's own fallback answers below
+        return f"unavailable@{time.monotonic():.0f}"
 
 
 def _interactive_load(session: Session, now: datetime) -> eta.InteractiveLoad:

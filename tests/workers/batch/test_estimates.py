@@ -24,6 +24,7 @@ from app.storage import file_store
 from app.teams import create_team
 from workers.batch.estimates import estimate_batch, refresh_estimates
 from workers.batch.expand import Expansion, expand
+from workers.predict import stage
 from workers.runtime import Runtime
 
 pytestmark = pytest.mark.services
@@ -133,3 +134,19 @@ def test_the_estimates_run_on_the_bulk_predictor_and_beat_repeats_them() -> None
     entry = celery.conf.beat_schedule["estimate-batches"]
     assert entry["task"] == dispatch.TASK_BATCH_ESTIMATES
     assert entry["schedule"] == Settings().batch_eta_interval_s
+
+
+def test_pending_lines_are_predicted_once_across_rounds(rt: Runtime) -> None:
+    """Beat estimates every running batch each round: its pending lines' lengths are kept."""
+    batch_id = _validated_batch(rt, [f"Describe {topic} in two lines." for topic in TOPICS])
+    learned = stage.learned_lengths(rt, stage.HEAD_ACCURATE)
+    calls: list[int] = []
+    predict_many = learned.predict_many
+
+    def counted(queries: Any) -> Any:
+        calls.append(len(queries))
+        return predict_many(queries)
+
+    learned.predict_many = counted  # type: ignore[method-assign]
+    first, again = estimate_batch(rt, batch_id), estimate_batch(rt, batch_id)
+    assert calls == [len(TOPICS)] and again.remaining_lines == first.remaining_lines
