@@ -146,11 +146,12 @@ def _commit(rt: runtime.Runtime, request: stage.RouteInput, outcome: Routed,
         stage.remember_instance(rt.redis, request.session_key, decision.instance_id,
                                 rt.settings.session_affinity_ttl_s)
         metrics.observe_affinity(str(affinity.outcome))
-    logger.debug("routed to %s by %s", decision.instance_id, decision.policy,
-                 extra={"instance_id": decision.instance_id, "policy": decision.policy,
-                        "fallback": bool(outcome.fallback),
-                        "decision_ms": routing["decision_ms"],
-                        **({"affinity": str(affinity.outcome)} if affinity else {})})
+    # NOTE: at info: the one line that ties a request to its instance in every stage's logs.
+    logger.info("routed to %s by %s", decision.instance_id, decision.policy,
+                extra={"instance_id": decision.instance_id, "policy": decision.policy,
+                       "fallback": bool(outcome.fallback),
+                       "decision_ms": routing["decision_ms"],
+                       **({"affinity": str(affinity.outcome)} if affinity else {})})
 
 
 def _behind_held(rt: runtime.Runtime, request: stage.RouteInput, overtake_s: float) -> bool:
