@@ -32,7 +32,7 @@ from workers.autoscale.decide import Arrival, AutoscalePolicy, Autoscaler, Entry
 from workers.cluster_sim import Workload
 
 __all__ = ["TROUGH", "DayFigures", "DayRequest", "Outcome", "Sample", "day_trace", "diurnal",
-           "figures", "gpu_hours", "office", "peak_counts"]
+           "figures", "gpu_hours", "office", "peak_counts", "replay_decisions"]
 
 #: The diurnal curve's trough, as a share of its peak (peak to trough = 1 / TROUGH).
 TROUGH = 0.15
@@ -188,3 +188,38 @@ def figures(label: str, outcomes: Sequence[Outcome], samples: Sequence[Sample],
         num_missing_webhooks=sum(1 for o in outcomes
                                  if o.status == "succeeded" and o.webhooks == 0),
         num_scale_downs=num_scale_downs)
+
+
+def replay_decisions(trace: Sequence[DayRequest], entries: Sequence[EntryState], sizer: Sizer,
+                     policy: AutoscalePolicy, *, interval_s: float, day_s: float
+                     ) -> tuple[list[Sample], int]:
+    """The autoscaler's decisions over the day with no pipeline (a dry run): every `interval_s`
+    the decision on the history so far, applied at once (a cold start is not waited for), as
+    the fleet per GPU kind after each decision, and the number of scale-downs. Deterministic:
+    what the live run should come near, cold starts aside."""
+    scaler = Autoscaler(policy, sizer)
+    running = {e.entry_index: e.min_count for e in entries}
+    samples: list[Sample] = []
+    num_downs = 0
+    start = 0
+    history: dict[str, list[Arrival]] = {}
+    t = 0.0
+    while t < day_s:
+        while start < len(trace) and trace[start].at_s <= t:
+            r = trace[start]
+            history.setdefault(r.model, []).append(Arrival(r.at_s, r.prompt_tokens,
+                                                           r.output_tokens))
+            start += 1
+        window = {m: [a for a in arrivals if a.arrival_s >= t - policy.window_s]
+                  for m, arrivals in history.items()}
+        history = window
+        now = [dataclasses.replace(e, running=running[e.entry_index]) for e in entries]
+        for decision in scaler.decide(t, now, window):
+            num_downs += decision.action == "down"
+            running.update(decision.desired)
+        by_kind: dict[str, int] = {}
+        for e in entries:
+            by_kind[e.gpu_kind] = by_kind.get(e.gpu_kind, 0) + running[e.entry_index]
+        samples.append(Sample(t, by_kind))
+        t += interval_s
+    return samples, num_downs

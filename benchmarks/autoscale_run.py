@@ -49,7 +49,9 @@ from benchmarks.autoscale_day import (
     Sample,
     day_trace,
     figures,
+    gpu_hours,
     peak_counts,
+    replay_decisions,
 )
 from benchmarks.local import bench_stack, fresh_services
 from benchmarks.paths import DATA_DIR, ROOT, TINY_MODEL
@@ -469,6 +471,30 @@ def decision_cpu_s(trace: Sequence[DayRequest], fleet: Sequence[FleetEntry],
     return times[0], rest[len(rest) // 2]
 
 
+def dry_run(trace: Sequence[DayRequest], fleet: Sequence[FleetEntry], config: DayConfig
+            ) -> None:
+    """The decisions over the day without the pipeline, against the static peak fleet."""
+    prices = parse_prices(CATALOG.read_text())
+    entries = _entry_states(fleet, prices)
+    static = static_fleet(trace, fleet, config)
+    settings = _settings(fleet, config, autoscaled=True, counts=None, data_dir=Path("."),
+                         database_url="", redis_url="", webhook_port=0)
+    policy = policy_of(settings.model_copy(update={
+        "autoscale_window_s": config.window_s, "autoscale_interval_s": config.interval_s,
+        "autoscale_scale_down_after_s": config.scale_down_after_s, "emulated_time_scale": 1.0}))
+    samples, downs = replay_decisions(trace, entries, SaturationSizer(
+        max_model_len=config.max_model_len), policy, interval_s=config.interval_s,
+        day_s=config.day_s)
+    auto = gpu_hours(samples, prices, config.day_s)
+    static_cost = sum(prices[fleet[i].gpu_kind] * n for i, n in static.items())
+    static_hours = static_cost * config.day_s / 3600
+    peak = max(sum(s.running.values()) for s in samples)
+    print(f"dry run over the day: static peak fleet {static_cost:.2f} $/h -> "
+          f"{static_hours:.3f} price-weighted GPU-hours; autoscaled {auto:.3f} "
+          f"({100 * (1 - auto / static_hours):.1f} % fewer); instances 0..{peak}; "
+          f"{downs} scale-downs (emulated hours: the whole day is {config.day_s / 3600:g})")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     import argparse  # noqa: PLC0415
 
@@ -484,11 +510,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--chat-peak-rps", type=float, default=defaults.chat_peak_rps)
     parser.add_argument("--code-rps", type=float, default=defaults.code_rps)
     parser.add_argument("--start-s", type=float, default=defaults.start_s)
+    parser.add_argument("--interval-s", type=float, default=defaults.interval_s)
+    parser.add_argument("--scale-down-after-s", type=float,
+                        default=defaults.scale_down_after_s)
     parser.add_argument("--num-requests", type=int, default=None,
                         help="replay only the first N requests of the day (a smoke run)")
     parser.add_argument("--only", choices=["both", "autoscaled", "static"], default="both")
     parser.add_argument("--decision-cpu", action="store_true",
                         help="only time one decision over the whole fleet at the peak")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="only replay the decisions over the day, no pipeline "
+                        "(deterministic: the GPU-hours the live run should come near)")
     parser.add_argument("--out", type=Path, default=ROOT / ".blockq" / "bench_autoscale")
     parser.add_argument("--plot", type=Path, default=DOCS_IMAGES / "autoscale_day.png")
     parser.add_argument("--markdown", action="store_true")
@@ -497,13 +529,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     config = DayConfig(day_s=args.day_s, time_scale=args.time_scale,
                        chat_peak_rps=args.chat_peak_rps, code_rps=args.code_rps,
-                       start_s=args.start_s, num_requests=args.num_requests)
+                       start_s=args.start_s, num_requests=args.num_requests,
+                       interval_s=args.interval_s, scale_down_after_s=args.scale_down_after_s)
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"load average at start: {load}", flush=True)
     trace = build_trace(config)
     counts = Counter(r.model for r in trace)
     print(f"day: {len(trace)} requests ({dict(counts)}), {config.day_s:g} emulated s = 24 h, "
           f"{config.day_s * config.time_scale / 60:.1f} wall minutes", flush=True)
+    if args.dry_run:  # no services, no timing: needs no lock
+        dry_run(trace, MIXED_FLEET, config)
+        return
     with services_lock.hold({**TEST_SERVICES, "--database-url": args.database_url,
                              "--redis-url": args.redis_url}):
         if args.decision_cpu:

@@ -87,3 +87,17 @@ def test_figures_leave_out_arrivals_at_zero_and_count_what_went_wrong() -> None:
     assert (result.num_lost, result.num_twice, result.num_missing_webhooks) == (1, 1, 1)
     assert result.gpu_hours_weighted == pytest.approx(0.5 * 1 + 0.5 * 9)
     assert gpu_hours([], {}, 10.0) == 0 and math.isclose(result.share_within_target, 0.6)
+
+
+def test_the_dry_run_wakes_a_sleeping_model_and_puts_it_back_to_sleep() -> None:
+    from benchmarks.autoscale_day import DayRequest, replay_decisions  # noqa: PLC0415
+
+    burst = [DayRequest(100.0 + i * 0.5, "code", 300, 80) for i in range(200)]  # 100-200 s
+    entries = [EntryState(0, "code", "A100", "llama-3-8b-a100", 0, 2, 0, 5.0)]
+    policy = AutoscalePolicy(window_s=60, recent_s=20, bucket_s=5, horizon_s=10,
+                             scale_down_after_s=30)
+    samples, downs = replay_decisions(burst, entries, SaturationSizer(), policy,
+                                      interval_s=10, day_s=400)
+    counts = [s.running.get("A100", 0) for s in samples]
+    assert counts[0] == 0 and max(counts) >= 1 and counts[-1] == 0
+    assert downs >= 1 and all(0 <= n <= 2 for n in counts)
