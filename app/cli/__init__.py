@@ -142,7 +142,12 @@ def _where_to_look(settings: Settings) -> None:
 def serve() -> None:
     """Serve the local stack until interrupted (Ctrl-C); a process that dies is restarted."""
     settings = Settings.load()
-    stack = Stack(settings, env=_prepare(settings))
+    stack = Stack(settings)
+    try:  # before anything else: refused at once while another stack runs on this data dir
+        stack.hold_data_dir()
+    except StackError as exc:
+        raise click.ClickException(str(exc)) from None
+    stack.env = _prepare(settings)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     autoscaler: StackAutoscaler | None = None
     try:

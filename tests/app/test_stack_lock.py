@@ -133,6 +133,10 @@ def test_a_second_stack_on_the_data_dir_is_refused_until_blockq_stop(
     assert "blockq stop" in str(refused.value)
 
     monkeypatch.setenv("BLOCKQ_DATA_DIR", str(tmp_path))
+    serve = CliRunner().invoke(main, ["serve"])  # refused before it prepares anything
+    assert serve.exit_code == 1 and "another blockq stack runs" in serve.output
+    assert f"stubborn (pid {pids['stubborn']})" in serve.output
+
     result = CliRunner().invoke(main, ["stop", "--timeout", "1"])
 
     assert result.exit_code == 0, result.output
