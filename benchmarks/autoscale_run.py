@@ -404,8 +404,9 @@ def plot(path: Path, records: dict[str, RunRecord], config: DayConfig) -> None:
         points = [(at * hour, o.ttft_s) for o, at in zip(auto.outcomes, auto.arrivals_s,
                                                           strict=True)
                   if o.model == model and o.ttft_s is not None]
-        ttft.scatter([p[0] for p in points], [p[1] for p in points], s=3, label=model)
-        ttft.axhline(target, linestyle=":", label=f"{model} target {target:g} s")
+        dots = ttft.scatter([p[0] for p in points], [p[1] for p in points], s=3, label=model)
+        ttft.axhline(target, linestyle=":", color=dots.get_facecolor()[0],
+                     label=f"{model} target {target:g} s")
     ttft.set_yscale("log")
     ttft.set_ylabel("TTFT (emulated s)")
     ttft.set_xlabel("hour of the day")
