@@ -1,5 +1,5 @@
-"""The bias watch: a correction factor learned from recent length errors, and the round-robin
-fallback when predictions keep missing.
+"""The bias watch: a correction factor learned from recent length errors, and the routing
+fallback (a policy that reads no predicted length) when predictions keep missing.
 
 State lives in Redis so that every predictor, router and engine worker shares it: the engine
 workers observe finished requests, the predictor workers apply the correction, the routers and
@@ -29,7 +29,7 @@ class BiasRule:
     window: int = 10
     #: ... were each predicted more than this far off (relative to the actual length).
     threshold: float = 0.5
-    #: How long routing falls back to round_robin.
+    #: How long routing falls back to FALLBACK_POLICY.
     fallback_s: float = 60.0
     #: Step of the multiplicative correction towards actual/predicted, per observation.
     #: NOTE: an error is observed as many requests after its prediction as are in flight (often

@@ -86,9 +86,9 @@ def test_history_hot_reload_and_fallback_in_the_running_stack(
 
     # The misses started the fallback: visible in /v1/instances and in the later records.
     assert routing_after_misses["configured_policy"] == "block"
-    assert routing_after_misses["policy"] == "round_robin"
+    assert routing_after_misses["policy"] == "llumnix"
     assert "consecutive length predictions" in routing_after_misses["fallback"]["reason"]
-    assert all(r["policy"] == "round_robin" and r["routing"]["fallback"]["model"]
+    assert all(r["policy"] == "llumnix" and r["routing"]["fallback"]["model"]
                for r in second.values())
 
     # The predictor worker picked up the promoted version without a restart.

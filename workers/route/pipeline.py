@@ -7,7 +7,7 @@ The steps run in the order production has always applied them, as a chain in the
 llm-d's filter -> score -> pick plugins:
 
 1. filter    the request's model's instances, alive and accepting;
-2. fallback  while the bias watch's fallback is in force, its policy (round robin);
+2. fallback  while the bias watch's fallback is in force, its policy (llumnix: free room);
 3. override  else the operator's run-time policy, else the pool's configured one (a pool of
              unlike hardware: the mixed-fleet policy);
 4. budget    what is left of the request's latency targets at this moment;
@@ -44,8 +44,12 @@ __all__ = ["FALLBACK_POLICY", "DecisionContext", "FleetRead", "RouteRequest", "R
 
 logger = logging.getLogger(__name__)
 
-#: What routing falls back to while length predictions keep missing (the bias watch).
-FALLBACK_POLICY = "round_robin"
+#: What routing falls back to while length predictions keep missing (the bias watch): a policy
+#: that reads no predicted length and weights instances by their free room (KV blocks free
+#: after the waiting requests' prompts, per running request), so an instance that has just
+#: returned empty takes its share at once; round robin sent half a returned instance's backlog
+#: back to the others (docs/operations.md).
+FALLBACK_POLICY = "llumnix"
 #: The policy that reads the fleet-wide round-robin ticket.
 ROUND_ROBIN = "round_robin"
 
