@@ -176,10 +176,10 @@ def _seconds(value: float | None) -> str:
               path_type=Path), help="JSONL of requests: arrival_s, model, prompt_tokens, "
               "output_tokens (optionally prompt), one a line.")
 @click.option("--from-history", "history_hours", type=click.FloatRange(min=0, min_open=True),
-              help="Plan for the requests that finished in the last HOURS hours (the database's "
-              "request history) instead of a file.")
+              metavar="HOURS", help="Plan for the requests that finished in the last HOURS "
+              "hours (the database's request history) instead of a file.")
 @click.option("--rate-scale", type=click.FloatRange(min=0, min_open=True), default=1.0,
-              show_default=True, help="Plan for this multiple of the workload's rate.")
+              show_default=True, metavar="X", help="Plan for this multiple of the workload's rate.")
 @click.option("--slo", "slos", multiple=True, metavar="MODEL:ttft_p99=S[,e2e_p99=S]",
               help="A model's latency targets in seconds, at the 99th percentile; one per model.")
 @click.option("--catalog", "catalog_path", type=click.Path(exists=True, dir_okay=False,
