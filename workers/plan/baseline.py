@@ -3,7 +3,8 @@ request-size buckets, assuming the work splits as the program says.
 
 Requests are bucketed by prompt and output length. Each kind's throughput on a bucket is one
 instance's saturated rate on that bucket's requests (`workers.cluster_sim.saturation_rate`),
-zero where a lone request of the bucket already misses a target on that kind. An integer
+zero where more than 1 % of the bucket's lone requests already miss a target on that kind
+(unless no kind does better: then the kinds that miss least take it). An integer
 program then picks instance counts ``n_k`` and the share ``x_kb`` of bucket ``b`` each kind takes:
 
     minimise  sum_k price_k n_k
@@ -71,19 +72,24 @@ def routing_blind_mix(workload: Workload, rate: float, models: Mapping[str, Kind
                       serves: Mapping[str, Sequence[bool]]) -> dict[str, int] | None:
     """Instance counts by kind for `workload` at `rate` (None: the program has no solution).
 
-    `serves[kind][i]` says whether a lone request `i` meets its targets on that kind (a bucket
-    is served by a kind only if 99 % of its requests would).
+    `serves[kind][i]` says whether a lone request `i` meets its targets on that kind: a bucket
+    is served by a kind only if 99 % of its requests would, or, where no kind reaches 99 %, by
+    the kinds that serve the largest share of it (every kind, where none serves any).
     """
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     kinds = list(models)
     buckets = buckets_of(workload)
     total = len(workload)
+    shares = np.array([[sum(serves[kind][i] for i in bucket.indices) / len(bucket.indices)
+                        for bucket in buckets] for kind in kinds])
     throughput = np.zeros((len(kinds), len(buckets)))
-    for k, kind in enumerate(kinds):
-        for b, bucket in enumerate(buckets):
-            served = sum(serves[kind][i] for i in bucket.indices) / len(bucket.indices)
-            if served >= 0.99:
+    for b, bucket in enumerate(buckets):
+        # A bucket no kind serves at 99 % goes to the kinds that serve most of it (the fastest);
+        # one no kind serves at all, to every kind (by throughput alone).
+        best = shares[:, b].max()
+        for k, kind in enumerate(kinds):
+            if shares[k, b] >= min(0.99, best):
                 throughput[k, b] = saturation_rate(_subset(workload, bucket.indices),
                                                    models[kind].config, models[kind].exec_model)
     # Variables: n_k (integer), then x_kb (row-major by kind).

@@ -220,3 +220,15 @@ def test_each_fleet_one_gpu_smaller_is_listed() -> None:
     fleets = dict(less_one_gpu(entries))
     assert fleets["a: 1 x L4"] == [{"model": "a", "count": 1, "gpu_kind": "L4"}, entries[1]]
     assert fleets["a: 0 x H100-80GB"] == [entries[0]]
+
+
+def test_a_bucket_no_kind_serves_alone_still_gets_a_kind() -> None:
+    workload, catalog, _ = _small_plan_inputs()
+    model = "llama-3-8b"
+    kinds = {k.name: kind_model(model, k) for k in catalog.kinds}
+    bulk = workload.by_model[model]
+    serves = {k: [False] * len(bulk) for k in kinds}  # a target no lone request meets
+    mix = routing_blind_mix(bulk, workload.rate_by_model[model], kinds,
+                            {k.name: k.price_per_hour for k in catalog.kinds},
+                            {k.name: None for k in catalog.kinds}, serves)
+    assert mix and sum(mix.values()) >= 1
