@@ -68,6 +68,15 @@ def main(argv: list[str] | None = None) -> int:
                         "temporary directory, removed after)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument("--json", type=Path, help="write the result as JSON here")
+    parser.add_argument("--autoscale", action="store_true",
+                        help="an autoscaled fleet (--instances at start, 1 to --max-instances) "
+                        "with the scale fault kinds")
+    parser.add_argument("--max-instances", type=int, default=4)
+    parser.add_argument("--start-s", type=float, default=4.0,
+                        help="emulated cold start of each instance (autoscaled)")
+    parser.add_argument("--scale-down-after", type=float, default=10.0,
+                        help="seconds an instance must be surplus before the autoscaler "
+                        "drains it (autoscaled)")
     args = parser.parse_args(argv)
     config = RunConfig(
         requests=args.requests, faults_per_kind=args.faults_per_kind,
@@ -76,9 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         seconds_per_fault=args.seconds_per_fault, crash_after_commit=args.crash_after_commit,
         webhook_fail_first=args.webhook_fail_first, time_scale=args.time_scale,
         settle_timeout_s=args.settle_timeout, recover_timeout_s=args.recover_timeout,
-        model_path=args.model_path, work_dir=args.work_dir, keep=args.keep)
+        model_path=args.model_path, work_dir=args.work_dir, keep=args.keep,
+        autoscale=args.autoscale, max_instances=args.max_instances, start_s=args.start_s,
+        scale_down_after_s=args.scale_down_after)
     if args.list_kinds:
-        settings = Settings(num_instances=args.instances, engine_kind="emulated")
+        settings = Settings(num_instances=args.instances, engine_kind="emulated",
+                            autoscale=args.autoscale)
         print("\n".join(fault_kinds(settings)))
         return 0
     console = Console(width=200)

@@ -206,6 +206,14 @@ class StackAutoscaler:
             raise ValueError(f"{instance_id} is {slot.phase}: only a live instance drains")
         self._drain(slot)
 
+    def start_instance(self, instance_id: str) -> None:
+        """Start one stopped slot now (what a scale-up does; `follow` carries it on): an
+        operator's hook, and the chaos harness's."""
+        slot = self.slots[instance_id]
+        if slot.phase != "stopped":
+            raise ValueError(f"{instance_id} is {slot.phase}: only a stopped slot starts")
+        self._start(slot)
+
     # --- deciding -----------------------------------------------------------------------------
     def _entries(self) -> list[EntryState]:
         entries = []

@@ -27,3 +27,10 @@ class RunConfig:
     model_path: Path | None = None
     work_dir: Path | None = None  # None: a new temporary directory, removed after
     keep: bool = False  # keep the work directory (logs, databases) after the run
+    #: An autoscaled fleet (BLOCKQ_AUTOSCALE): `instances` at start, between 1 and
+    #: `max_instances`, with the scale fault kinds (benchmarks/chaos/scaling.py).
+    autoscale: bool = False
+    max_instances: int = 4
+    start_s: float = 4.0  # each instance's emulated cold start (times time_scale)
+    autoscale_interval_s: float = 1.0
+    scale_down_after_s: float = 10.0

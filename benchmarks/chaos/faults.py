@@ -20,6 +20,7 @@ from app.cli.stack import Stack, process_commands
 from app.settings import Settings
 from benchmarks.chaos.config import RunConfig
 from benchmarks.chaos.processes import ProcessWatch
+from benchmarks.chaos.scaling import SCALE_KINDS, ScaleDriver
 from benchmarks.chaos.services import OwnServices
 
 #: Environment variable of app/faults.py: a process exits right after a commit whose message
@@ -54,7 +55,8 @@ def fault_kinds(settings: Settings) -> list[str]:
                      for name in process_commands(settings) if name != "flower"})
     return ([f"sigkill:{g}" for g in groups] + [f"sigterm:{g}" for g in groups]
             + ["sigstop:gpu", "redis:restart-empty", "postgres:restart-immediate",
-               "postgres:terminate-connections", "control:no-fault"])
+               "postgres:terminate-connections", "control:no-fault"]
+            + (SCALE_KINDS if settings.autoscale else []))
 
 
 class Injector:
@@ -62,8 +64,10 @@ class Injector:
     traffic, and not before the system is whole again after the previous one."""
 
     def __init__(self, stack: Stack, services: OwnServices, watch: ProcessWatch,
-                 config: RunConfig, rng: random.Random) -> None:
+                 config: RunConfig, rng: random.Random, driver: ScaleDriver | None = None
+                 ) -> None:
         self.stack, self.services, self.watch = stack, services, watch
+        self.driver = driver  # the autoscaler, on an autoscaled fleet
         self.config, self.rng = config, rng
         self.faults: list[Fault] = []
         self.redis = redis.Redis.from_url(services.redis_url, socket_timeout=1,
@@ -85,7 +89,8 @@ class Injector:
     def inject(self, kind: str) -> Fault:
         action, what = kind.split(":")
         ttl = self.stack.settings.heartbeat_ttl_s
-        instances = self.stack.settings.instance_ids
+        # NOTE: an autoscaled fleet's stopped slots have no process to signal.
+        instances = [i for i in self.stack.settings.instance_ids if i in self.stack.processes]
         target = self.rng.choice(instances) if what == "gpu" else what
         start = time.time()
         note = ""
@@ -110,19 +115,56 @@ class Injector:
         elif kind == "postgres:terminate-connections":
             target = "postgres"
             note = f"{self.services.terminate_connections()} connections"
+        elif action == "scale":
+            target, note, victim = self._scale(kind)
         elif kind != "control:no-fault":
             raise ValueError(f"unknown fault kind {kind!r}")
         return Fault(kind, target, start, time.time(), note=note, victim=victim)
 
+    def _scale(self, kind: str) -> tuple[str, str, Any]:
+        """A forced scale event (benchmarks/chaos/scaling.py): (target, note, victim)."""
+        driver, what = self.driver, kind.partition(":")[2]
+        assert driver is not None, "scale faults need an autoscaled fleet"
+        wait_s = self.config.recover_timeout_s
+        if what == "up-during-redis-restart":
+            started = driver.force_start(timeout_s=wait_s)
+            self.services.kill_redis()
+            time.sleep(self.rng.uniform(0.5, 3.0))
+            self.services.start_redis()
+            return started or "-", "Redis restarted empty while it started" if started \
+                else "no slot to start", None
+        if what == "supervisor-killed":
+            mid = self.rng.choice(["start", "drain"])
+            scaled = driver.force_start(timeout_s=wait_s) if mid == "start" else \
+                (driver.force_drain(timeout_s=5.0, start_wait_s=wait_s) or (None,))[0]
+            live = driver.kill_supervisor(self.watch, kind)
+            return "supervisor", f"killed mid-{mid} of {scaled}; slots then: {live}", None
+        drained = driver.force_drain(timeout_s=5.0, start_wait_s=wait_s)
+        if drained is None:
+            return "-", "no second running instance to drain", None
+        target, held = drained
+        note = f"drained with {held.load} requests running, waiting or assigned"
+        if what == "down-under-load":
+            return target, note, None
+        time.sleep(self.rng.uniform(0.1, 1.0))  # engine-killed-draining: in its drain
+        process = driver.draining_process(target)
+        if process is None or process.poll() is not None:
+            return target, note + "; stopped before the kill", None
+        self.watch.signal_process(process, signal.SIGKILL, kind)
+        return target, note + "; SIGKILLed while draining", process
+
     def wait_fleet_back(self, fault: Fault) -> float | None:
         """Seconds from the fault's end until the process it ended (if it ended one) was
         started again, every process runs, the API is ready and every engine has a fresh
-        heartbeat; None if that takes longer than the recovery timeout."""
+        heartbeat (and a forced scale event is over: no slot starting or draining); None if
+        that takes longer than the recovery timeout."""
         deadline = time.monotonic() + self.config.recover_timeout_s
+        scale = fault.kind.startswith("scale:")
         while time.monotonic() < deadline:
             replaced = fault.victim is None or \
                 self.stack.processes.get(fault.target) is not fault.victim
-            if replaced and self.watch.all_running() and self._api_ready() \
+            settled = not scale or self.driver is None or self.driver.settled()
+            if replaced and settled and self.watch.all_running() and self._api_ready() \
                     and self._engines_alive():
                 return time.time() - fault.end
             time.sleep(0.1)
@@ -135,7 +177,11 @@ class Injector:
             return False
 
     def _engines_alive(self) -> bool:
-        keys = [f"blockq:instance:{i}:alive" for i in self.stack.settings.instance_ids]
+        engines = self.driver.running_engines() if self.driver is not None \
+            else self.stack.settings.instance_ids
+        keys = [f"blockq:instance:{i}:alive" for i in engines]
+        if not keys:
+            return False
         try:
             return self.redis.exists(*keys) == len(keys)
         except redis.RedisError:

@@ -4,6 +4,7 @@ last error line."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import threading
 import time
@@ -12,6 +13,11 @@ from datetime import datetime
 from pathlib import Path
 
 from app.cli.stack import Stack
+
+#: The cause of an engine's exit after the autoscaler drained and stopped it (SIGTERM, the warm
+#: shutdown: exit 0, or the signal itself).
+DRAINED = "autoscale:drained"
+DRAINED_EXITS = (0, -signal.SIGTERM)
 
 
 @dataclass
@@ -33,6 +39,7 @@ class ProcessWatch:
         self.signalled: dict[int, str] = {}  # pid -> fault kind
         self.known: dict[str, subprocess.Popen[bytes]] = dict(stack.processes)
         self.recorded: set[int] = set()  # pids whose exit is noted
+        self.released: set[int] = set()  # pids the stack let go (the autoscaler drains them)
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="process-watch", daemon=True)
@@ -51,6 +58,18 @@ class ProcessWatch:
             self.signalled[process.pid] = cause
         self.stack.signal(name, sig)
 
+    def signal_process(self, process: subprocess.Popen[bytes], sig: int, cause: str) -> None:
+        """Sends `sig` to a process the stack no longer supervises (an engine the autoscaler
+        drains) and notes why."""
+        self.expect(process.pid, cause)
+        if process.poll() is None:
+            process.send_signal(sig)
+
+    def expect(self, pid: int, cause: str) -> None:
+        """The exit of process `pid` is the fault `cause`'s doing."""
+        with self.lock:
+            self.signalled[pid] = cause
+
     def forget(self, name: str) -> None:
         """The signal sent to `name` did not end it (SIGSTOP, then SIGCONT)."""
         with self.lock:
@@ -64,11 +83,20 @@ class ProcessWatch:
             now = time.time()
             for name, process in list(self.stack.processes.items()):
                 known = self.known.get(name)
-                if known is not None and known is not process:  # the supervisor restarted it
-                    self._exited(name, known, now)
+                if known is not process:  # restarted by the supervisor, or a new slot started
+                    if known is not None:
+                        self._exited(name, known, now)
                     self.known[name] = process
                 if process.poll() is not None:
                     self._exited(name, process, now)
+            for name, known in list(self.known.items()):
+                if name in self.stack.processes and self.stack.processes[name] is known:
+                    continue
+                # Released by the autoscaler (drained, then stopped), or stopped whole.
+                self.released.add(known.pid)
+                if known.poll() is not None:
+                    self._exited(name, known, now)
+                    del self.known[name]
 
     def _exited(self, name: str, process: subprocess.Popen[bytes], now: float) -> None:
         if process.pid in self.recorded:
@@ -76,6 +104,9 @@ class ProcessWatch:
         self.recorded.add(process.pid)
         with self.lock:
             cause = self.signalled.pop(process.pid, None)
+            if cause is None and process.pid in self.released \
+                    and process.poll() in DRAINED_EXITS:
+                cause = DRAINED
             self.exits.append(Exit(name, process.pid, process.poll(), now, cause))
 
 

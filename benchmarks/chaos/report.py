@@ -16,6 +16,9 @@ def report(result: RunResult, console: Console) -> None:
     if result.workload["interruptions"]:
         console.print("Stream interruptions by cause: " + ", ".join(
             f"{k}: {v}" for k, v in result.workload["interruptions"].items()))
+    if result.scale_events:
+        console.print("Scale events: " + ", ".join(
+            f"{k}: {v}" for k, v in sorted(result.scale_events.items())))
     console.print(_invariants_table(result))
     console.print(f"timings: {result.timings}; work dir: {result.work_dir}")
 

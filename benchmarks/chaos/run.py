@@ -31,6 +31,7 @@ from benchmarks.chaos.faults import (
 from benchmarks.chaos.processes import ProcessWatch, log_tail
 from benchmarks.chaos.receiver import WebhookReceiver
 from benchmarks.chaos.recovery import stranded_recovery
+from benchmarks.chaos.scaling import ScaleDriver
 from benchmarks.chaos.services import OwnServices
 from benchmarks.chaos.settle import settle
 from benchmarks.chaos.stack_setup import create_teams, signing_secrets, stack_env, stack_settings
@@ -51,6 +52,9 @@ class RunResult:
     settle: dict[str, Any]
     timings: dict[str, float]
     work_dir: str
+    #: On an autoscaled fleet: starts and drains begun (by the autoscaler, forced by the
+    #: faults), stack restarts after the supervisor's death.
+    scale_events: dict[str, int] = field(default_factory=dict)
 
     def violations(self) -> dict[str, dict[str, Any]]:
         """The invariants that failed, with their stories."""
@@ -71,6 +75,7 @@ class _Parts:
     began: float  # monotonic time the run began
     timings: dict[str, float] = field(default_factory=dict)
     watch: ProcessWatch | None = None
+    driver: ScaleDriver | None = None  # the autoscaler, on an autoscaled fleet
 
 
 @contextlib.contextmanager
@@ -123,6 +128,8 @@ def _run_on(config: RunConfig, services: OwnServices, work_dir: Path,
                                                    duration_s, rng)
         return _checked_result(parts, parts.watch, workload, injector, teams, work_dir)
     finally:
+        if parts.driver is not None:
+            parts.driver.stop()
         if parts.watch is not None:
             parts.watch.stop()
         stack.stop(timeout_s=20)
@@ -141,12 +148,17 @@ def _chosen_kinds(config: RunConfig, settings: Settings) -> list[str]:
 
 def _start_stack(parts: _Parts, names: list[str]) -> ProcessWatch:
     """Starts the stack's processes, waits until it is ready, supervises it; the watch on it."""
-    parts.stack.start(names=names)
-    parts.stack.wait_ready(num_instances=parts.config.instances)
+    initial = set(parts.settings.initial_instance_ids)
+    standby = set(parts.settings.instance_ids) - initial
+    parts.stack.start(names=[n for n in names if n not in standby])
+    parts.stack.wait_ready(num_instances=len(initial))
     parts.timings["stack_ready_s"] = time.monotonic() - parts.began
     parts.stack.supervise()
     watch = ProcessWatch(parts.stack)
     watch.start()
+    if parts.settings.autoscale:
+        parts.driver = ScaleDriver(parts.stack, parts.settings, names)
+        parts.driver.start()
     return watch
 
 
@@ -159,7 +171,7 @@ def _traffic_under_faults(parts: _Parts, watch: ProcessWatch, teams: dict[str, t
     deadline = time.monotonic() + duration_s + config.settle_timeout_s
     workload = Workload(parts.stack, parts.receiver, team_keys, config, deadline=deadline)
     injector = Injector(parts.stack, parts.services, watch, config,
-                        random.Random(rng.random()))
+                        random.Random(rng.random()), parts.driver)
     stop_faults = threading.Event()
     start = time.monotonic() + 1.0
     fault_thread = threading.Thread(
@@ -189,13 +201,21 @@ def _checked_result(parts: _Parts, watch: ProcessWatch, workload: Workload, inje
     parts.timings["total_s"] = time.monotonic() - parts.began
     exits = [asdict(e) for e in watch.exits]
     _unexpected_exits(findings, watch, parts.stack.log_dir)
+    scale_events: dict[str, int] = {}
+    if parts.driver is not None:
+        errors = findings.setdefault("autoscaler round errors",
+                                     Finding("autoscaler round errors"))
+        for error in parts.driver.errors:
+            errors.add(error)
+        scale_events = {**parts.driver.events, "stack restarts": parts.driver.restarts}
     return RunResult(
         config={k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
         faults=_fault_rows(faults, recovery),
         fault_summary=summarize_faults(faults, recovery),
         findings={name: asdict(f) for name, f in findings.items()},
         workload=workload_summary(workload), exits=exits, settle=settled,
-        timings={k: round(v, 1) for k, v in parts.timings.items()}, work_dir=str(work_dir))
+        timings={k: round(v, 1) for k, v in parts.timings.items()}, work_dir=str(work_dir),
+        scale_events=scale_events)
 
 
 def _unexpected_exits(findings: dict[str, Finding], watch: ProcessWatch, log_dir: Path) -> None:

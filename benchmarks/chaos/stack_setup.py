@@ -17,6 +17,7 @@ from benchmarks.chaos.config import RunConfig
 from benchmarks.chaos.faults import CRASH_AFTER_COMMIT_ENV
 from benchmarks.chaos.services import OwnServices
 from benchmarks.paths import ROOT
+from workers.sim.fleet_spec import InstanceSpec
 from workers.webhooks.signing import new_secret
 
 
@@ -43,7 +44,22 @@ def stack_settings(config: RunConfig, services: OwnServices, data_dir: Path) -> 
         webhook_allowed_networks="127.0.0.0/8",  # the run's receiver
         # Every client may hold a completion open: the run measures delivery, not the caps.
         held_connections_per_team=config.clients,
+        **(_autoscaled(config) if config.autoscale else {}),
     )
+
+
+def _autoscaled(config: RunConfig) -> dict[str, object]:
+    """One autoscaled entry of the default model: `instances` at start, 1 to max_instances,
+    a short cold start, quick decisions and a short surplus delay (so that the autoscaler's
+    own scale events happen beside the forced ones)."""
+    entry = InstanceSpec(model=Settings().model_name, engine="emulated",
+                         count=config.instances, min_count=1,
+                         max_count=max(config.max_instances, config.instances),
+                         start_s=config.start_s)
+    return {"fleet": (entry,), "autoscale": True,
+            "autoscale_interval_s": config.autoscale_interval_s,
+            "autoscale_window_s": 30.0,
+            "autoscale_scale_down_after_s": config.scale_down_after_s}
 
 
 def create_teams(settings: Settings, receiver_url: str) -> dict[str, tuple[str, str]]:

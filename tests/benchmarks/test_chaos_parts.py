@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import json
 import random
+import signal
+import subprocess
+import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 from app.settings import Settings
 from benchmarks.chaos.faults import (
@@ -17,6 +21,8 @@ from benchmarks.chaos.faults import (
     fault_kinds,
     schedule_faults,
 )
+from benchmarks.chaos.processes import DRAINED, ProcessWatch
+from benchmarks.chaos.scaling import SCALE_KINDS, SlotView, drain_target, start_target
 from benchmarks.chaos.summaries import summarize_faults
 
 
@@ -58,3 +64,56 @@ def test_recovery_is_summarized_per_fault_kind() -> None:
                    "fleet_back_max_s": 4.0, "fleet_not_back": 0}
     assert redis["never_recovered"] == 1 and redis["fleet_not_back"] == 1
     assert redis["recovery_p50_s"] is None
+
+
+def test_an_autoscaled_fleet_adds_the_scale_fault_kinds(tmp_path: Path) -> None:
+    fixed = fault_kinds(Settings(data_dir=tmp_path, num_instances=2))
+    scaled = fault_kinds(Settings(data_dir=tmp_path, num_instances=2, autoscale=True))
+    assert not set(SCALE_KINDS) & set(fixed)
+    assert scaled == fixed + SCALE_KINDS
+    assert {"scale:down-under-load", "scale:up-during-redis-restart", "scale:supervisor-killed",
+            "scale:engine-killed-draining"} == set(SCALE_KINDS)
+
+
+def test_a_forced_drain_takes_the_busiest_running_engine_and_never_the_last() -> None:
+    slots = [SlotView("gpu.0", "running", 3), SlotView("gpu.1", "running", 5),
+             SlotView("gpu.2", "starting"), SlotView("gpu.3", "stopped")]
+    assert drain_target(slots) == "gpu.1"
+    assert drain_target([SlotView("gpu.0", "running", 1), SlotView("gpu.1", "running", 1)]) \
+        == "gpu.1"  # a tie: the newest slot
+    assert drain_target([SlotView("gpu.0", "running", 9), SlotView("gpu.1", "draining", 2),
+                         SlotView("gpu.2", "starting")]) is None  # the only running one
+
+
+def test_a_forced_start_takes_the_lowest_stopped_slot() -> None:
+    slots = [SlotView("gpu.10", "stopped"), SlotView("gpu.2", "stopped"),
+             SlotView("gpu.0", "running")]
+    assert start_target(slots) == "gpu.2"
+    assert start_target([SlotView("gpu.0", "running"), SlotView("gpu.1", "draining")]) is None
+
+
+def test_an_engine_the_autoscaler_let_go_exits_as_drained_unless_it_crashed() -> None:
+    """The watch follows processes the stack no longer supervises: a warm shutdown after a
+    drain is expected, a crash while draining is not, and a fault's kill is the fault's."""
+    processes = {name: subprocess.Popen(["sleep", "30"]) for name in ("gpu.0", "gpu.1", "gpu.2")}
+    stack = SimpleNamespace(processes=dict(processes))
+    watch = ProcessWatch(stack)  # type: ignore[arg-type]
+    watch.start()
+    try:
+        for name in processes:
+            stack.processes.pop(name)  # Stack.release
+        deadline = time.monotonic() + 5
+        while len(watch.released) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        processes["gpu.0"].send_signal(signal.SIGTERM)  # the drain's warm shutdown
+        subprocess.run(["kill", "-SEGV", str(processes["gpu.1"].pid)], check=True)
+        watch.signal_process(processes["gpu.2"], signal.SIGKILL, "scale:engine-killed-draining")
+        while len(watch.exits) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        watch.stop()
+        for process in processes.values():
+            process.kill()
+            process.wait()
+    causes = {e.name: e.cause for e in watch.exits}
+    assert causes == {"gpu.0": DRAINED, "gpu.1": None, "gpu.2": "scale:engine-killed-draining"}
