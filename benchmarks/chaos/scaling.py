@@ -89,6 +89,7 @@ class ScaleDriver:
         self.errors: list[str] = []  # rounds that raised something else than an outage
         self.restarts = 0  # stack restarts after a supervisor's death
         self.events: Counter[str] = Counter()  # starts and drains begun, by whom
+        self._log_offsets: dict[str, int] = {}  # restarted workers: their logs' size before
         self.autoscaler = StackAutoscaler(stack, settings)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -149,8 +150,22 @@ class ScaleDriver:
         return views
 
     def settled(self) -> bool:
-        """No slot is starting or draining."""
-        return all(s.phase in ("stopped", "running") for s in self.autoscaler.slots.values())
+        """No slot is starting or draining, and every Celery worker started again after the
+        supervisor's death has logged that it is ready (it consumes)."""
+        return all(s.phase in ("stopped", "running") for s in self.autoscaler.slots.values()) \
+            and self._workers_ready()
+
+    def _workers_ready(self) -> bool:
+        for name, offset in list(self._log_offsets.items()):
+            try:
+                with (self.stack.log_dir / f"{name}.log").open("rb") as log:
+                    log.seek(offset)
+                    if b" ready." not in log.read():
+                        return False
+            except OSError:
+                return False
+            del self._log_offsets[name]
+        return True
 
     def running_engines(self) -> list[str]:
         """The engines that must have a heartbeat: those the stack runs, not starting."""
@@ -223,11 +238,20 @@ class ScaleDriver:
             self.restarts += 1
             initial = set(self.settings.initial_instance_ids)
             instances = set(self.settings.instance_ids)
-            self.stack.start(names=[n for n in self.names if n not in instances or n in initial])
+            names = [n for n in self.names if n not in instances or n in initial]
+            self._log_offsets = {n: self._log_size(n) for n in names
+                                 if n not in ("api", "beat")}  # the Celery workers
+            self.stack.start(names=names)
             self.stack.supervise()
             self.autoscaler = StackAutoscaler(self.stack, self.settings)
         self.start()
         return ", ".join(f"{i} {p}" for i, p in sorted(phases.items()))
+
+    def _log_size(self, name: str) -> int:
+        try:
+            return (self.stack.log_dir / f"{name}.log").stat().st_size
+        except OSError:
+            return 0
 
     @staticmethod
     def _until(check: Callable[[], bool], deadline: float) -> None:
