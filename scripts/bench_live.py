@@ -57,8 +57,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="mooncake (issue 15: shared prefixes, the engines' prefix cache) "
                              "is run only when named")
     parser.add_argument("--policies", nargs="+", choices=list(POLICIES),
-                        default=[p for p in POLICIES if p != "prefix_affinity"],
-                        help="default: all but prefix_affinity (issue 15's baseline)")
+                        default=[p for p in POLICIES if p not in ("prefix_affinity", "default")],
+                        help="default: all but prefix_affinity (issue 15's baseline) and "
+                             "default (the production default policy, unset)")
     parser.add_argument("--rates", type=float, nargs="+", default=list(DEFAULT_RATES),
                         help="emulated requests/s, tried in order until the SLO fails")
     parser.add_argument("--around-sim", type=Path, metavar="JSON",

@@ -46,7 +46,10 @@ __all__ = ["POLICIES", "PointSpec", "policy_setup", "run_point"]
 #: made offline by make_live_workload.py, from a table: the routing without the encoder's CPU),
 #: oracle, mean, or none (a table of the mean: the policy reads no prediction, the cheapest
 #: predictor keeps the control plane light).
-POLICIES: dict[str, tuple[str, str]] = {
+POLICIES: dict[str, tuple[str | None, str]] = {
+    # issue 41: the production default, routing_policy left unset (a pool of one kind
+    # round_robin, one of unlike kinds mixed_fleet_routing_policy), learned predictions
+    "default": (None, "learned"),
     "round_robin": ("round_robin", "none"),
     "least_requests": ("least_requests", "none"),
     "llumnix": ("llumnix", "none"),
@@ -100,8 +103,9 @@ class PointSpec:
     fleet: str | None = None
 
 
-def policy_setup(policy: str, workload: LiveWorkload) -> tuple[str, str, str | None]:
-    """(routing policy, Settings.length_predictor, table mode or None) of a policy label."""
+def policy_setup(policy: str, workload: LiveWorkload) -> tuple[str | None, str, str | None]:
+    """(routing policy or None: the default, Settings.length_predictor, table mode or None)
+    of a policy label."""
     routing, predictor = POLICIES[policy]
     if predictor == "learned":
         if workload.learned_live:
@@ -131,6 +135,8 @@ def _settings(spec: PointSpec, data_dir: Path) -> Settings:
         # The benchmark measures each policy as configured: no round-robin fallback (no error
         # exceeds the threshold), no correction factor (learned predictions stay the model's).
         extra |= {"bias_threshold": 1e9, "bias_correction_rate": 0.0}
+    if routing is not None:  # None: left unset, so each pool takes the production default
+        extra["routing_policy"] = routing
     return Settings(
         database_url=spec.database_url, redis_url=spec.redis_url, data_dir=data_dir,
         model_path=spec.model_path, model_name=spec.workload.serving_model,
@@ -140,7 +146,7 @@ def _settings(spec: PointSpec, data_dir: Path) -> Settings:
         max_num_seqs=48, max_num_batched_tokens=512, max_model_len=spec.max_model_len,
         emulated_time_scale=spec.time_scale, emulated_output_lengths="answers",
         emulated_answers_path=answers,
-        routing_policy=routing, length_predictor=predictor,
+        length_predictor=predictor,
         # NOTE: prefix caching only where the workload shares prefixes by design (Mooncake's
         # hash ids): the conversations replay repeats 167 held-out prompts, which would turn
         # into cache hits that production traffic does not have and the discrete-event
