@@ -44,8 +44,8 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     return "\n".join(lines)
 
 
-def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], *,
-                markdown: bool = False, width: int | None = None) -> None:
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]],
+                markdown: bool = False, *, width: int | None = None) -> None:
     """Print a table: Markdown (title in bold above it) or a rich table of `width` columns."""
     if markdown:
         print(f"\n**{title}**\n" if title else "")
