@@ -11,17 +11,13 @@ Logic in benchmarks/fleet_scale.py; every decision is production's pipeline.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
+from benchmarks import quiet
 from benchmarks.fleet_scale import decision_cost, mixed_fleet, run_point, sharegpt
 from benchmarks.tables import fmt, print_table
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
-def _load() -> str:
-    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def _rates(spec: str) -> list[float]:
@@ -31,12 +27,14 @@ def _rates(spec: str) -> list[float]:
 
 
 def cost(args: argparse.Namespace) -> None:
+    """A timing: alone (the test services' lock), on a quiet machine."""
     rows = []
-    for size in args.sizes:
-        for policy in args.policies:
-            c = decision_cost(size, policy, num_decisions=args.decisions)
-            rows.append([str(size), str(c.num_candidates), policy, fmt(c.p50_us / 1000, 3),
-                         fmt(c.p99_us / 1000, 3)])
+    with quiet.alone(args.quiet_load):
+        for size in args.sizes:
+            for policy in args.policies:
+                c = decision_cost(size, policy, num_decisions=args.decisions)
+                rows.append([str(size), str(c.num_candidates), policy,
+                             fmt(c.p50_us / 1000, 3), fmt(c.p99_us / 1000, 3)])
     print_table("one routing decision (decide_route), ms of wall time",
                 ["instances", "of its model", "policy", "p50 ms", "p99 ms"], rows)
 
@@ -82,6 +80,8 @@ def main() -> None:
     p.add_argument("--policies", nargs="+",
                    default=["block_slo", "po4_block_slo", "po2_block_slo", "llumnix"])
     p.add_argument("--decisions", type=int, default=200)
+    p.add_argument("--quiet-load", type=float, default=1.5,
+                   help="wait for the 1-minute load average to fall below this")
     p.set_defaults(run=cost)
     p = sub.add_parser("capacity")
     p.add_argument("--instances", type=int, default=100)
@@ -98,9 +98,11 @@ def main() -> None:
     p.add_argument("--num-requests", type=int, default=20000)
     p.set_defaults(run=herd)
     args = parser.parse_args()
-    print(f"load average at start: {_load()}", flush=True)
+    if args.command != "cost":  # deterministic simulations: the load changes only wall time
+        quiet.print_load_average("start")
     args.run(args)
-    print(f"load average at end: {_load()}")
+    if args.command != "cost":
+        quiet.print_load_average("end")
 
 
 if __name__ == "__main__":
