@@ -8,7 +8,7 @@ policies; each model's live TTFT p99 and e2e p99 beside the planner's prediction
 
 Every latency is in emulated seconds (wall / time scale). Only profiled GPU kinds can run:
 a plan with a derived kind is refused. A measurement runs alone: the script takes the test
-services' lock and prints the load average at its start and end (docs/planning.md).
+services' lock and prints the load average at its start and end (docs/plan_live.md).
 """
 
 from __future__ import annotations
