@@ -90,3 +90,18 @@ def test_compare_rows_give_ratios_and_missing_figures() -> None:
     assert rows[0]["e2e_p99_s"]["ratio"] == pytest.approx(0.9)
     assert rows[1]["requests"] == 0 and rows[1]["ttft_p99_s"]["ratio"] is None
     assert rows[1]["e2e_p99_s"] == {"live": None, "predicted": None, "ratio": None}
+
+
+def test_the_default_label_leaves_the_routing_policy_unset(tmp_path: Path) -> None:
+    from benchmarks.live.point import PointSpec, _settings
+
+    requests = plan_requests(_lines({"arrival_s": 0, "model": "a", "prompt_tokens": 3,
+                                     "output_tokens": 5}))
+    workload = plan_workload(requests, max_model_len=64, seed=0, decode=str, vocab_size=100,
+                             learned=lambda true: true)
+    spec = PointSpec(workload, "default", 1.0, 4.0, 1, "postgresql+psycopg://x@127.0.0.1/x",
+                     "redis://127.0.0.1:6379/0", tmp_path, 8000, 5000, 64, 10.0)
+    settings = _settings(spec, tmp_path)
+    assert "routing_policy" not in settings.model_fields_set
+    assert settings.routing_policy_for(mixed_hardware=True) == settings.mixed_fleet_routing_policy
+    assert settings.length_predictor == "table"
