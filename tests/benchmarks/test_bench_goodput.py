@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scripts.bench_goodput import parse_config, refusing
+from benchmarks.goodput import parse_config, refusing
 
 
 def test_configuration_labels_name_the_policy_targets_and_refusal_margin() -> None:
