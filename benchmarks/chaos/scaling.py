@@ -33,7 +33,7 @@ import redis
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.cli.autoscaler import StackAutoscaler
-from app.cli.stack import PARENT_DEATH_SIGNAL, Stack
+from app.cli.stack import PARENT_DEATH_SIGNAL, Stack, StackError
 from app.settings import Settings
 from benchmarks.chaos.processes import ProcessWatch
 
@@ -47,6 +47,11 @@ SCALE_KINDS = ["scale:down-under-load", "scale:up-during-redis-restart",
 #: How long the processes of a dead supervisor get for their warm shutdown before the harness
 #: presses them: an engine's finishes its running requests (seconds at the run's time scale).
 KILL_GRACE_S = 20.0
+
+
+#: How long the harness tries to start the stack again while the old one's last processes
+#: still hold the data directory.
+RESTART_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -241,11 +246,24 @@ class ScaleDriver:
             names = [n for n in self.names if n not in instances or n in initial]
             self._log_offsets = {n: self._log_size(n) for n in names
                                  if n not in ("api", "beat")}  # the Celery workers
-            self.stack.start(names=names)
+            self._start_again(names)
             self.stack.supervise()
             self.autoscaler = StackAutoscaler(self.stack, self.settings)
         self.start()
         return ", ".join(f"{i} {p}" for i, p in sorted(phases.items()))
+
+    def _start_again(self, names: list[str]) -> None:
+        """Starts the stack again once the data directory's lock is free: a dead stack's last
+        holders (gunicorn's workers, after their master) may take a moment to exit."""
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while True:
+            try:
+                self.stack.start(names=names)
+                return
+            except StackError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def _log_size(self, name: str) -> int:
         try:
