@@ -21,10 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
-from benchmarks.quiet import alone  # noqa: E402
+from benchmarks.paths import ROOT as REPO_ROOT
+from benchmarks.quiet import alone
 
 CATALOG = REPO_ROOT / "workers" / "plan" / "data" / "example_catalog.json"
 SLOS = ("--slo", "llama-2-7b:ttft_p99=1", "--slo", "llama-3-8b:e2e_p99=4")

@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from rich.console import Console
+from rich.table import Table
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from workers.plan.derive import VALIDATION_GRID, derivation_error  # noqa: E402
+from workers.plan.derive import VALIDATION_GRID, derivation_error
 
 #: (family, profiled GPU derived from, profiled GPU compared with).
 PAIRS = (("llama-2-7b", "a30", "a100"), ("llama-2-7b", "a30", "h100"),

@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from app.settings import Settings  # noqa: E402
-from workers.plan import PlanOptions, derivation_error, load_catalog, parse_workload  # noqa: E402
-from workers.plan.replay import tightness  # noqa: E402
+from app.settings import Settings
+from workers.plan import PlanOptions, derivation_error, load_catalog, parse_workload
+from workers.plan.replay import tightness
 
 
 def targets_table(plan: dict, tight: list[dict], derivation: dict[str, float]) -> list[str]:

@@ -15,19 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
-from workers.plan.example import two_model_requests  # noqa: E402
+from benchmarks.paths import DATA_DIR
+from workers.plan.example import two_model_requests
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--data", type=Path, default=REPO_ROOT.parent / "shared" / "data")
+    parser.add_argument("--data", type=Path, default=DATA_DIR)
     parser.add_argument("--chat", type=int, default=8000, help="chat requests")
     parser.add_argument("--chat-rate", type=float, default=20.0, help="chat requests a second")
     parser.add_argument("--bulk", type=int, default=2000, help="bulk requests")
