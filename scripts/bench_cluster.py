@@ -8,7 +8,7 @@ The benchmark lives in `benchmarks.cluster`; this is its command line.
     python scripts/bench_cluster.py --fleet FLEET --workload-file FILE [--rate-scale X]
 """
 
-from benchmarks.cluster import NUM_BLOCKS, main  # noqa: F401 - NUM_BLOCKS: bench_live's import
+from benchmarks.cluster import main
 
 if __name__ == "__main__":
     main()
