@@ -1,7 +1,8 @@
-"""blockq's shared domain and its HTTP API.
+"""blockq's HTTP API and command line over the shared domain (`domain/`).
 
 `create_app()` builds the Flask app and is the one place that imports the HTTP layer (`app.api`):
-a worker importing a shared module (`app.store`, `app.fleet`, ...) loads no Flask.
+a worker importing the shared domain (`domain.request_store`, `domain.live_fleet`, ...) loads
+no Flask.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from flask import Flask
 
-    from app.settings import Settings
+    from domain.settings import Settings
 
 __all__ = ["create_app"]
 
@@ -29,7 +30,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         errors,
         files,
         health,
-        held,
+        held_connections,
         instances,
         metrics,
         openai,
@@ -38,8 +39,8 @@ def create_app(settings: Settings | None = None) -> Flask:
         requests,
         routing,
     )
-    from app.services import Services  # noqa: PLC0415
-    from app.settings import Settings  # noqa: PLC0415
+    from domain.services import Services  # noqa: PLC0415
+    from domain.settings import Settings  # noqa: PLC0415
 
     settings = settings or Settings.load()
     app = Flask(__name__)
@@ -48,7 +49,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["blockq"] = services = Services.build(settings)
     services.prompts.warm_up()
     errors.init_app(app)
-    held.init_app(app, settings, services.fleet.redis)
+    held_connections.init_app(app, settings, services.fleet.redis)
     auth.init_app(app, settings, services.fleet.redis.connection_pool)
     request_text.init_app(app)  # after auth: a caller without a key learns nothing more
     routing.init_app(app, services)

@@ -35,13 +35,8 @@ import httpx
 import redis
 from sqlalchemy import func, select
 
-from app.autoscale_record import decision_counts
 from app.cli.autoscaler import COLD_STARTS_KEY, StackAutoscaler, policy_of
 from app.cli.stack import free_port
-from app.db import Database
-from app.fleet import Fleet
-from app.models import InferenceRequest, RequestEvent
-from app.settings import Settings
 from benchmarks.autoscale_day import (
     DayFigures,
     DayRequest,
@@ -55,6 +50,11 @@ from benchmarks.autoscale_day import (
 )
 from benchmarks.local import bench_stack, fresh_services
 from benchmarks.paths import DATA_DIR, ROOT, TINY_MODEL
+from domain.autoscale_record import decision_counts
+from domain.db import Database
+from domain.live_fleet import Fleet
+from domain.models import InferenceRequest, RequestEvent
+from domain.settings import Settings
 from workers.autoscale.catalog import parse_prices
 from workers.autoscale.decide import EntryState, SaturationSizer
 from workers.cluster_sim import load_azure_trace

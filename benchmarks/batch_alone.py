@@ -39,12 +39,12 @@ import openai
 from sqlalchemy import func, select
 
 from app.cli.demo import load_sample_prompts
-from app.db import Database
-from app.models import Batch, InferenceRequest
-from app.settings import Settings
 from benchmarks import services_lock
 from benchmarks.local import add_service_arguments, bench_stack, fresh_services
 from benchmarks.tables import print_table
+from domain.db import Database
+from domain.models import Batch, InferenceRequest
+from domain.settings import Settings
 from workers.batch.estimates import fleet_of
 from workers.batch.eta import EtaConfig, EtaLine, saturated_lines_per_s
 

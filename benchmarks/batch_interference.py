@@ -44,13 +44,13 @@ from rich.table import Table
 
 from app.cli.demo import load_sample_prompts
 from app.cli.stack import stop_stacks_on_sigterm
-from app.db import Database
-from app.models import EngineStepSample, InferenceRequest
-from app.prompts import PromptCodec
-from app.settings import Settings
 from benchmarks.live.stats import StepRecord, engine_stall
 from benchmarks.local import add_service_arguments, bench_stack, fresh_services
 from benchmarks.paths import TINY_MODEL
+from domain.db import Database
+from domain.models import EngineStepSample, InferenceRequest
+from domain.prompts import PromptCodec
+from domain.settings import Settings
 from workers.batch.headroom import slot_bound
 from workers.serve.output_lengths import sharegpt_output_tokens
 from workers.sim import (

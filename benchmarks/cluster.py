@@ -47,7 +47,7 @@ qwen2-7b-a30 at max_model_len 32768 (longer prompts dropped), ``prefix_affinity`
 ``block``, ``block_noprefix`` (the same router blind to the cache), llumnix and round robin.
 
 ``--fleet JSON`` (issue 31) replaces ``--models`` with a fleet of unlike instances in the
-``BLOCKQ_FLEET`` format (`workers.sim.fleet_spec`; the JSON text or a file holding it): each
+``BLOCKQ_FLEET`` format (`workers.sim.fleet_declaration`; the JSON text or a file holding it): each
 entry's ``exec_model`` (or a ``model`` that is one) gives the instance's step times, KV blocks and
 batch size (`workers.sim.hardware`), and every what-if runs on its instance's own model.
 ``capacity_weighted`` is told each instance's measured capacity (one instance saturated with the
@@ -130,7 +130,7 @@ from workers.plan import PlanInputError, PlanOptions, load_catalog, parse_worklo
 from workers.route.late_binding import LateBinding
 from workers.route.policies import needs_what_if
 from workers.sim import InstanceConfig, bundled_model
-from workers.sim.fleet_spec import FleetError, parse_fleet
+from workers.sim.fleet_declaration import FleetError, parse_fleet
 
 #: ``../shared/data`` next to the repository checkout.
 DEFAULT_DATA_DIR = DATA_DIR
@@ -174,7 +174,7 @@ LIVE_CONFIGS = ("round_robin", "least_requests", "llumnix", "block", "block@orac
 FLEET_CONFIGS = ("round_robin", "least_requests", "llumnix", "prefix_affinity",
                  "capacity_weighted", "block", "block_ttft", "block_slo", "block@oracle",
                  "block_ttft@oracle", "block_slo@oracle")
-#: The policy blockq routes a mixed fleet with by default (app.settings' routing default for a
+#: The policy blockq routes a mixed fleet with by default (domain.settings' routing default for a
 #: fleet); the targets table checks it.
 FLEET_DEFAULT_POLICY = "block_slo"
 #: Issue 31's targets for it: capacity at least these multiples of each baseline's.
@@ -892,7 +892,7 @@ def use_fleet(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
 
 def replay_workload_file(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """`--fleet` replaying `--workload-file` (issue 41): a table, then the JSON line."""
-    from app.settings import Settings  # the production defaults of the routing policies
+    from domain.settings import Settings  # the production defaults of the routing policies
 
     if not args.fleet:
         parser.error("--workload-file needs --fleet")

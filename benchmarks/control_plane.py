@@ -53,11 +53,11 @@ import psutil
 import sqlalchemy as sa
 
 from app.cli.stack import Stack, free_port, stop_stacks_on_sigterm
-from app.settings import Settings
 from benchmarks import quiet
 from benchmarks.local import add_service_arguments, bench_stack, fresh_services
 from benchmarks.paths import TINY_MODEL
 from benchmarks.tables import fmt
+from domain.settings import Settings
 from workers.predict.length_model import head_artifact
 from workers.serve.vllm_cli import vllm_cli
 

@@ -38,7 +38,6 @@ import httpx
 import sqlalchemy as sa
 
 from app.cli.stack import free_port, stop_stacks_on_sigterm
-from app.settings import Settings
 from benchmarks.control_plane import (
     PG_BACKENDS,
     PG_SHARED,
@@ -49,6 +48,7 @@ from benchmarks.control_plane import (
 )
 from benchmarks.local import add_service_arguments, bench_stack, fresh_services
 from benchmarks.paths import DATA_DIR, TINY_MODEL
+from domain.settings import Settings
 
 DEFAULT_PROMPTS = (DATA_DIR / "conversations" / "sharegpt"
                    / "ShareGPT_V3_filtered_1000.json")

@@ -24,10 +24,10 @@ from rich.table import Table
 
 from app.cli.demo import load_sample_prompts
 from app.cli.stack import stop_stacks_on_sigterm
-from app.settings import Settings
 from benchmarks import quiet
 from benchmarks.local import add_service_arguments, bench_stack, fresh_services
 from benchmarks.paths import TINY_MODEL
+from domain.settings import Settings
 
 
 def _send(client: httpx.Client, num_requests: int, rate: float, seed: int) -> list[str]:

@@ -26,8 +26,8 @@ import numpy as np
 
 from benchmarks.paths import DATA_DIR
 from workers.cluster_sim import (
-    LENGTH_PREDICTORS,
     SHAREGPT,
+    SIMULATED_LENGTH_PREDICTORS,
     ClusterSetup,
     GroundTruthInstance,
     RunResult,
@@ -126,7 +126,7 @@ def main() -> None:
     parser.add_argument("--num-instances", type=int, default=12)
     parser.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS),
                         help="policy[@predictor] per configuration")
-    default_predictor = ("learned-errors" if "learned-errors" in LENGTH_PREDICTORS.names()
+    default_predictor = ("learned-errors" if "learned-errors" in SIMULATED_LENGTH_PREDICTORS.names()
                          else "lognormal:0.15")
     parser.add_argument("--predictor", default=default_predictor,
                         help="length predictor of configs that name none")

@@ -36,14 +36,14 @@ import httpx
 import psutil
 import redis
 
-from app.api.held import held_slots
+from app.api.held_connections import held_slots
 from app.cli.stack import free_port, process_commands, stop_stacks_on_sigterm
-from app.db import Database
-from app.settings import Settings
-from app.teams import ensure_team_key
 from benchmarks.local import fresh_services
 from benchmarks.paths import ROOT, TINY_MODEL
 from benchmarks.quiet import alone
+from domain.db import Database
+from domain.settings import Settings
+from domain.teams import ensure_team_key
 
 TEAM = "bench"
 OTHER_TEAM = "bench-other"

@@ -20,7 +20,7 @@ Steps:
      mix of answering models;
    - output_tokens: that answer's length in Qwen tokens, capped at max_model_len - prompt_tokens
      (where an engine stops it); prompts of max_model_len tokens or more are left out;
-   - prompt_tokens: counted with the served model's tokenizer (`app.prompts.PromptCodec`), as
+   - prompt_tokens: counted with the served model's tokenizer (`domain.prompts.PromptCodec`), as
      the emulated fleet counts a text prompt (the live and simulated benchmarks agree);
    - predicted_tokens: the saved model, loaded as a predictor worker loads it
      (`LengthPredictor.load`), for the prompt text and the serving model name
@@ -53,8 +53,8 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from app.prompts import PromptCodec
-from app.settings import Settings
+from domain.prompts import PromptCodec
+from domain.settings import Settings
 from workers.cluster_sim.workload import ReplayPrompt, load_replay_prompts
 from workers.predict.dataset import DEFAULT_DATA_DIR, LengthRow, build_rows, split_by_prompt
 from workers.predict.encoder import Encoder, EncoderConfig

@@ -11,9 +11,9 @@ from pathlib import Path
 import redis
 
 from app.cli.stack import Stack
-from app.migrate import recreate_database, upgrade
-from app.settings import Settings
 from benchmarks.paths import TINY_MODEL
+from domain.migrate import recreate_database, upgrade
+from domain.settings import Settings
 
 __all__ = ["BENCH_DATABASE_URL", "BENCH_REDIS_URL", "add_service_arguments", "bench_stack",
            "fresh_services", "stack_environment"]

@@ -31,15 +31,15 @@ import sqlalchemy as sa
 from rich.console import Console
 from rich.table import Table
 
-from app.celery_app import create_celery
 from app.cli.stack import stop_stacks_on_sigterm
-from app.db import Database
-from app.dispatch import QUEUE_LEARN, TASK_RETRAIN_LENGTH
-from app.models import InferenceRequest, ModelVersion, RequestOutcome
-from app.prompts import PromptCodec
-from app.settings import Settings
 from benchmarks.local import add_service_arguments, bench_stack, fresh_services
 from benchmarks.paths import TINY_MODEL
+from domain.celery_app import create_celery
+from domain.db import Database
+from domain.dispatch import QUEUE_LEARN, TASK_RETRAIN_LENGTH
+from domain.models import InferenceRequest, ModelVersion, RequestOutcome
+from domain.prompts import PromptCodec
+from domain.settings import Settings
 from workers.predict.dataset import (
     DEFAULT_DATA_DIR,
     LengthRow,

@@ -4,7 +4,7 @@ Each hand-off changes one request row and sends one task message, as a stage doe
 - `direct`: the row committed, then the message sent (the pipeline before the outbox: a crash
   or a broker outage between the two lost the message);
 - `outbox`: the row and an outbox entry committed together, the message sent, the entry deleted
-  (app/outbox.py).
+  (domain/outbox.py).
 The two kinds alternate, so that whatever else the machine does falls on both alike.
 
     .venv/bin/python scripts/bench_outbox.py --handoffs 1000
@@ -23,14 +23,14 @@ from rich.table import Table
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from app import dispatch, store
-from app.celery_app import create_celery
-from app.db import Database
-from app.migrate import recreate_database, upgrade
-from app.models import InferenceRequest, Priority, utcnow
-from app.outbox import Outbox
-from app.settings import Settings
 from benchmarks import quiet
+from domain import dispatch, request_store
+from domain.celery_app import create_celery
+from domain.db import Database
+from domain.migrate import recreate_database, upgrade
+from domain.models import InferenceRequest, Priority, utcnow
+from domain.outbox import Outbox
+from domain.settings import Settings
 
 DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/blockq_bench_outbox"
 REDIS_URL = "redis://127.0.0.1:6379/11"
@@ -42,7 +42,7 @@ def _request(db: Database) -> str:
               "webhook_url": None, "stream": False, "request_metadata": None,
               "body_sha256": "0" * 64, "prompt_tokens": 3}
     with db.session() as session:
-        request, _ = store.create_request(session, fields, idempotency_key=None)
+        request, _ = request_store.create_request(session, fields, idempotency_key=None)
         return request.id
 
 

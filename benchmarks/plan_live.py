@@ -19,7 +19,7 @@ from benchmarks.live.workloads import LiveRequest, LiveWorkload
 from workers.plan import parse_workload
 from workers.plan.workload import PlanInputError, PlanRequest
 from workers.sim.exec_model import bundled_model_names
-from workers.sim.fleet_spec import InstanceSpec
+from workers.sim.fleet_declaration import InstanceSpec
 
 __all__ = ["PlanLiveError", "compare_rows", "plan_fleet_specs", "plan_requests",
            "plan_workload"]
@@ -97,7 +97,7 @@ def plan_workload(requests: Sequence[PlanRequest], *, max_model_len: int, seed: 
                                 f"does not fit max_model_len {max_model_len}")
         while True:
             ids = [rng.randrange(_FIRST_PLAIN_ID, vocab_size) for _ in range(r.prompt_tokens)]
-            key = decode(ids)  # as app.commands stores it: the tables' key
+            key = decode(ids)  # as domain.commands stores it: the tables' key
             if key not in seen:
                 break
         seen.add(key)

@@ -69,7 +69,7 @@ def _inputs(args: argparse.Namespace):
     missing = sorted({r.model for r in requests} - {s.model for s in fleet})
     if missing:
         raise SystemExit(f"bench_plan_live: the plan's fleet serves no instance of {missing}")
-    from app.prompts import PromptCodec  # noqa: PLC0415 - loads transformers
+    from domain.prompts import PromptCodec  # noqa: PLC0415 - loads transformers
     from workers.cluster_sim.predictors import load_length_errors  # noqa: PLC0415
 
     codec, errors = PromptCodec(args.model_path), load_length_errors()

@@ -17,11 +17,13 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 # NOTE: an editable install over empty package stubs: this layer is rebuilt only when
 # pyproject.toml changes, and the runtime stage puts the real sources where it points (/app).
-RUN mkdir app workers && touch app/__init__.py workers/__init__.py && pip install -e .
+RUN mkdir app domain workers benchmarks \
+    && touch app/__init__.py domain/__init__.py workers/__init__.py benchmarks/__init__.py && pip install -e .
 
 # --- model: the tiny random-weight test model (a few MB) --------------------------------------
 FROM deps AS model
 COPY app/demo/sample_prompts.jsonl app/demo/
+COPY benchmarks ./benchmarks
 COPY scripts/build_tiny_model.py scripts/
 RUN python scripts/build_tiny_model.py --out /opt/blockq/models/tiny-llama
 
@@ -44,6 +46,7 @@ WORKDIR /app
 COPY pyproject.toml README.md alembic.ini ./
 COPY migrations ./migrations
 COPY workers ./workers
+COPY domain ./domain
 COPY app ./app
 COPY docker/healthcheck.py docker/gunicorn.conf.py ./docker/
 RUN python -m compileall -q app workers docker

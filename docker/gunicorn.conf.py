@@ -1,6 +1,6 @@
 """Gunicorn settings of the API image, taken from blockq's Settings as the local stack does."""
 
-from app.settings import Settings
+from domain.settings import Settings
 
 _settings = Settings.load()
 
@@ -8,7 +8,7 @@ bind = f"{_settings.api_host}:{_settings.api_port}"
 workers = _settings.api_workers
 # NOTE: gevent: each sync or streamed OpenAI completion holds a connection (a greenlet, no
 # thread) while it waits; the API keeps api_reserved_connections of them for /healthz, /readyz
-# and short calls (app/api/held.py).
+# and short calls (app/api/held_connections.py).
 worker_class = "app.api.gunicorn_worker.OpenAIErrorsGeventWorker"  # OpenAI-format errors
 worker_connections = _settings.api_connections
 keepalive = _settings.api_keepalive_s

@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from app.settings import Settings
+from domain.settings import Settings
 
 __all__ = ["CHECKS", "beat_schedule_fresh", "main"]
 

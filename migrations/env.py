@@ -1,10 +1,11 @@
-"""Alembic environment: the URL comes from Settings (or the caller's Config), metadata from app."""
+"""Alembic environment: the URL comes from Settings (or the caller's Config), metadata from
+domain.models."""
 
 from alembic import context
 from sqlalchemy import create_engine
 
-from app.models import Base
-from app.settings import Settings
+from domain.models import Base
+from domain.settings import Settings
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or Settings.load().resolved_database_url

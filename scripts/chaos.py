@@ -32,11 +32,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from app.settings import Settings
 from benchmarks.chaos.config import RunConfig
 from benchmarks.chaos.faults import fault_kinds
 from benchmarks.chaos.report import report
 from benchmarks.chaos.run import RunResult, run
+from domain.settings import Settings
 
 __all__ = ["RunConfig", "RunResult", "run", "main"]
 

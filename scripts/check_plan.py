@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from app.settings import Settings
+from domain.settings import Settings
 from workers.plan import PlanOptions, derivation_error, load_catalog, parse_workload
 from workers.plan.replay import tightness
 

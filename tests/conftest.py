@@ -12,9 +12,9 @@ import redis
 import sqlalchemy as sa
 from alembic import command
 
-from app.migrate import alembic_config, recreate_database
-from app.settings import Settings
 from benchmarks import services_lock
+from domain.migrate import alembic_config, recreate_database
+from domain.settings import Settings
 from tests.databases import TemplateState, copy_of_template, drop_database, template_url
 from tests.environment import (
     ROOT,

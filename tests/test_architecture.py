@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 #: The pure core and the third-party packages each part may use (the standard library aside).
 PURE_CORE = {
-    # pydantic: validation of the fleet's declaration (workers/sim/fleet_spec.py), no I/O.
+    # pydantic: validation of the fleet's declaration (workers/sim/fleet_declaration.py), no I/O.
     "workers.sim": {"numpy", "pydantic"},
     "workers.cluster_sim": {"numpy", "pydantic"},
     "workers.route.policies": {"numpy"},

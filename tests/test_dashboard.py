@@ -13,7 +13,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
-from app.settings import Settings
+from domain.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "docker" / "grafana" / "blockq-dashboard.json"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from app.models import OutboxEntry
-from app.settings import Settings
-from app.teams import ensure_team_key
+from domain.models import OutboxEntry
+from domain.settings import Settings
+from domain.teams import ensure_team_key
 from tests.databases import TemplateState
 
 

@@ -31,7 +31,7 @@ from dockerfile_parse import DockerfileParser
 
 from app.cli import main as blockq_cli
 from app.cli.stack import WORKER_OPTIONS, process_commands
-from app.settings import Settings
+from domain.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER = ROOT / "docker"

@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 import yaml
 
-from app.settings import Settings
+from domain.settings import Settings
 
 KUBERNETES = Path(__file__).resolve().parent.parent / "docker" / "kubernetes"
 MANIFESTS = sorted(KUBERNETES.glob("*.yaml"))

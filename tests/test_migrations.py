@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from app.migrate import alembic_config, downgrade, recreate_database, upgrade
+from domain.migrate import alembic_config, downgrade, recreate_database, upgrade
 from tests.environment import TEST_DATABASE_URL
 
 pytestmark = pytest.mark.services

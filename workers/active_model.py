@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from app import model_registry as registry
-from app.db import Database
-from app.models import ModelVersion
+from domain import model_registry as registry
+from domain.db import Database
+from domain.models import ModelVersion
 
 __all__ = ["ActiveModel"]
 

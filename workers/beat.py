@@ -1,7 +1,7 @@
 """Beat's periodic tasks on the worker side: each run at most once per half its interval,
 judged by Redis's clock, so that a backlog collapses and no host's clock is read.
 
-Beat sends every periodic task with its interval in a header (`app.celery_app.PERIODIC_HEADER`).
+Beat sends every periodic task with its interval in a header (`domain.celery_app.PERIODIC_HEADER`).
 A run first sets a Redis key for that task with a TTL of half the interval (SET NX PX); a run
 that finds the key set returns at once. Runs sent on time are an interval apart and always
 pass; the backlog beat leaves while no worker takes its messages (a health worker down for an
@@ -19,7 +19,7 @@ from typing import Any
 import redis
 from celery import Task
 
-from app.celery_app import PERIODIC_HEADER
+from domain.celery_app import PERIODIC_HEADER
 from workers import runtime
 
 __all__ = ["BeatTask", "first_in"]

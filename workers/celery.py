@@ -1,8 +1,8 @@
 """The Celery entrypoint (`celery -A workers`): the app built from Settings with every stage's
 task module, signals wired."""
 
-from app.celery_app import create_celery
-from app.dispatch import (
+from domain.celery_app import create_celery
+from domain.dispatch import (
     TASK_BATCH_EXPIRE,
     TASK_BATCH_RELEASE,
     TASK_PREDICT,
@@ -11,7 +11,7 @@ from app.dispatch import (
     TASK_REQUEUE_ORPHANS,
     TASK_ROUTE,
 )
-from app.settings import Settings
+from domain.settings import Settings
 from workers import observability as _observability  # noqa: F401 - connects signals
 from workers.broker import BROKER_TRANSPORT
 from workers.predict import lifecycle as _predict_lifecycle  # noqa: F401 - connects signals

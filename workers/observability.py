@@ -20,7 +20,7 @@ from celery.signals import (
     worker_init,
 )
 
-from app import dispatch, logs, metrics
+from domain import dispatch, logs, metrics
 from workers import runtime
 
 __all__ = ["QuietHotPath"]

@@ -6,7 +6,7 @@ from typing import Any
 
 import redis
 
-from app.db import TRANSIENT_ERRORS
+from domain.db import TRANSIENT_ERRORS
 
 __all__ = ["ON_OUTAGE"]
 

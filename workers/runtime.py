@@ -18,13 +18,13 @@ from typing import Any, TypeVar
 import redis
 from celery import Celery, current_app
 
-from app.bias import BiasRule, BiasWatch
-from app.celery_app import create_celery
-from app.db import Database
-from app.fleet import Fleet
-from app.outbox import Outbox
-from app.prompts import PromptCodec
-from app.settings import Settings
+from domain.celery_app import create_celery
+from domain.db import Database
+from domain.length_bias import BiasRule, BiasWatch
+from domain.live_fleet import Fleet
+from domain.outbox import Outbox
+from domain.prompts import PromptCodec
+from domain.settings import Settings
 
 __all__ = ["Runtime", "get", "configure", "current_celery"]
 

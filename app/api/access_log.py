@@ -9,8 +9,8 @@ from typing import Any
 
 from flask import Flask, g, request
 
-from app.logs import bind_request_id, configure
-from app.settings import Settings
+from domain.logs import bind_request_id, configure
+from domain.settings import Settings
 
 __all__ = ["init_app"]
 

@@ -16,14 +16,14 @@ from app.api.contract import TeamSettingsBody
 from app.api.instances import routing_state
 from app.api.json_body import json_body
 from app.api.services import services
-from app.controls import OperatorControls
-from app.errors import InvalidRequest, NotFound, PermissionDenied, ServiceUnavailable
-from app.fleet import InstanceStatus
-from app.models import Team
-from app.queues import SERVICE_QUEUES, queue_depths
-from app.schemas import parse_body
-from app.services import Services
-from app.team_secrets import rotate_secret
+from domain.controls import OperatorControls
+from domain.errors import InvalidRequest, NotFound, PermissionDenied, ServiceUnavailable
+from domain.live_fleet import InstanceStatus
+from domain.models import Team
+from domain.queues import SERVICE_QUEUES, queue_depths
+from domain.schemas import parse_body
+from domain.services import Services
+from domain.team_secrets import rotate_secret
 from workers.route.policies import POLICIES
 
 bp = Blueprint("admin", __name__, url_prefix="/v1/admin")

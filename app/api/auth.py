@@ -14,9 +14,9 @@ from limits.storage import RedisStorage, Storage
 from limits.strategies import STRATEGIES, MovingWindowRateLimiter
 
 from app.api.services import services
-from app.errors import Unauthorized
-from app.settings import Settings
-from app.teams import Principal
+from domain.errors import Unauthorized
+from domain.settings import Settings
+from domain.teams import Principal
 
 __all__ = ["init_app", "current_principal"]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from flask import Blueprint, jsonify, request
 from flask.typing import ResponseReturnValue
 
-from app import batches
 from app.api.auth import current_principal
 from app.api.json_body import json_body
 from app.api.services import services
-from app.pagination import list_object, page_query
+from domain import batches
+from domain.pagination import list_object, page_query
 
 bp = Blueprint("batches", __name__, url_prefix="/v1/batches")
 

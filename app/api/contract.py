@@ -4,7 +4,7 @@ their JSON Schema, and the fuzz test checks every answer against it.
 Each model forbids fields it does not name (`additionalProperties: false` in the document), so a
 field added to a response without being added here fails the response-conformance check instead
 of drifting silently away from the document. Request bodies are the models the endpoints parse
-with (app/schemas.py, app/openai_schemas.py, app/batches.py), not copies.
+with (domain/schemas.py, domain/openai_schemas.py, domain/batches.py), not copies.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.models import BatchStatus, FilePurpose, Priority, RequestStatus
-from app.storage_policy import MAX_EXPIRES_AFTER_S, MIN_EXPIRES_AFTER_S
+from domain.file_quota import MAX_EXPIRES_AFTER_S, MIN_EXPIRES_AFTER_S
+from domain.models import BatchStatus, FilePurpose, Priority, RequestStatus
 
 __all__ = [
     "ErrorResponse", "SubmittedRequest", "RequestObject", "ModelObject", "ModelList",

@@ -11,11 +11,11 @@ from flask.typing import ResponseReturnValue
 from flask_limiter import RateLimitExceeded
 from werkzeug.exceptions import HTTPException
 
-from app.api.held import exhausted, pool_exhausted
+from app.api.held_connections import exhausted, pool_exhausted
 from app.api.services import services
-from app.db import TRANSIENT_ERRORS
-from app.errors import BlockqError
-from app.slo import SloUnmeetable
+from domain.db import TRANSIENT_ERRORS
+from domain.errors import BlockqError
+from domain.slo import SloUnmeetable
 
 __all__ = ["init_app", "RETRY_AFTER_S"]
 

@@ -26,8 +26,8 @@ import gevent
 from gunicorn import util
 from gunicorn.workers.ggevent import GeventWorker
 
-from app.errors import BlockqError
-from app.settings import Settings
+from domain.errors import BlockqError
+from domain.settings import Settings
 
 __all__ = ["BodyReadTimeout", "OpenAIErrorsGeventWorker", "TimedInput", "write_json_error"]
 

@@ -8,9 +8,9 @@ from flask import Blueprint, jsonify
 from flask.typing import ResponseReturnValue
 
 from app.api.services import services
-from app.bias import FALLBACK_POLICY, fallback_state
-from app.fleet import InstanceStatus
-from app.services import Services
+from domain.length_bias import FALLBACK_POLICY, fallback_state
+from domain.live_fleet import InstanceStatus
+from domain.services import Services
 from workers.sim.engine_state import EngineState
 
 bp = Blueprint("instances", __name__, url_prefix="/v1")

@@ -6,14 +6,14 @@ from typing import Any
 
 from flask import request
 
-from app.errors import UnsupportedMediaType
-from app.json_input import parse_json_object
+from domain.errors import UnsupportedMediaType
+from domain.json_input import parse_json_object
 
 __all__ = ["json_body"]
 
 
 def json_body() -> dict[str, Any]:
-    """The request's JSON object, checked by `app.json_input` (depth, NaN, NUL, surrogates,
+    """The request's JSON object, checked by `domain.json_input` (depth, NaN, NUL, surrogates,
     UTF-8); a 400 naming the problem otherwise. A body larger than the app's limit is a 413
     (raised by Werkzeug while reading). A request without a Content-Type is read as JSON; one
     with another type (a form, text) gets a 415."""

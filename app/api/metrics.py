@@ -1,5 +1,5 @@
 """GET /metrics: Prometheus text format for the scraper (no API key; the metrics token when
-`metrics_token` is set; see `app/metrics.py`)."""
+`metrics_token` is set; see `domain/metrics.py`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from flask import Blueprint, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.api.services import services
-from app.errors import Unauthorized
-from app.metrics import scrape_registry
-from app.settings import Settings
+from domain.errors import Unauthorized
+from domain.metrics import scrape_registry
+from domain.settings import Settings
 
 __all__ = ["bp"]
 

@@ -12,7 +12,7 @@ under the key is a 409.
 
 A client that leaves has its requests cancelled, which aborts them in their engines, unless
 another call still waits for them (the same key): each held connection counts as a waiter of
-its requests in Redis (app/api/held.py).
+its requests in Redis (app/api/held_connections.py).
 """
 
 from __future__ import annotations
@@ -28,29 +28,29 @@ import redis
 from flask import Blueprint, Response, jsonify, request, stream_with_context
 from flask.typing import ResponseReturnValue
 
-from app import openai_format as fmt
-from app import served_models, store
 from app.api import routing
 from app.api.auth import current_principal
-from app.api.held import ClientGone, Hold, held_connections
+from app.api.held_connections import ClientGone, Hold, held_connections
 from app.api.json_body import json_body
 from app.api.services import services
-from app.commands import cancel_request, submit_together
-from app.db import TRANSIENT_ERRORS
-from app.errors import BlockqError
-from app.models import InferenceRequest, RequestStatus
-from app.openai_schemas import (
+from domain import openai_format as fmt
+from domain import request_store, served_models
+from domain.commands import cancel_request, submit_together
+from domain.db import TRANSIENT_ERRORS
+from domain.errors import BlockqError
+from domain.models import InferenceRequest, RequestStatus
+from domain.openai_schemas import (
     ChatCompletionBody,
     CompletionBody,
     OpenAIBody,
     native_bodies,
 )
-from app.schemas import parse_body
-from app.services import Services
-from app.sessions import session_from_headers
-from app.slo import SloMissAction, SloUnmeetable, merge_header_targets
-from app.stream_hub import Subscription
-from app.streams import StreamEvent
+from domain.schemas import parse_body
+from domain.services import Services
+from domain.sessions import session_from_headers
+from domain.slo import SloMissAction, SloUnmeetable, merge_header_targets
+from domain.stream_hub import Subscription
+from domain.streams import StreamEvent
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def _complete(body_model: type[OpenAIBody], kind: str) -> ResponseReturnValue:
     targets = merge_header_targets(parsed.slo, request.headers)
     if targets is not parsed.slo:
         parsed = parsed.model_copy(update={"slo": targets})
-    # The conversation: the x-session-id header, else OpenAI's `user` (app/sessions.py).
+    # The conversation: the x-session-id header, else OpenAI's `user` (domain/sessions.py).
     session_id = session_from_headers(request.headers) or parsed.user or None
     svc = services()
     principal = current_principal()
@@ -278,7 +278,7 @@ def _terminal_row(svc: Services, request_id: str) -> InferenceRequest | None:
         # NOTE: one SELECT, outside a transaction (Database.autocommit) and without a session:
         # every held completion passes here at its end.
         with svc.db.autocommit() as connection:
-            row = store.read_request(connection, request_id)
+            row = request_store.read_request(connection, request_id)
             return row if RequestStatus(row.status).is_terminal else None
     except TRANSIENT_ERRORS as exc:
         logger.warning("row of %s unreadable (%s): waiting", request_id, type(exc).__name__)
@@ -319,7 +319,7 @@ def _await_cold_start(svc: Services, submitted: list[InferenceRequest], model: s
             try:
                 with svc.db.autocommit() as connection:
                     waiting = {request_id for request_id in waiting
-                               if store.read_request(connection, request_id).status
+                               if request_store.read_request(connection, request_id).status
                                in (RequestStatus.QUEUED, RequestStatus.PREDICTING)}
             except TRANSIENT_ERRORS:
                 pass  # an outage: wait on, to the deadline
@@ -344,7 +344,7 @@ def _await_routing(svc: Services, request_id: str, hold: Hold) -> None:
     while time.monotonic() < deadline:
         try:
             with svc.db.session() as session:
-                row = store.get_request(session, request_id)
+                row = request_store.get_request(session, request_id)
                 if row.status == RequestStatus.REJECTED:
                     raise _refusal(row)
                 if row.status not in (RequestStatus.QUEUED, RequestStatus.PREDICTING):

@@ -21,12 +21,12 @@ from pydantic.json_schema import models_json_schema
 from app.api import contract as c
 from app.api.batches import MAX_LIST_LIMIT as MAX_BATCH_LIST_LIMIT
 from app.api.files import MAX_LIST_LIMIT as MAX_FILE_LIST_LIMIT
-from app.batches import CreateBatch
-from app.commands import MAX_IDEMPOTENCY_KEY_LEN
-from app.openai_schemas import ChatCompletionBody, CompletionBody
-from app.schemas import CreateRequest
-from app.sessions import MAX_SESSION_ID_LEN, SESSION_HEADER
-from app.slo import E2E_HEADER, MAX_TARGET_MS, MIN_TARGET_MS, TTFT_HEADER
+from domain.batches import CreateBatch
+from domain.commands import MAX_IDEMPOTENCY_KEY_LEN
+from domain.openai_schemas import ChatCompletionBody, CompletionBody
+from domain.schemas import CreateRequest
+from domain.sessions import MAX_SESSION_ID_LEN, SESSION_HEADER
+from domain.slo import E2E_HEADER, MAX_TARGET_MS, MIN_TARGET_MS, TTFT_HEADER
 
 __all__ = ["bp", "OPERATIONS", "build_document", "openapi_path"]
 
@@ -110,7 +110,7 @@ SLO_PARAMS = (
     Param(E2E_HEADER, "header", _TARGET_MS,
           "End-to-end latency target, milliseconds from acceptance, as slo.e2e_ms."),
 )
-#: The conversation a request belongs to (session affinity, app/sessions.py).
+#: The conversation a request belongs to (session affinity, domain/sessions.py).
 SESSION_PARAM = Param(
     SESSION_HEADER, "header",
     {"type": "string", "minLength": 1, "maxLength": MAX_SESSION_ID_LEN,

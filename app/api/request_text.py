@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from flask import Flask, request
 
-from app.errors import InvalidRequest
-from app.json_input import text_problem, visible
+from domain.errors import InvalidRequest
+from domain.json_input import text_problem, visible
 
 __all__ = ["init_app"]
 

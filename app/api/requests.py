@@ -5,12 +5,12 @@ from __future__ import annotations
 from flask import Blueprint, jsonify, request, url_for
 from flask.typing import ResponseReturnValue
 
-from app import store
 from app.api.auth import current_principal
 from app.api.json_body import json_body
 from app.api.services import services
-from app.commands import cancel_request, submit_request
-from app.sessions import session_from_headers
+from domain import request_store
+from domain.commands import cancel_request, submit_request
+from domain.sessions import session_from_headers
 
 bp = Blueprint("requests", __name__, url_prefix="/v1/requests")
 
@@ -38,8 +38,8 @@ def create() -> ResponseReturnValue:
 @bp.get("/<request_id>")
 def show(request_id: str) -> ResponseReturnValue:
     with services().db.session() as session:
-        found = store.get_request(session, request_id, team_id=current_principal().team_id)
-        return jsonify(store.request_to_dict(found))
+        found = request_store.get_request(session, request_id, team_id=current_principal().team_id)
+        return jsonify(request_store.request_to_dict(found))
 
 
 @bp.post("/<request_id>/cancel")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from flask import Flask, current_app
 
-from app.dispatch import Message
-from app.models import InferenceRequest
-from app.services import Services
+from domain.dispatch import Message
+from domain.models import InferenceRequest
+from domain.services import Services
 
 __all__ = ["init_app", "enabled", "route"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import current_app
 
-from app.services import Services
+from domain.services import Services
 
 __all__ = ["services"]
 

@@ -22,10 +22,10 @@ from app.cli.retention import purge
 from app.cli.showcase import print_showcase, run_showcase
 from app.cli.stack import ENGINE_STOP_GRACE_S, Stack, StackError
 from app.cli.stack_lock import stop_stack
-from app.logs import configure as configure_logs
-from app.migrate import upgrade
-from app.private_paths import private_dir
-from app.settings import Settings, describe_invalid
+from domain.logs import configure as configure_logs
+from domain.migrate import upgrade
+from domain.private_paths import private_dir
+from domain.settings import Settings, describe_invalid
 
 __all__ = ["main"]
 

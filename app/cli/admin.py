@@ -9,14 +9,14 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy import select
 
-from app.db import Database
-from app.errors import BlockqError
-from app.models import ApiKey, Team
-from app.settings import Settings
-from app.slo import SloMissAction
-from app.team_secrets import rotate_secret, secrets_in_force
-from app.teams import create_team, issue_key, revoke_key, team_by_name
-from app.webhook_targets import check_submitted_url
+from domain.db import Database
+from domain.errors import BlockqError
+from domain.models import ApiKey, Team
+from domain.settings import Settings
+from domain.slo import SloMissAction
+from domain.team_secrets import rotate_secret, secrets_in_force
+from domain.teams import create_team, issue_key, revoke_key, team_by_name
+from domain.webhook_targets import check_submitted_url
 
 __all__ = ["teams", "keys"]
 

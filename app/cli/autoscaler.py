@@ -2,7 +2,7 @@
 autoscale_interval_s it runs the decision (workers/autoscale/decide.py) over the whole fleet and
 starts or drains engine workers to match.
 
-Each fleet slot (instance gpu.<k>, app/settings.py) is stopped, starting, running or draining:
+Each fleet slot (instance gpu.<k>, domain/settings.py) is stopped, starting, running or draining:
 
 - **Start**: the slot's operator hold is cleared (a drained slot restarted must take work) and
   the stack starts its engine worker under supervision; a worker that exits while starting is
@@ -40,16 +40,16 @@ import redis
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.autoscale_record import record_decision
-from app.celery_app import create_celery
 from app.cli.stack import Stack, process_commands
-from app.controls import OperatorControls
-from app.db import Database
-from app.fleet import Fleet, InstanceStatus
-from app.models import InferenceRequest
-from app.outbox import Outbox
-from app.queues import queue_depths
-from app.settings import Settings
+from domain.autoscale_record import record_decision
+from domain.celery_app import create_celery
+from domain.controls import OperatorControls
+from domain.db import Database
+from domain.live_fleet import Fleet, InstanceStatus
+from domain.models import InferenceRequest
+from domain.outbox import Outbox
+from domain.queues import queue_depths
+from domain.settings import Settings
 from workers.autoscale.decide import (
     AutoscalePolicy,
     Autoscaler,
@@ -59,7 +59,7 @@ from workers.autoscale.decide import (
     Sizer,
 )
 from workers.autoscale.demand import recent_arrivals, requeue_waiting, waiting_by_model
-from workers.sim.fleet_spec import FleetSlot
+from workers.sim.fleet_declaration import FleetSlot
 
 __all__ = ["COLD_STARTS_KEY", "DRAIN_REPORTS_KEY", "StackAutoscaler", "policy_of"]
 

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from app.models import RequestStatus
+from domain.models import RequestStatus
 
 __all__ = [
     "JobSummary", "length_note", "load_sample_prompts", "run_sample_job", "summarize",

@@ -11,8 +11,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from app import model_registry as registry
-from app.settings import Settings
+from domain import model_registry as registry
+from domain.settings import Settings
 
 __all__ = ["models"]
 

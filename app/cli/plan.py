@@ -25,10 +25,10 @@ from rich.table import Table
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.db import Database
-from app.models import RequestOutcome
-from app.settings import Settings
-from app.slo import SloTargets
+from domain.db import Database
+from domain.models import RequestOutcome
+from domain.settings import Settings
+from domain.slo import SloTargets
 from workers.plan import (
     DEFAULT_CATALOG,
     Catalog,
@@ -55,7 +55,7 @@ _SLO_KEYS = {"ttft_p99": "ttft_ms", "e2e_p99": "e2e_ms"}
 
 def parse_slo(text: str) -> tuple[str, Targets]:
     """``MODEL:ttft_p99=S[,e2e_p99=S]`` (seconds) as a model's targets; the bounds and rules are
-    the per-request targets' (app/slo.py: 1 ms to an hour, e2e not below ttft)."""
+    the per-request targets' (domain/slo.py: 1 ms to an hour, e2e not below ttft)."""
     model, colon, rest = text.rpartition(":")
     if not colon or not model or not rest:
         raise click.BadParameter(f"{text!r}: expected MODEL:ttft_p99=S[,e2e_p99=S]")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import click
 from rich.console import Console
 
-from app.db import Database
-from app.retention import purge as run_purge
-from app.settings import Settings
+from domain.db import Database
+from domain.retention import purge as run_purge
+from domain.settings import Settings
 
 __all__ = ["purge"]
 

@@ -46,8 +46,8 @@ from rich.table import Table
 
 from app.cli.demo import TERMINAL
 from app.cli.showcase_batch import BatchRun, BatchWatcher, batch_table, start_batch
-from app.settings import Settings
-from workers.sim.fleet_spec import InstanceSpec, parse_fleet
+from domain.settings import Settings
+from workers.sim.fleet_declaration import InstanceSpec, parse_fleet
 from workers.sim.hardware import deployment
 
 __all__ = [
@@ -436,7 +436,7 @@ def run_showcase(base: Settings, prepare: Callable[[Settings], dict[str, str]],
 
     `prepare(settings)`: migrations and the processes' environment (the CLI's `_prepare`)."""
     from app.cli.stack import Stack  # noqa: PLC0415 - the CLI's process supervisor
-    from app.prompts import PromptCodec  # noqa: PLC0415 - loads transformers
+    from domain.prompts import PromptCodec  # noqa: PLC0415 - loads transformers
 
     prompts = load_showcase_prompts()
     stream = build_stream(prompts, num_requests=fleet.requests, rate=fleet.rate, seed=fleet.seed)

@@ -24,7 +24,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from app.cli.client import TERMINAL_BATCH
-from app.models import BatchStatus
+from domain.models import BatchStatus
 
 __all__ = ["BatchRun", "BatchWatcher", "batch_input", "batch_table", "start_batch"]
 

@@ -35,14 +35,14 @@ from typing import Any
 
 import httpx
 
-from app.celery_app import SOFT_SHUTDOWN_TIMEOUT_S
 from app.cli.stack_lock import StackLock, StackRunning
-from app.db import Database
-from app.local_secrets import configured_or_generated, new_flower_basic_auth
-from app.metrics import prepare_multiproc_dir
-from app.private_paths import open_private_append, private_dir
-from app.settings import Settings
-from app.teams import ensure_team_key
+from domain.celery_app import SOFT_SHUTDOWN_TIMEOUT_S
+from domain.db import Database
+from domain.local_secrets import configured_or_generated, new_flower_basic_auth
+from domain.metrics import prepare_multiproc_dir
+from domain.private_paths import open_private_append, private_dir
+from domain.settings import Settings
+from domain.teams import ensure_team_key
 
 __all__ = ["Stack", "StackError", "free_port", "process_commands", "stop_stacks_on_sigterm"]
 
@@ -182,7 +182,7 @@ def process_commands(settings: Settings) -> dict[str, list[str]]:
         "webhooks": _worker("webhooks", "webhooks", 8),
         "beat": _celery("beat", "-l", "INFO", "-s", str(settings.data_dir / "celerybeat-schedule")),
         # NOTE: basic auth comes from FLOWER_BASIC_AUTH in its environment, not argv (`ps`).
-        # NOTE: on flower_host (loopback only, app/settings.py), never on api_host: its
+        # NOTE: on flower_host (loopback only, domain/settings.py), never on api_host: its
         # /metrics and /healthcheck answer without credentials.
         "flower": _celery("flower", f"--address={settings.flower_host}",
                           f"--port={settings.flower_port}"),

@@ -11,14 +11,14 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
-from app.db import Database
-from app.models import Batch, BatchLine, InferenceRequest, RequestEvent, Team
-from app.settings import Settings
 from benchmarks.chaos.leftovers import lasting_entries
 from benchmarks.chaos.receiver import Delivery, WebhookReceiver
 from benchmarks.chaos.services import OwnServices
 from benchmarks.chaos.terminal import TERMINAL, TERMINAL_BATCH
 from benchmarks.chaos.workload import Outcome
+from domain.db import Database
+from domain.models import Batch, BatchLine, InferenceRequest, RequestEvent, Team
+from domain.settings import Settings
 from workers.webhooks.events import event_id
 
 

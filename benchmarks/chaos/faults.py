@@ -17,18 +17,18 @@ import httpx
 import redis
 
 from app.cli.stack import Stack, process_commands
-from app.settings import Settings
 from benchmarks.chaos.config import RunConfig
 from benchmarks.chaos.processes import ProcessWatch
 from benchmarks.chaos.scaling import SCALE_KINDS, ScaleDriver
 from benchmarks.chaos.services import OwnServices
+from domain.settings import Settings
 
-#: Environment variable of app/faults.py: a process exits right after a commit whose message
+#: Environment variable of domain/faults.py: a process exits right after a commit whose message
 #: (outbox entry) has not been sent yet, with this probability per such commit.
 CRASH_AFTER_COMMIT_ENV = "BLOCKQ_FAULT_CRASH_AFTER_COMMIT"
 #: Exit status of a process the crash-after-commit fault point ended.
 CRASH_AFTER_COMMIT_EXIT = 70
-#: What app/faults.py logs just before it ends a process.
+#: What domain/faults.py logs just before it ends a process.
 CRASH_AFTER_COMMIT_LINE = "fault point: exiting after a commit"
 
 

@@ -7,7 +7,7 @@ import time
 
 import redis
 
-from app.queues import SERVICE_QUEUES, queue_depths
+from domain.queues import SERVICE_QUEUES, queue_depths
 
 
 def lasting_entries(redis_url: str, instance_ids: list[str], samples: int = 4,

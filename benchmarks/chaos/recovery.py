@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from app.db import Database
-from app.models import InferenceRequest
 from benchmarks.chaos.faults import Fault
 from benchmarks.chaos.terminal import TERMINAL
+from domain.db import Database
+from domain.models import InferenceRequest
 
 
 def stranded_recovery(db: Database, faults: list[Fault]

@@ -15,9 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from app.cli.stack import Stack, process_commands
-from app.db import Database
-from app.migrate import upgrade
-from app.settings import Settings
 from benchmarks.chaos.checks import Checker, Finding
 from benchmarks.chaos.config import RunConfig
 from benchmarks.chaos.faults import (
@@ -37,6 +34,9 @@ from benchmarks.chaos.settle import settle
 from benchmarks.chaos.stack_setup import create_teams, signing_secrets, stack_env, stack_settings
 from benchmarks.chaos.summaries import summarize_faults, workload_summary
 from benchmarks.chaos.workload import Workload
+from domain.db import Database
+from domain.migrate import upgrade
+from domain.settings import Settings
 
 __all__ = ["RunConfig", "RunResult", "run"]
 

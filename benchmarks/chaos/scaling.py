@@ -34,8 +34,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.cli.autoscaler import StackAutoscaler
 from app.cli.stack import PARENT_DEATH_SIGNAL, Stack, StackError
-from app.settings import Settings
 from benchmarks.chaos.processes import ProcessWatch
+from domain.settings import Settings
 
 logger = logging.getLogger(__name__)
 

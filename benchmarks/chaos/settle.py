@@ -8,10 +8,10 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from app.db import Database
-from app.models import Batch, InferenceRequest, Team
 from benchmarks.chaos.receiver import WebhookReceiver
 from benchmarks.chaos.terminal import TERMINAL, TERMINAL_BATCH
+from domain.db import Database
+from domain.models import Batch, InferenceRequest, Team
 from workers.webhooks.events import event_id
 
 

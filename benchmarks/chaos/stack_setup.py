@@ -8,16 +8,16 @@ from pathlib import Path
 from sqlalchemy import select
 
 from app.cli.stack import free_port
-from app.db import Database
-from app.models import Team
-from app.settings import Settings
-from app.team_secrets import secrets_in_force
-from app.teams import create_team, issue_key
 from benchmarks.chaos.config import RunConfig
 from benchmarks.chaos.faults import CRASH_AFTER_COMMIT_ENV
 from benchmarks.chaos.services import OwnServices
 from benchmarks.paths import ROOT
-from workers.sim.fleet_spec import InstanceSpec
+from domain.db import Database
+from domain.models import Team
+from domain.settings import Settings
+from domain.team_secrets import secrets_in_force
+from domain.teams import create_team, issue_key
+from workers.sim.fleet_declaration import InstanceSpec
 from workers.webhooks.signing import new_secret
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.models import TERMINAL_STATUSES
+from domain.models import TERMINAL_STATUSES
 
 TERMINAL = {str(s) for s in TERMINAL_STATUSES}
 TERMINAL_BATCH = {"completed", "failed", "expired", "cancelled"}

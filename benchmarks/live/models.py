@@ -14,7 +14,7 @@ from pathlib import Path
 
 from benchmarks.live.stats import summarize
 from benchmarks.live.workloads import LiveWorkload
-from workers.sim.fleet_spec import InstanceSpec
+from workers.sim.fleet_declaration import InstanceSpec
 
 __all__ = ["assign_models", "fleet_models", "parse_model_shares", "split_by_model", "stack_fleet"]
 

@@ -24,8 +24,6 @@ import redis
 import sqlalchemy as sa
 
 from app.cli.stack import Stack
-from app.fleet import Fleet
-from app.settings import Settings
 from benchmarks.live.models import split_by_model
 from benchmarks.live.stats import (
     RequestProgress,
@@ -38,6 +36,8 @@ from benchmarks.live.stats import (
 )
 from benchmarks.live.workloads import LiveWorkload, write_jsonl
 from benchmarks.local import bench_stack, fresh_services
+from domain.live_fleet import Fleet
+from domain.settings import Settings
 
 __all__ = ["POLICIES", "PointSpec", "policy_setup", "run_point"]
 

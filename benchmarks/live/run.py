@@ -103,7 +103,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     except ValueError as error:
         parser.error(str(error))
     if args.fleet or args.model_shares:
-        from workers.sim.fleet_spec import parse_fleet  # noqa: PLC0415
+        from workers.sim.fleet_declaration import parse_fleet  # noqa: PLC0415
 
         served = models.fleet_models(parse_fleet(args.fleet)) if args.fleet else []
         if (len(served) > 1 or args.model_shares) and set(served) != set(args.model_shares):
@@ -117,7 +117,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _load_workload(name: str, args: argparse.Namespace) -> workloads.LiveWorkload:
-    from app.prompts import PromptCodec  # noqa: PLC0415 - loads transformers
+    from domain.prompts import PromptCodec  # noqa: PLC0415 - loads transformers
 
     codec = PromptCodec(args.model_path)
     if name == "conversations":
@@ -261,7 +261,7 @@ def _declared_fleet(args: argparse.Namespace, workload: workloads.LiveWorkload) 
     (serving the workload's model, or with several models each its own: `models.stack_fleet`),
     sized as the discrete-event benchmark sizes it."""
     from workers.cluster_sim import Workload, declared_fleet  # noqa: PLC0415
-    from workers.sim.fleet_spec import parse_fleet  # noqa: PLC0415
+    from workers.sim.fleet_declaration import parse_fleet  # noqa: PLC0415
 
     lengths = Workload(workload.name, tuple(float(i) for i in range(len(workload.requests))),
                        tuple(r.prompt_tokens for r in workload.requests),
@@ -278,7 +278,7 @@ def _declared_fleet(args: argparse.Namespace, workload: workloads.LiveWorkload) 
 
 def _fleet_label(fleet: str) -> str:
     from workers.cluster_sim import fleet_label  # noqa: PLC0415
-    from workers.sim.fleet_spec import parse_fleet  # noqa: PLC0415
+    from workers.sim.fleet_declaration import parse_fleet  # noqa: PLC0415
 
     return fleet_label(parse_fleet(fleet))
 

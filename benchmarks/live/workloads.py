@@ -172,7 +172,8 @@ def sharegpt_azure(data_dir: Path, *, num_requests: int, max_model_len: int, see
         prompt_tokens, output_tokens = lengths.num_prompt_tokens[i], lengths.num_output_tokens[i]
         while True:
             ids = [rng.randrange(_FIRST_PLAIN_ID, vocab_size) for _ in range(prompt_tokens)]
-            key = decode(ids)  # as app.commands stores it (NUL included: app.models.ExactText)
+            # as domain.commands stores it (NUL included: domain.models.ExactText)
+            key = decode(ids)
             if key not in seen:
                 break
         seen.add(key)
@@ -220,7 +221,7 @@ def mooncake(data_dir: Path, *, num_requests: int, max_model_len: int, seed: int
         prompt_tokens = trace.num_prompt_tokens[i]
         ids = mooncake_token_ids(trace.prefix_hashes_of(i), prompt_tokens, f"{seed}:{i}",
                                  vocab_size)
-        key = decode(ids)  # as app.commands stores it (NUL included: app.models.ExactText)
+        key = decode(ids)  # as domain.commands stores it (NUL included: domain.models.ExactText)
         if key in seen:
             raise ValueError(f"mooncake request {i}: two prompts decode to the same text")
         seen.add(key)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from benchmarks.multihost.network import HostAddress
-from workers.sim.fleet_spec import InstanceSpec
+from workers.sim.fleet_declaration import InstanceSpec
 
 DATA = HostAddress("data", 10)
 BALANCER = HostAddress("lb", 11)

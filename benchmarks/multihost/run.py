@@ -24,11 +24,6 @@ import httpx
 from sqlalchemy import func, or_, select
 
 from app.cli.stack import LOCAL_RATE_LIMIT_RPM
-from app.db import Database
-from app.migrate import upgrade
-from app.models import InferenceRequest, RequestEvent
-from app.settings import Settings
-from app.teams import ensure_team_key
 from benchmarks.chaos.checks import Checker, Finding
 from benchmarks.chaos.config import RunConfig
 from benchmarks.chaos.faults import Fault
@@ -46,6 +41,11 @@ from benchmarks.multihost.faults import KINDS, HostFaults, slot_s
 from benchmarks.multihost.hosts import HostStack
 from benchmarks.multihost.rabbitmq import OwnRabbitMQ, lasting_messages, wait_for_idle_queues
 from benchmarks.multihost.summary import summary
+from domain.db import Database
+from domain.migrate import upgrade
+from domain.models import InferenceRequest, RequestEvent
+from domain.settings import Settings
+from domain.teams import ensure_team_key
 
 #: Seconds of traffic before the first fault.
 FIRST_FAULT_S = 5.0

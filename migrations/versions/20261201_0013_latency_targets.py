@@ -18,7 +18,7 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     # A request's optional targets (milliseconds from acceptance), the team's action in force
-    # when it was accepted, and whether it met each target once finished (app/slo.py).
+    # when it was accepted, and whether it met each target once finished (domain/slo.py).
     op.add_column("requests", sa.Column("slo_ttft_ms", sa.REAL(), nullable=True))
     op.add_column("requests", sa.Column("slo_e2e_ms", sa.REAL(), nullable=True))
     op.add_column("requests", sa.Column("slo_miss_action", sa.String(length=8), nullable=True))

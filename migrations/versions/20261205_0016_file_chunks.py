@@ -18,7 +18,7 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     # The bytes of a file (BLOCKQ_FILES_STORAGE=database) as numbered chunks of at most 1 MiB
-    # (app/storage.py): streamed in and out a chunk at a time, deleted with a plain DELETE.
+    # (domain/file_bytes.py): streamed in and out a chunk at a time, deleted with a plain DELETE.
     # No foreign key to `files`: the bytes are written (and committed) before the file's row.
     op.create_table(
         "file_chunks",

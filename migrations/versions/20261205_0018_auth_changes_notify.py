@@ -1,4 +1,4 @@
-"""a change to any key or team notifies the API processes' key caches (app/principal_cache.py)
+"""a change to any key or team notifies the API processes' key caches (domain/principal_cache.py)
 
 Revision ID: 0018
 Revises: 0017
@@ -14,7 +14,7 @@ down_revision: str | None = "0017"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-#: The channel app/principal_cache.py listens on.
+#: The channel domain/principal_cache.py listens on.
 CHANNEL = "blockq_auth"
 TABLES = ("api_keys", "teams")
 

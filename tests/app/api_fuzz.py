@@ -31,11 +31,11 @@ from schemathesis.specs.openapi.checks import (
 )
 from sqlalchemy import select
 
-from app import store
 from app.api import contract
 from app.api.services import services
-from app.models import InferenceRequest, RequestStatus, utcnow
-from app.streams import StreamWriter
+from domain import request_store
+from domain.models import InferenceRequest, RequestStatus, utcnow
+from domain.streams import StreamWriter
 
 __all__ = ["FuzzResult", "fuzz_operations", "fuzz_links", "engine_stand_in", "CHECKS"]
 
@@ -259,7 +259,7 @@ def engine_stand_in(app: Flask, *, interval_s: float = 0.02) -> Iterator[None]:
             with svc.db.session() as session:
                 ids = session.scalars(select(InferenceRequest.id).where(
                     InferenceRequest.status == RequestStatus.QUEUED)).all()
-                done = [rid for rid in ids if store.transition(
+                done = [rid for rid in ids if request_store.transition(
                     session, rid, RequestStatus.SUCCEEDED, allowed_from=[RequestStatus.QUEUED],
                     output_text="ok", output_tokens=1, finish_reason="stop",
                     finished_at=utcnow())]

@@ -10,9 +10,9 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from app.api.services import services
-from app.services import Services
-from app.settings import Settings
-from app.teams import ensure_team_key
+from domain.services import Services
+from domain.settings import Settings
+from domain.teams import ensure_team_key
 
 #: A one-line batch input file.
 JSONL = b'{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {}}\n'

@@ -1,4 +1,4 @@
-"""A Celery app configured as the workers' (app/celery_app.py, workers/celery.py) with two
+"""A Celery app configured as the workers' (domain/celery_app.py, workers/celery.py) with two
 stand-in tasks, for the broker reconnection test: `celery -A tests.app.reconnect_app worker`.
 
 The broker is BLOCKQ_REDIS_URL; each task appends its argument to the file BLOCKQ_TEST_MARKS.
@@ -10,8 +10,8 @@ import os
 import time
 from pathlib import Path
 
-from app.celery_app import create_celery
-from app.settings import Settings
+from domain.celery_app import create_celery
+from domain.settings import Settings
 from workers.broker import BROKER_TRANSPORT
 
 celery = create_celery(Settings.load())

@@ -12,9 +12,9 @@ from sqlalchemy import select
 
 from app import create_app
 from app.cli import main as cli
-from app.models import ApiKey, Team
-from app.settings import Settings
-from app.teams import create_team, issue_key, revoke_key
+from domain.models import ApiKey, Team
+from domain.settings import Settings
+from domain.teams import create_team, issue_key, revoke_key
 from tests.app.flask_client import services_of, team_key
 
 pytestmark = pytest.mark.services
@@ -60,7 +60,7 @@ def test_a_revoked_key_stops_working_at_once(anonymous: FlaskClient) -> None:
     with services_of(anonymous).db.session() as session:
         issued = issue_key(session, create_team(session, "acme"))
     assert anonymous.post("/v1/requests", json=BODY, headers=_as(issued.key)).status_code == 202
-    cache = services_of(anonymous).principals  # the API's key cache (app/principal_cache.py)
+    cache = services_of(anonymous).principals  # the API's key cache (domain/principal_cache.py)
     before = cache.generation
     with services_of(anonymous).db.session() as session:
         revoke_key(session, issued.key_id)

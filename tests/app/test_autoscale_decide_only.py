@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from app.autoscale_record import desired_instances
 from app.cli.autoscaler import StackAutoscaler
-from app.settings import Settings
+from domain.autoscale_record import desired_instances
+from domain.settings import Settings
 from tests.app.flask_client import api_client
 
 pytestmark = pytest.mark.services

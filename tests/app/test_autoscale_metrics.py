@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from app.autoscale_record import desired_instances, record_decision
-from app.metrics import AutoscaleCollector
+from domain.autoscale_record import desired_instances, record_decision
+from domain.metrics import AutoscaleCollector
 from tests.app.test_metrics import samples
 
 pytestmark = pytest.mark.services

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from app.cli import main
-from app.settings import Settings
+from domain.settings import Settings
 
 FLEET = json.dumps([
     {"model": "chat", "count": 1, "min_count": 0, "max_count": 2, "engine": "emulated",

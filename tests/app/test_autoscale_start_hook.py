@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from app.cli.autoscaler import StackAutoscaler
-from app.controls import OperatorControls
-from app.settings import Settings
+from domain.controls import OperatorControls
+from domain.settings import Settings
 
 pytestmark = pytest.mark.services
 

@@ -1,4 +1,4 @@
-"""Counting a batch input file's requests (app.batch_input) in chunks gives what expansion counts
+"""Counting a batch input file's requests (domain.batch_input) in chunks gives what expansion counts
 line by line, wherever the chunk boundaries fall."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app import batch_input
-from app.settings import Settings
+from domain import batch_input
+from domain.settings import Settings
 from workers.batch.expand import physical_lines
 
 #: Bytes that make lines blank or not, and line ends (CRLF included).

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 
-from app.settings import Settings
+from domain.settings import Settings
 from tests.app.flask_client import api_client, error_body, upload
 
 pytestmark = pytest.mark.services

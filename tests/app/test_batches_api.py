@@ -10,8 +10,8 @@ from flask.testing import FlaskClient
 from sqlalchemy import update
 
 from app import create_app
-from app.models import Batch, BatchStatus, StoredFile
-from app.settings import Settings
+from domain.models import Batch, BatchStatus, StoredFile
+from domain.settings import Settings
 from tests.app.flask_client import error_body, services_of, team_key, upload
 
 pytestmark = pytest.mark.services

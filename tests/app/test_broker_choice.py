@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from celery import Celery
 
-from app.celery_app import create_celery
-from app.settings import Settings
+from domain.celery_app import create_celery
+from domain.settings import Settings
 
 AMQP = "amqp://guest:guest@127.0.0.1:5672//"
 

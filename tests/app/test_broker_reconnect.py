@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from app.celery_app import create_celery
-from app.settings import Settings
+from domain.celery_app import create_celery
+from domain.settings import Settings
 from tests.environment import ROOT, free_port
 from tests.redis_server import RedisServer, eventually
 

@@ -20,12 +20,13 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from app import create_app, store
-from app.models import InferenceRequest, RequestStatus, utcnow
-from app.services import Services
-from app.settings import Settings
-from app.streams import stream_key
-from app.teams import ensure_team_key
+from app import create_app
+from domain import request_store
+from domain.models import InferenceRequest, RequestStatus, utcnow
+from domain.services import Services
+from domain.settings import Settings
+from domain.streams import stream_key
+from domain.teams import ensure_team_key
 
 pytestmark = pytest.mark.services
 
@@ -61,13 +62,13 @@ class Api:
 
     def status(self, request_id: str) -> str:
         with self.services.db.session() as session:
-            return str(store.get_request(session, request_id).status)
+            return str(request_store.get_request(session, request_id).status)
 
     def finish(self, request_id: str, text: str, *, streamed: tuple[str, ...] = ()) -> None:
         """What an engine worker does at a request's end: its row, then its stream's end."""
         with self.services.db.session() as session:
-            assert store.transition(session, request_id, RequestStatus.SUCCEEDED,
-                                    allowed_from=store.ACTIVE_STATUSES, output_text=text,
+            assert request_store.transition(session, request_id, RequestStatus.SUCCEEDED,
+                                    allowed_from=request_store.ACTIVE_STATUSES, output_text=text,
                                     output_tokens=2, finish_reason="stop", finished_at=utcnow())
         self.stream(request_id, *streamed)
         self.services.fleet.redis.xadd(stream_key(request_id), {"end": "stop", "a": 1})

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from app.controls import OperatorControls
-from app.db import Database
-from app.fleet import Fleet
-from app.settings import Settings
+from domain.controls import OperatorControls
+from domain.db import Database
+from domain.live_fleet import Fleet
+from domain.settings import Settings
 from tests.engine_states import engine_state
 
 pytestmark = pytest.mark.services

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 from flask.testing import FlaskClient
 
-from app.principal_cache import PrincipalCache
-from app.settings import Settings
+from domain.principal_cache import PrincipalCache
+from domain.settings import Settings
 from tests.app.flask_client import api_client, error_body
 from tests.environment import free_port
 

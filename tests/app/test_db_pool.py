@@ -1,4 +1,4 @@
-"""The connection pool on PostgreSQL (app/db.py): pooled connections are reused without a ping,
+"""The connection pool on PostgreSQL (domain/db.py): pooled connections are reused without a ping,
 and one whose server ended it is replaced before use, never handed to a caller."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from app.db import Database
-from app.settings import Settings
+from domain.db import Database
+from domain.settings import Settings
 
 pytestmark = pytest.mark.services
 

@@ -25,7 +25,7 @@ from app.cli.showcase import (
     showcase_table,
 )
 from app.cli.showcase_batch import BatchRun, BatchWatcher, batch_input, batch_table
-from app.settings import Settings
+from domain.settings import Settings
 from workers.predict.length_model import LengthHead
 
 

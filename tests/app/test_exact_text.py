@@ -7,10 +7,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from app.db import Database
-from app.models import ExactText, InferenceRequest
-from app.settings import Settings
-from app.store import new_request_id
+from domain.db import Database
+from domain.models import ExactText, InferenceRequest
+from domain.request_store import new_request_id
+from domain.settings import Settings
 
 EXACT = ExactText()
 #: Text that stresses the escaping: NUL, backslashes, zeros, the mark's own characters.

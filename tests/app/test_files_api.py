@@ -7,7 +7,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from app import create_app
-from app.settings import Settings
+from domain.settings import Settings
 from tests.app.flask_client import JSONL, error_body, services_of, team_key, upload
 
 pytestmark = pytest.mark.services

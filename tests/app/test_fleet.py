@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from app.fleet import Fleet
+from domain.live_fleet import Fleet
 from tests.engine_states import engine_state, waiting_request
 from workers.route.planner import plan_route
 from workers.route.policies import RequestView, RoutingContext

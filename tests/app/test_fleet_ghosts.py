@@ -11,10 +11,10 @@ from collections.abc import Callable
 import pytest
 from flask.testing import FlaskClient
 
-from app import served_models
-from app.fleet import Fleet
-from app.settings import Settings
-from app.streams import read_stream
+from domain import served_models
+from domain.live_fleet import Fleet
+from domain.settings import Settings
+from domain.streams import read_stream
 from tests.app.flask_client import api_client, error_body, services_of
 from tests.engine_states import engine_state
 from workers.health.ghosts import NOT_SERVED_CODE, fail_unserved, forget_ghosts

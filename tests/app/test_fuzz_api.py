@@ -19,8 +19,8 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from app.api.services import services
-from app.settings import Settings
-from app.teams import ensure_team_key, revoke_key, team_by_name
+from domain.settings import Settings
+from domain.teams import ensure_team_key, revoke_key, team_by_name
 from tests.app.api_fuzz import (
     WAITING_OPERATIONS,
     Known,

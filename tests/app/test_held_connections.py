@@ -29,13 +29,13 @@ from sqlalchemy import select
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from app import create_app
-from app.api import held
-from app.api.held import HeldConnections, ServerBusy, TooManyHeld, held_slots
+from app.api import held_connections
+from app.api.held_connections import HeldConnections, ServerBusy, TooManyHeld, held_slots
 from app.cli.stack import process_commands
-from app.models import InferenceRequest, RequestStatus
-from app.services import Services
-from app.settings import Settings
-from app.teams import ensure_team_key
+from domain.models import InferenceRequest, RequestStatus
+from domain.services import Services
+from domain.settings import Settings
+from domain.teams import ensure_team_key
 from tests.environment import ROOT, TEST_REDIS_URL, free_port
 
 pytestmark = pytest.mark.services
@@ -313,7 +313,7 @@ def test_redis_down_refuses_a_hold_and_keeps_no_process_slot(settings: Settings)
     caps = HeldConnections(settings.model_copy(update={
         "api_connections": 2, "api_reserved_connections": 1}), down)
     for _ in range(3):  # more than the one process slot: each refusal gave it back
-        with pytest.raises(held.BrokerUnavailable):
+        with pytest.raises(held_connections.BrokerUnavailable):
             caps.hold("team_1", "t", {})
 
 
@@ -360,15 +360,15 @@ def test_a_client_that_closed_its_socket_is_seen_as_gone() -> None:
         client = socket.create_connection(listener.getsockname())
         server_side, _ = listener.accept()
         with server_side:
-            assert not held.client_gone(server_side)
+            assert not held_connections.client_gone(server_side)
             client.sendall(b"GET / HTTP/1.1\r\n\r\n")  # a pipelined request is no leaving
             time.sleep(0.05)
-            assert not held.client_gone(server_side)
+            assert not held_connections.client_gone(server_side)
             server_side.recv(100)
             client.close()
             time.sleep(0.05)
-            assert held.client_gone(server_side)
-    assert not held.client_gone(None)
+            assert held_connections.client_gone(server_side)
+    assert not held_connections.client_gone(None)
 
 
 def test_a_live_client_on_a_socket_with_a_timeout_is_not_gone() -> None:
@@ -381,10 +381,10 @@ def test_a_live_client_on_a_socket_with_a_timeout_is_not_gone() -> None:
             server_side, _ = listener.accept()
             with server_side:
                 server_side.settimeout(0.5)
-                assert not held.client_gone(server_side)
+                assert not held_connections.client_gone(server_side)
                 client.close()
                 time.sleep(0.05)
-                assert held.client_gone(server_side)
+                assert held_connections.client_gone(server_side)
 
 
 # --- under gunicorn, as `blockq serve` and the API image run it --------------------------------

@@ -12,7 +12,7 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import func, select
 
-from app.models import (
+from domain.models import (
     Batch,
     InferenceRequest,
     OperatorControl,
@@ -20,8 +20,8 @@ from app.models import (
     RequestEvent,
     StoredFile,
 )
-from app.settings import Settings
-from app.teams import ensure_team_key
+from domain.settings import Settings
+from domain.teams import ensure_team_key
 from tests.app.flask_client import api_client, error_body, services_of, upload
 
 pytestmark = pytest.mark.services
@@ -118,7 +118,7 @@ def test_nul_round_trips_exactly_in_every_place_of_a_native_request(
     client: FlaskClient
 ) -> None:
     """vLLM's server takes NUL in a prompt; so does blockq, and gives back what it was given
-    (PostgreSQL text cannot hold NUL: app.models.ExactText escapes it, and a text that looks
+    (PostgreSQL text cannot hold NUL: domain.models.ExactText escapes it, and a text that looks
     escaped already)."""
     prompt = "x\x00y\\0 \x01blockq-escaped:\x00"
     body = {"prompt": prompt, "metadata": {"k\x00": ["v", "\x00"]}, "stop": ["\x00"]}

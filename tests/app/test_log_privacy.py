@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy.exc import SQLAlchemyError
 
-from app import logs
 from app.cli.stack import Stack
-from app.db import Database
-from app.local_secrets import configured_or_generated
-from app.models import InferenceRequest
-from app.services import Services
-from app.settings import Settings
-from app.storage import DiskFileStore
+from domain import logs
+from domain.db import Database
+from domain.file_bytes import DiskFileStore
+from domain.local_secrets import configured_or_generated
+from domain.models import InferenceRequest
+from domain.services import Services
+from domain.settings import Settings
 from workers.runtime import Runtime
 
 PROMPT = "TOP-SECRET-PROMPT-of-team-a"

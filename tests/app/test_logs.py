@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from app import logs
-from app.settings import Settings
+from domain import logs
+from domain.settings import Settings
 
 Captured = tuple[io.StringIO, logging.Handler]
 

@@ -13,11 +13,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
-from app.batches import BATCH_WINDOW_KEY
-from app.bias import BiasRule, BiasWatch
-from app.celery_app import create_celery
-from app.fleet import Fleet
-from app.metrics import (
+from domain.batches import BATCH_WINDOW_KEY
+from domain.celery_app import create_celery
+from domain.length_bias import BiasRule, BiasWatch
+from domain.live_fleet import Fleet
+from domain.metrics import (
     BatchWindowCollector,
     EngineStepMetrics,
     FallbackCollector,
@@ -26,10 +26,10 @@ from app.metrics import (
     QueueDepthCollector,
     serve_process_metrics,
 )
-from app.queues import queue_keys
-from app.services import Services
-from app.settings import Settings
-from app.teams import ensure_team_key
+from domain.queues import queue_keys
+from domain.services import Services
+from domain.settings import Settings
+from domain.teams import ensure_team_key
 from tests.engine_states import engine_state
 from tests.environment import TEST_REDIS_URL, free_port
 

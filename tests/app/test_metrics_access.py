@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 from sqlalchemy import event
 
-from app.models import InferenceRequest, utcnow
-from app.settings import Settings
+from domain.models import InferenceRequest, utcnow
+from domain.settings import Settings
 from tests.app.flask_client import api_client, error_body, services_of
 
 pytestmark = pytest.mark.services

@@ -12,11 +12,11 @@ from flask.testing import FlaskClient
 from openapi_spec_validator import validate
 from pydantic import BaseModel
 
-from app import openai_format as fmt
 from app.api import contract
 from app.api.openapi import openapi_path
-from app.models import InferenceRequest
-from app.settings import Settings
+from domain import openai_format as fmt
+from domain.models import InferenceRequest
+from domain.settings import Settings
 from tests.app.flask_client import api_client
 
 METHODS_IGNORED = {"HEAD", "OPTIONS"}
@@ -95,7 +95,7 @@ def test_request_bodies_are_the_models_the_endpoints_parse_with(
                              ("/v1/requests", "CreateRequest"), ("/v1/batches", "CreateBatch")):
         body = document["paths"][name]["post"]["requestBody"]["content"]["application/json"]
         assert body["schema"]["$ref"] == f"#/components/schemas/{model_name}"
-    from app.openai_schemas import CompletionBody  # noqa: PLC0415
+    from domain.openai_schemas import CompletionBody  # noqa: PLC0415
     assert set(schemas["CompletionBody"]["properties"]) == set(CompletionBody.model_fields)
     assert schemas["CompletionBody"]["additionalProperties"] is False
 

@@ -15,14 +15,14 @@ import pytest
 import redis
 from sqlalchemy import create_engine, event, func, select, text
 
-from app import dispatch, faults
-from app import outbox as outbox_module
-from app.celery_app import create_celery
-from app.db import Database
-from app.models import OutboxEntry
-from app.outbox import Outbox
-from app.queues import request_ids_in_broker
-from app.settings import Settings
+from domain import dispatch, faults
+from domain import outbox as outbox_module
+from domain.celery_app import create_celery
+from domain.db import Database
+from domain.models import OutboxEntry
+from domain.outbox import Outbox
+from domain.queues import request_ids_in_broker
+from domain.settings import Settings
 from tests.environment import free_port
 
 pytestmark = pytest.mark.services
@@ -155,11 +155,11 @@ def test_the_relay_leaves_entries_their_sender_is_still_sending(fresh_services: 
 
 _SENDER = """
 import sys
-from app import dispatch
-from app.celery_app import create_celery
-from app.db import Database
-from app.outbox import Outbox
-from app.settings import Settings
+from domain import dispatch
+from domain.celery_app import create_celery
+from domain.db import Database
+from domain.outbox import Outbox
+from domain.settings import Settings
 
 settings = Settings.load()
 outbox = Outbox(Database(settings.resolved_database_url), create_celery(settings))

@@ -12,12 +12,12 @@ import pytest
 from click.testing import CliRunner, Result
 
 from app.cli.plan import history_workload, parse_slo, plan
-from app.db import Database
-from app.models import RequestOutcome
-from app.settings import Settings
+from domain.db import Database
+from domain.models import RequestOutcome
+from domain.settings import Settings
 from workers.cluster_sim import poisson_unit_arrivals
 from workers.plan import load_catalog
-from workers.sim.fleet_spec import parse_fleet
+from workers.sim.fleet_declaration import parse_fleet
 
 SLOS = ("--slo", "llama-2-7b:ttft_p99=1.5", "--slo", "llama-3-8b:ttft_p99=3,e2e_p99=8")
 

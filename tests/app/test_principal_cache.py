@@ -1,4 +1,4 @@
-"""The API's key cache (app/principal_cache.py): a key is looked up once, and every change to a
+"""The API's key cache (domain/principal_cache.py): a key is looked up once, and every change to a
 key or team (migration 0018's trigger, at its commit) empties the cache of every process that
 listens; nothing is cached while nobody listens, and a lookup that raced with a change is not
 kept. Real PostgreSQL: each cache listens on a connection of its own, as an API process does."""
@@ -12,11 +12,11 @@ from contextlib import contextmanager
 import pytest
 import sqlalchemy as sa
 
-from app import principal_cache
-from app.db import Database
-from app.principal_cache import PrincipalCache
-from app.settings import Settings
-from app.teams import create_team, issue_key, revoke_key, team_by_name
+from domain import principal_cache
+from domain.db import Database
+from domain.principal_cache import PrincipalCache
+from domain.settings import Settings
+from domain.teams import create_team, issue_key, revoke_key, team_by_name
 
 pytestmark = pytest.mark.services
 

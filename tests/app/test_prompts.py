@@ -12,7 +12,7 @@ from tests.environment import ROOT
 FIRST_CALLERS_AT_ONCE = """
 import sys, threading
 from pathlib import Path
-from app.prompts import PromptCodec
+from domain.prompts import PromptCodec
 
 barrier, errors = threading.Barrier(8), []
 

@@ -11,8 +11,8 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import select
 
-from app.models import InferenceRequest, OutboxEntry, RequestStatus
-from app.settings import Settings
+from domain.models import InferenceRequest, OutboxEntry, RequestStatus
+from domain.settings import Settings
 from tests.app.flask_client import api_client, error_body, services_of
 from tests.environment import free_port
 

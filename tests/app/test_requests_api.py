@@ -8,9 +8,10 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import select
 
-from app import create_app, store
-from app.models import InferenceRequest, RequestStatus
-from app.streams import read_stream
+from app import create_app
+from domain import request_store
+from domain.models import InferenceRequest, RequestStatus
+from domain.streams import read_stream
 from tests.app.flask_client import services_of, team_key
 from tests.engine_states import engine_state
 
@@ -54,7 +55,7 @@ def test_chat_messages_are_rendered_with_the_template(client: FlaskClient) -> No
     assert response.status_code == 202
     request_id = response.get_json()["id"]
     with services_of(client).db.session() as session:
-        prompt = store.get_request(session, request_id).prompt
+        prompt = request_store.get_request(session, request_id).prompt
     assert "Hi" in prompt and prompt != "Hi"
 
 
@@ -164,8 +165,8 @@ def test_cancel_queued_then_again_then_finished_is_409(client: FlaskClient) -> N
 
     other = client.post("/v1/requests", json={"prompt": "y", "max_tokens": 4}).get_json()["id"]
     with svc.db.session() as session:
-        assert store.transition(
-            session, other, RequestStatus.SUCCEEDED, allowed_from=store.ACTIVE_STATUSES
+        assert request_store.transition(
+            session, other, RequestStatus.SUCCEEDED, allowed_from=request_store.ACTIVE_STATUSES
         )
     late = client.post(f"/v1/requests/{other}/cancel")
     assert late.status_code == 409 and _error(late)["code"] == "request_already_finished"
@@ -175,11 +176,11 @@ def test_transition_is_guarded_so_completion_happens_once(client: FlaskClient) -
     request_id = client.post("/v1/requests", json={"prompt": "x", "max_tokens": 4}).get_json()["id"]
     svc = services_of(client)
     with svc.db.session() as session:
-        first = store.transition(
-            session, request_id, RequestStatus.SUCCEEDED, allowed_from=store.ACTIVE_STATUSES
+        first = request_store.transition(
+            session, request_id, RequestStatus.SUCCEEDED, allowed_from=request_store.ACTIVE_STATUSES
         )
-        second = store.transition(
-            session, request_id, RequestStatus.SUCCEEDED, allowed_from=store.ACTIVE_STATUSES
+        second = request_store.transition(
+            session, request_id, RequestStatus.SUCCEEDED, allowed_from=request_store.ACTIVE_STATUSES
         )
     assert (first, second) == (True, False)
     events = client.get(f"/v1/requests/{request_id}").get_json()["events"]
@@ -214,7 +215,8 @@ def test_instances_lists_published_state_and_heartbeat_age(client: FlaskClient) 
     assert inst == {
         "id": "gpu.0", "object": "instance", "alive": True, "accepting": True, "control": None,
         "engine_kind": "vllm", "model": "tiny-llama", "model_path": "/models/tiny-llama",
-        "hardware": "cpu", "exec_model": None, "capacity_rps": None, "running": 3, "waiting": 1, "assigned": 0,
+        "hardware": "cpu", "exec_model": None, "capacity_rps": None, "running": 3, "waiting": 1,
+        "assigned": 0,
         "free_kv_blocks": 90, "total_kv_blocks": 100,
         "config": {"max_num_seqs": 48, "max_num_batched_tokens": 512, "block_size": 16,
                    "max_model_len": 2048},

@@ -12,11 +12,12 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import func, select
 
-from app.celery_app import create_celery
 from app.cli import main
-from app.db import Database
-from app.dispatch import TASK_PURGE
-from app.models import (
+from domain.celery_app import create_celery
+from domain.db import Database
+from domain.dispatch import TASK_PURGE
+from domain.file_bytes import file_store
+from domain.models import (
     Batch,
     BatchLine,
     BatchStatus,
@@ -31,9 +32,8 @@ from app.models import (
     WebhookDelivery,
     utcnow,
 )
-from app.retention import Purge, RetentionPolicy, purge
-from app.settings import Settings
-from app.storage import file_store
+from domain.retention import Purge, RetentionPolicy, purge
+from domain.settings import Settings
 
 pytestmark = pytest.mark.services
 

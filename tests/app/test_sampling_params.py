@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from app import openai_format as fmt
-from app.errors import InvalidRequest
-from app.models import InferenceRequest
-from app.openai_schemas import CompletionBody, native_body
-from app.schemas import parse_body
-from app.settings import Settings
+from domain import openai_format as fmt
+from domain.errors import InvalidRequest
+from domain.models import InferenceRequest
+from domain.openai_schemas import CompletionBody, native_body
+from domain.schemas import parse_body
+from domain.settings import Settings
 from tests.app.flask_client import api_client, error_body, services_of
 
 pytestmark = pytest.mark.services

@@ -10,8 +10,8 @@ import json
 import pytest
 from flask.testing import FlaskClient
 
-from app.models import InferenceRequest
-from app.settings import Settings
+from domain.models import InferenceRequest
+from domain.settings import Settings
 from tests.app.flask_client import api_client, error_body, services_of
 
 pytestmark = pytest.mark.services

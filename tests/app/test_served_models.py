@@ -11,11 +11,11 @@ import json
 import pytest
 from flask.testing import FlaskClient
 
-from app import served_models
-from app.db import Database
-from app.fleet import Fleet
-from app.models import ServedModel
-from app.settings import Settings
+from domain import served_models
+from domain.db import Database
+from domain.live_fleet import Fleet
+from domain.models import ServedModel
+from domain.settings import Settings
 from tests.app.flask_client import api_client, error_body, services_of, upload
 from tests.engine_states import engine_state
 from workers.sim.engine_state import Declared
@@ -34,7 +34,7 @@ def client(fresh_services: Settings) -> FlaskClient:
     publish(svc.fleet, "gpu.0", BIG)
     publish(svc.fleet, "gpu.1", SMALL)
     svc.fleet.mark_stopped("gpu.1")
-    from app import served_models  # noqa: PLC0415 - what engine workers write at start
+    from domain import served_models  # noqa: PLC0415 - what engine workers write at start
 
     with svc.db.session() as session:
         served_models.declare(session, BIG, "/models/big")

@@ -11,9 +11,9 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import select
 
-from app.models import InferenceRequest, Team
-from app.sessions import session_key
-from app.settings import Settings
+from domain.models import InferenceRequest, Team
+from domain.sessions import session_key
+from domain.settings import Settings
 from tests.app.flask_client import api_client, error_body, services_of
 
 pytestmark = pytest.mark.services

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from app.cli import main
 from app.cli.stack import process_commands
-from app.settings import Settings, describe_invalid
+from domain.settings import Settings, describe_invalid
 
 
 def test_the_defaults_leave_interactive_requests_an_engine_thread_beside_a_full_batch() -> None:

@@ -19,11 +19,11 @@ from sqlalchemy import func, select
 
 from app.api import openai as openai_api
 from app.cli import main as cli
-from app.errors import InvalidRequest
-from app.models import InferenceRequest, Team
-from app.openai_schemas import CompletionBody, native_body
-from app.settings import Settings
-from app.teams import ensure_team_key, team_by_name
+from domain.errors import InvalidRequest
+from domain.models import InferenceRequest, Team
+from domain.openai_schemas import CompletionBody, native_body
+from domain.settings import Settings
+from domain.teams import ensure_team_key, team_by_name
 from tests.app.flask_client import api_client, error_body, services_of
 from tests.engine_states import engine_state
 from workers import runtime

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from app.cli import main
 from app.cli.stack import Stack, StackError, free_port
 from app.cli.stack_lock import lock_holders
-from app.settings import Settings
+from domain.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
     from app.cli.stack import Stack
-    from app.settings import Settings
+    from domain.settings import Settings
 
     stack = Stack(Settings(data_dir=Path(sys.argv[1])), env=dict(__import__("os").environ))
     stack.hold_data_dir()

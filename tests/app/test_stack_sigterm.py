@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     from app.cli.stack import Stack, stop_stacks_on_sigterm
-    from app.settings import Settings
+    from domain.settings import Settings
 
     if sys.argv[2] == "handled":
         stop_stacks_on_sigterm()

@@ -10,10 +10,11 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import func, select
 
-from app import create_app, storage
-from app.db import Database
-from app.models import FileChunk
-from app.settings import Settings
+from app import create_app
+from domain import file_bytes
+from domain.db import Database
+from domain.models import FileChunk
+from domain.settings import Settings
 from tests.app.flask_client import JSONL, error_body, services_of, team_key, upload
 
 pytestmark = pytest.mark.services
@@ -33,8 +34,8 @@ def _chunks(db: Database, file_id: str) -> list[int]:
 
 
 def test_a_file_round_trips_in_chunks(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(storage, "COPY_CHUNK_BYTES", 10)
-    store = storage.DatabaseFileStore(db)
+    monkeypatch.setattr(file_bytes, "COPY_CHUNK_BYTES", 10)
+    store = file_bytes.DatabaseFileStore(db)
     content = b"".join(f"line {i}\n".encode() for i in range(7))  # 49 bytes: 5 chunks
     assert store.save("file-a", io.BytesIO(content), max_bytes=100) == len(content)
     assert _chunks(db, "file-a") == [0, 1, 2, 3, 4]
@@ -51,7 +52,7 @@ def test_a_file_round_trips_in_chunks(db: Database, monkeypatch: pytest.MonkeyPa
 
 
 def test_an_empty_file_exists_and_reads_empty(db: Database) -> None:
-    store = storage.DatabaseFileStore(db)
+    store = file_bytes.DatabaseFileStore(db)
     with store.writer("file-empty"):
         pass
     assert store.size("file-empty") == 0
@@ -61,9 +62,9 @@ def test_an_empty_file_exists_and_reads_empty(db: Database) -> None:
 
 def test_a_failed_or_too_large_write_leaves_nothing(db: Database,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(storage, "COPY_CHUNK_BYTES", 4)
-    store = storage.DatabaseFileStore(db)
-    with pytest.raises(storage.FileTooLarge):
+    monkeypatch.setattr(file_bytes, "COPY_CHUNK_BYTES", 4)
+    store = file_bytes.DatabaseFileStore(db)
+    with pytest.raises(file_bytes.FileTooLarge):
         store.save("file-big", io.BytesIO(b"x" * 30), max_bytes=20)
     assert _chunks(db, "file-big") == []
     with pytest.raises(RuntimeError), store.writer("file-broken") as target:
@@ -74,8 +75,8 @@ def test_a_failed_or_too_large_write_leaves_nothing(db: Database,
 
 def test_a_file_deleted_while_read_ends_the_read_with_an_error(
         db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(storage, "COPY_CHUNK_BYTES", 4)
-    store = storage.DatabaseFileStore(db)
+    monkeypatch.setattr(file_bytes, "COPY_CHUNK_BYTES", 4)
+    store = file_bytes.DatabaseFileStore(db)
     store.save("file-gone", io.BytesIO(b"abcdefghijkl"), max_bytes=100)
     handle = store.open("file-gone")
     assert handle.read(4) == b"abcd"

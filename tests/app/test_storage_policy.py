@@ -15,11 +15,11 @@ from openai import OpenAI
 from sqlalchemy import select, update
 
 from app.cli import main
-from app.errors import BlockqError
-from app.models import StoredFile, Team, utcnow
-from app.retention import purge
-from app.settings import Settings
-from app.storage_policy import StorageQuotaExceeded, check_quota
+from domain.errors import BlockqError
+from domain.file_quota import StorageQuotaExceeded, check_quota
+from domain.models import StoredFile, Team, utcnow
+from domain.retention import purge
+from domain.settings import Settings
 from tests.app.flask_client import api_client, error_body, services_of, team_key, upload
 
 pytestmark = pytest.mark.services

@@ -1,4 +1,4 @@
-"""Guarded status transitions on PostgreSQL (app/store.py): the UPDATE and its event in one
+"""Guarded status transitions on PostgreSQL (app/request_store.py): the UPDATE and its event in one
 statement, no event when the guard refuses, and the asynchronous commit set by the same
 statement when asked; new requests and their first events, one statement each."""
 
@@ -10,11 +10,11 @@ import pytest
 from sqlalchemy import event, select, text
 from sqlalchemy import inspect as sa_inspect
 
-from app import store
-from app.db import Database
-from app.errors import NotFound
-from app.models import InferenceRequest, RequestEvent, RequestStatus
-from app.settings import Settings
+from domain import request_store
+from domain.db import Database
+from domain.errors import NotFound
+from domain.models import InferenceRequest, RequestEvent, RequestStatus
+from domain.settings import Settings
 
 pytestmark = pytest.mark.services
 
@@ -33,7 +33,7 @@ def db(fresh_services: Settings) -> Iterator[Database]:
 
 def _new_request(db: Database) -> str:
     with db.session() as session:
-        request, _ = store.create_request(session, dict(FIELDS), idempotency_key=None)
+        request, _ = request_store.create_request(session, dict(FIELDS), idempotency_key=None)
         return request.id
 
 
@@ -47,7 +47,7 @@ def _events(db: Database, request_id: str) -> list[tuple[str, str | None]]:
 def test_a_transition_returns_its_columns_and_records_its_event(db: Database) -> None:
     request_id = _new_request(db)
     with db.session() as session:
-        row = store.transition_returning(
+        row = request_store.transition_returning(
             session, request_id, RequestStatus.ROUTED, allowed_from={RequestStatus.QUEUED},
             detail="to gpu.0", instance_id="gpu.0", attempt=InferenceRequest.attempt + 1,
             returning=(InferenceRequest.attempt, InferenceRequest.prompt))
@@ -58,7 +58,7 @@ def test_a_transition_returns_its_columns_and_records_its_event(db: Database) ->
 def test_a_refused_transition_changes_nothing_and_records_no_event(db: Database) -> None:
     request_id = _new_request(db)
     with db.session() as session:
-        assert not store.transition(session, request_id, RequestStatus.RUNNING,
+        assert not request_store.transition(session, request_id, RequestStatus.RUNNING,
                                     allowed_from={RequestStatus.ROUTED}, detail="no")
     with db.session() as session:
         assert session.get(InferenceRequest, request_id).status == "queued"
@@ -70,7 +70,7 @@ def test_the_commit_waits_for_the_wal_unless_told_not_to(db: Database, wait_for_
                                                          expected: str) -> None:
     request_id = _new_request(db)
     with db.session() as session:
-        assert store.transition_returning(
+        assert request_store.transition_returning(
             session, request_id, RequestStatus.PREDICTING, allowed_from={RequestStatus.QUEUED},
             returning=(InferenceRequest.id,), wait_for_wal=wait_for_wal) is not None
         assert session.execute(text("SHOW synchronous_commit")).scalar_one() == expected
@@ -88,7 +88,7 @@ def test_new_requests_are_inserted_with_their_event_one_statement_each(db: Datab
 
     event.listen(db.engine, "before_cursor_execute", seen)
     with db.session() as session:
-        made = store.create_requests(session, [dict(FIELDS), dict(FIELDS, prompt="other")])
+        made = request_store.create_requests(session, [dict(FIELDS), dict(FIELDS, prompt="other")])
     event.remove(db.engine, "before_cursor_execute", seen)
     assert len(statements) == 2 and all("INSERT INTO request_events" in s for s in statements)
     assert [r.prompt for r in made] == ["hello", "other"]
@@ -110,7 +110,7 @@ def test_transitions_of_one_shape_keep_their_own_values(db: Database) -> None:
     request_id = _new_request(db)
     for attempt, detail, expected in ((5, "first", False), (0, "second", True)):
         with db.session() as session:
-            changed = store.transition(
+            changed = request_store.transition(
                 session, request_id, RequestStatus.PREDICTING,
                 allowed_from={RequestStatus.QUEUED}, detail=detail, predictor=detail,
                 extra_where=[InferenceRequest.attempt == attempt])
@@ -123,20 +123,20 @@ def test_transitions_of_one_shape_keep_their_own_values(db: Database) -> None:
 def test_a_request_read_without_a_session_has_the_columns_the_session_reads(
         db: Database) -> None:
     with db.session() as session:
-        (request,) = store.create_requests(session, [{
+        (request,) = request_store.create_requests(session, [{
             **FIELDS, "messages": [{"role": "user", "content": "a\x00b"}],
             "sampling": {"n": 1}, "request_metadata": {"k": "v"}, "stop": ["\n"]}])
     with db.session() as session:
-        store.transition(session, request.id, RequestStatus.SUCCEEDED,
+        request_store.transition(session, request.id, RequestStatus.SUCCEEDED,
                          allowed_from={RequestStatus.QUEUED}, output_text="out\x00put",
                          output_tokens=3, finish_reason="length")
-        loaded = store.get_request(session, request.id)
+        loaded = request_store.get_request(session, request.id)
         expected = {attr.key: getattr(loaded, attr.key)
                     for attr in sa_inspect(InferenceRequest).column_attrs}
     with db.autocommit() as connection:
-        read = store.read_request(connection, request.id)
+        read = request_store.read_request(connection, request.id)
         with pytest.raises(NotFound):
-            store.read_request(connection, "req_missing")
+            request_store.read_request(connection, "req_missing")
 
     assert {key: getattr(read, key) for key in expected} == expected
     assert read.status == RequestStatus.SUCCEEDED and read.output_text == "out\x00put"

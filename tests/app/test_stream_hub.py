@@ -10,8 +10,8 @@ import threading
 import pytest
 import redis
 
-from app.stream_hub import StreamHub
-from app.streams import StreamWriter, close_stream
+from domain.stream_hub import StreamHub
+from domain.streams import StreamWriter, close_stream
 from tests.environment import TEST_REDIS_URL, free_port
 
 pytestmark = pytest.mark.services

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from app import openai_format as fmt
 from app.api import openai as openai_api
-from app.models import InferenceRequest, RequestStatus
-from app.streams import StreamEvent
+from domain import openai_format as fmt
+from domain.models import InferenceRequest, RequestStatus
+from domain.streams import StreamEvent
 
 CREATED = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 

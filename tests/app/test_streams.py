@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis
 
-from app.streams import RETAIN_S, StreamEvent, StreamWriter, read_stream
+from domain.streams import RETAIN_S, StreamEvent, StreamWriter, read_stream
 
 pytestmark = pytest.mark.services
 

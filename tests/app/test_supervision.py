@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app.cli.stack import LOW_PRIORITY, Stack, StackError, describe_exit
-from app.settings import Settings
+from domain.settings import Settings
 
 #: A process that prints a line and then waits to be stopped, like a worker.
 SLEEPER = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]

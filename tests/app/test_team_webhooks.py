@@ -12,9 +12,9 @@ from flask.testing import FlaskClient
 
 from app.api.contract import TeamWebhookSecretObject
 from app.cli import main as cli
-from app.settings import Settings
-from app.team_secrets import secrets_in_force
-from app.teams import team_by_name
+from domain.settings import Settings
+from domain.team_secrets import secrets_in_force
+from domain.teams import team_by_name
 from tests.app.flask_client import api_client, error_body, services_of, team_key
 
 pytestmark = pytest.mark.services

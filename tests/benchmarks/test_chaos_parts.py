@@ -13,7 +13,6 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
-from app.settings import Settings
 from benchmarks.chaos.faults import (
     CRASH_AFTER_COMMIT_LINE,
     Fault,
@@ -24,6 +23,7 @@ from benchmarks.chaos.faults import (
 from benchmarks.chaos.processes import DRAINED, ProcessWatch
 from benchmarks.chaos.scaling import SCALE_KINDS, SlotView, drain_target, start_target
 from benchmarks.chaos.summaries import summarize_faults
+from domain.settings import Settings
 
 
 def test_every_process_kind_can_be_killed_and_engines_group_as_gpu(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from benchmarks.live.models import (
     stack_fleet,
 )
 from benchmarks.live.workloads import LiveRequest, LiveWorkload
-from workers.sim.fleet_spec import parse_fleet
+from workers.sim.fleet_declaration import parse_fleet
 
 FLEET_B = json.dumps([
     {"model": "llama-2-7b", "count": 2, "exec_model": "llama-2-7b-a100"},

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from app.settings import Settings
+from domain.settings import Settings
 
 
 def _rig(module: str) -> ModuleType:

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from app.settings import Settings
 from benchmarks import local, paths, stats, tables
+from domain.settings import Settings
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 100])

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from app.cli.stack import Stack, StackError
-from app.settings import Settings
+from domain.settings import Settings
 
 #: Settings of every stack the tests start, over the test services' settings.
 TEST_STACK_SETTINGS: dict[str, Any] = {

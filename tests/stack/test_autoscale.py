@@ -14,7 +14,7 @@ import redis
 
 from app.cli.autoscaler import COLD_STARTS_KEY, StackAutoscaler
 from app.cli.stack import Stack
-from app.settings import Settings
+from domain.settings import Settings
 from tests.stack.native_requests import submit, wait_terminal
 
 MODEL = "tiny-llama"

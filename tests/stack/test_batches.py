@@ -30,11 +30,11 @@ from sqlalchemy import func, select, update
 
 from app.cli import main as cli
 from app.cli.stack import Stack
-from app.db import Database
-from app.models import Batch, InferenceRequest, utcnow
-from app.settings import Settings
-from app.store import ACTIVE_STATUSES
-from app.teams import create_team, issue_key
+from domain.db import Database
+from domain.models import Batch, InferenceRequest, utcnow
+from domain.request_store import ACTIVE_STATUSES
+from domain.settings import Settings
+from domain.teams import create_team, issue_key
 from tests.environment import TEST_DATABASE_URL, TEST_REDIS_URL
 from tests.stack.webhook_receiver import WebhookReceiver, team_webhook_secret
 

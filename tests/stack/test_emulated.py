@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from sqlalchemy import func, select
 
 from app.cli.stack import Stack
-from app.db import Database
-from app.models import EngineStepSample
+from domain.db import Database
+from domain.models import EngineStepSample
 from tests.stack.native_requests import submit, wait_terminal
 
 

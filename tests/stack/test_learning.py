@@ -11,10 +11,10 @@ from collections.abc import Callable
 import httpx
 from sqlalchemy import select
 
-from app import model_registry as registry
 from app.cli.stack import Stack
-from app.db import Database
-from app.models import RequestOutcome
+from domain import model_registry as registry
+from domain.db import Database
+from domain.models import RequestOutcome
 from tests.stack.native_requests import submit, wait_terminal
 from workers.predict.length_model import LengthHead, bootstrap_artifact
 

@@ -16,7 +16,7 @@ import pytest
 
 from app.cli.stack import Stack
 from benchmarks.artifacts.tiny_model import build_tiny_model
-from workers.sim.fleet_spec import parse_fleet
+from workers.sim.fleet_declaration import parse_fleet
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,8 @@ from openai import OpenAI
 from sqlalchemy import func, select
 
 from app.cli.stack import Stack
-from app.db import Database
-from app.models import EngineStepSample, WebhookDelivery
+from domain.db import Database
+from domain.models import EngineStepSample, WebhookDelivery
 from tests.stack.native_requests import submit, wait_terminal
 from tests.stack.webhook_receiver import WebhookReceiver, team_webhook_secret
 

@@ -9,9 +9,9 @@ from typing import Any
 
 from sqlalchemy import select
 
-from app.db import Database
-from app.models import Batch, Team
-from app.team_secrets import secrets_in_force
+from domain.db import Database
+from domain.models import Batch, Team
+from domain.team_secrets import secrets_in_force
 from tests.environment import free_port
 
 

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from sqlalchemy import update
 
-from app.models import InferenceRequest, RequestStatus
-from app.settings import Settings
+from domain.models import InferenceRequest, RequestStatus
+from domain.settings import Settings
 from tests.workers.request_rows import new_request
 from workers import runtime
 from workers.predict.features import TokenCounter

@@ -6,11 +6,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app import store
-from app.db import Database
-from app.models import InferenceRequest, Priority
+from domain import request_store
+from domain.db import Database
+from domain.models import InferenceRequest, Priority
 
-#: A small interactive completion request, as the API's schema hands it to the store.
+#: A small interactive completion request, as the API's schema hands it to the request_store.
 REQUEST_FIELDS: dict[str, Any] = {
     "priority": Priority.INTERACTIVE, "prompt": "Hello", "messages": None, "max_tokens": 16,
     "temperature": 1.0, "top_p": 1.0, "seed": None, "stop": None, "webhook_url": None,
@@ -20,7 +20,8 @@ REQUEST_FIELDS: dict[str, Any] = {
 
 def new_request(session: Session, **fields: Any) -> str:
     """A queued request (flushed, not committed); its id."""
-    request, _ = store.create_request(session, REQUEST_FIELDS | fields, idempotency_key=None)
+    request, _ = request_store.create_request(session, REQUEST_FIELDS | fields,
+                                              idempotency_key=None)
     session.flush()
     return request.id
 

@@ -13,9 +13,9 @@ import pytest
 from celery import Celery
 from celery.worker.request import Request
 
-from app.celery_app import PERIODIC_HEADER, create_celery
-from app.dispatch import QUEUE_HEALTH
-from app.settings import Settings
+from domain.celery_app import PERIODIC_HEADER, create_celery
+from domain.dispatch import QUEUE_HEALTH
+from domain.settings import Settings
 from workers.runtime import Runtime
 
 #: How far the sending host's clock runs behind the worker's.

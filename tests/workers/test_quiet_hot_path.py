@@ -8,7 +8,7 @@ import logging
 import pytest
 from celery.app import trace
 
-from app import dispatch
+from domain import dispatch
 from workers.observability import QuietHotPath
 
 

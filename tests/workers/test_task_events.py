@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from celery import Task
 
-from app import dispatch
+from domain import dispatch
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from sqlalchemy import update
 
-from app.models import InferenceRequest, RequestStatus
+from domain.models import InferenceRequest, RequestStatus
 from tests.stack.webhook_receiver import WebhookReceiver
 from workers.runtime import Runtime
 from workers.webhooks.delivery import attempt_delivery

@@ -21,7 +21,7 @@ import httpcore
 import pytest
 from sqlalchemy import select, update
 
-from app.models import (
+from domain.models import (
     InferenceRequest,
     RequestStatus,
     Team,
@@ -29,8 +29,8 @@ from app.models import (
     WebhookDelivery,
     utcnow,
 )
-from app.team_secrets import rotate_secret, secrets_in_force
-from app.teams import create_team, team_by_name
+from domain.team_secrets import rotate_secret, secrets_in_force
+from domain.teams import create_team, team_by_name
 from tests.environment import free_port
 from tests.stack.webhook_receiver import WebhookReceiver
 from workers.health.undelivered import WebhookPolicy, overdue_events

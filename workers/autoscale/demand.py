@@ -10,11 +10,11 @@ from datetime import UTC, datetime
 
 from sqlalchemy import func, select
 
-from app import dispatch, store
-from app.db import Database
-from app.fleet import InstanceStatus
-from app.models import InferenceRequest, Priority, RequestStatus
-from app.outbox import Outbox
+from domain import dispatch, request_store
+from domain.db import Database
+from domain.live_fleet import InstanceStatus
+from domain.models import InferenceRequest, Priority, RequestStatus
+from domain.outbox import Outbox
 from workers.autoscale.decide import Arrival
 
 __all__ = ["recent_arrivals", "requeue_waiting", "waiting_by_model"]
@@ -65,7 +65,7 @@ def requeue_waiting(outbox: Outbox, status: InstanceStatus) -> int:
     moved = 0
     for request_id in waiting:
         with outbox.transaction() as tx:
-            row = store.transition_returning(
+            row = request_store.transition_returning(
                 tx.session, request_id, RequestStatus.QUEUED,
                 allowed_from=(RequestStatus.ROUTED, RequestStatus.RUNNING),
                 extra_where=[InferenceRequest.instance_id == status.instance_id,

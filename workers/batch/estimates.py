@@ -2,7 +2,7 @@
 
 This module gathers what `workers/batch/eta.py` needs (the batch's remaining lines with their
 predicted lengths from the accurate head, batched; the fleet its model runs on; the recent
-interactive load it yields to) and stores the answer in Redis (`app.batches.BATCH_ETA_KEY`),
+interactive load it yields to) and stores the answer in Redis (`domain.batches.BATCH_ETA_KEY`),
 where the Batch object, `blockq batch status` and /metrics read it.
 
 NOTE: an estimate is derived data: lost with Redis, the next round (`batch_eta_interval_s`)
@@ -23,8 +23,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.batches import BATCH_ETA_KEY
-from app.models import (
+from domain.batches import BATCH_ETA_KEY
+from domain.models import (
     TERMINAL_STATUSES,
     Batch,
     BatchLine,
@@ -34,7 +34,7 @@ from app.models import (
     Priority,
     utcnow,
 )
-from app.settings import Settings
+from domain.settings import Settings
 from workers.batch import eta
 from workers.predict import stage
 from workers.runtime import Runtime

@@ -15,12 +15,12 @@ from typing import IO, Any
 
 from sqlalchemy import delete, func, insert, update
 
-from app import dispatch
-from app.batches import EVENT_TYPES
-from app.models import Batch, BatchLine, BatchStatus, LineStatus, utcnow
-from app.settings import Settings
-from app.storage import file_store
-from app.store import new_request_id
+from domain import dispatch
+from domain.batches import EVENT_TYPES
+from domain.file_bytes import file_store
+from domain.models import Batch, BatchLine, BatchStatus, LineStatus, utcnow
+from domain.request_store import new_request_id
+from domain.settings import Settings
 from workers.batch.lines import CheckedLine, LineChecker, LineError
 from workers.batch.locks import LOCK_TTL_S, batch_lock_name
 from workers.batch.prefix_groups import PrefixGroups

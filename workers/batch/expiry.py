@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from sqlalchemy import update
 
-from app import dispatch
-from app.batches import STOPPABLE
-from app.models import Batch, BatchStatus, utcnow
+from domain import dispatch
+from domain.batches import STOPPABLE
+from domain.models import Batch, BatchStatus, utcnow
 from workers.runtime import Runtime
 
 __all__ = ["expire_due"]

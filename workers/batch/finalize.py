@@ -15,10 +15,12 @@ from datetime import datetime
 
 from sqlalchemy import delete, select, update
 
-from app import dispatch, store
-from app.batches import EVENT_TYPES
-from app.files import new_file_id, register_file
-from app.models import (
+from domain import dispatch, request_store
+from domain.batches import EVENT_TYPES
+from domain.file_bytes import FileStore, file_store
+from domain.file_quota import expires_at_of
+from domain.file_records import new_file_id, register_file
+from domain.models import (
     Batch,
     BatchLine,
     BatchStatus,
@@ -28,8 +30,6 @@ from app.models import (
     RequestStatus,
     utcnow,
 )
-from app.storage import FileStore, file_store
-from app.storage_policy import expires_at_of
 from workers.batch.locks import LOCK_TTL_S, batch_lock_name
 from workers.batch.output import LineRow, result_of
 from workers.locks import held
@@ -83,12 +83,12 @@ def withdraw(rt: Runtime, batch_id: str, final: BatchStatus) -> list[str]:
         in_flight = session.scalars(
             select(InferenceRequest.id)
             .where(InferenceRequest.batch_id == batch_id,
-                   InferenceRequest.status.in_([str(s) for s in store.ACTIVE_STATUSES]))
+                   InferenceRequest.status.in_([str(s) for s in request_store.ACTIVE_STATUSES]))
         ).all()
         cancelled = [
             request_id for request_id in in_flight
-            if store.transition(session, request_id, RequestStatus.CANCELLED,
-                                allowed_from=store.ACTIVE_STATUSES,
+            if request_store.transition(session, request_id, RequestStatus.CANCELLED,
+                                allowed_from=request_store.ACTIVE_STATUSES,
                                 detail=f"cancelled: batch {batch_id} {final}", finished_at=now)
         ]
     for request_id in cancelled:

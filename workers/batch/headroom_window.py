@@ -11,9 +11,9 @@ from datetime import timedelta
 import numpy as np
 from sqlalchemy import select
 
-from app.batches import BATCH_WINDOW_KEY
-from app.fleet import Fleet
-from app.models import InferenceRequest, Priority, RequestStatus, utcnow
+from domain.batches import BATCH_WINDOW_KEY
+from domain.live_fleet import Fleet
+from domain.models import InferenceRequest, Priority, RequestStatus, utcnow
 from workers.batch.headroom import HeadroomConfig, HeadroomSignal, next_window, slot_bound
 from workers.runtime import Runtime
 

@@ -2,8 +2,8 @@
 it will not run.
 
 A line is `{"custom_id", "method": "POST", "url": <the batch's endpoint>, "body": {...}}`; the
-body is checked exactly as the endpoint checks its request body (app.openai_schemas), then made a
-native request (app.commands.request_fields: prompt rendered and counted against the context).
+body is checked exactly as the endpoint checks its request body (domain.openai_schemas), then made a
+native request (domain.commands.request_fields: prompt rendered and counted against the context).
 A bad line fails alone: the batch goes on with the others.
 """
 
@@ -14,15 +14,15 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from app import store
-from app.commands import PromptContext, request_fields
-from app.errors import BlockqError, InvalidRequest
-from app.json_input import check_value, parse_json
-from app.models import Priority
-from app.openai_schemas import body_model_for, check_model, native_body
-from app.prompts import PromptCodec
-from app.schemas import CreateRequest, parse_body
-from app.settings import Settings
+from domain import request_store
+from domain.commands import PromptContext, request_fields
+from domain.errors import BlockqError, InvalidRequest
+from domain.json_input import check_value, parse_json
+from domain.models import Priority
+from domain.openai_schemas import body_model_for, check_model, native_body
+from domain.prompts import PromptCodec
+from domain.schemas import CreateRequest, parse_body
+from domain.settings import Settings
 from workers.batch.prefix_groups import prefix_key
 
 __all__ = ["LineError", "CheckedLine", "LineChecker"]
@@ -167,7 +167,7 @@ class LineChecker:
         check_model(parsed, self.model)
         native = parse_body(CreateRequest, native_body(parsed, priority=str(Priority.BATCH)))
         fields = request_fields(self.context, native)
-        fields.update(body_sha256=store.body_digest(body), stream=False)
+        fields.update(body_sha256=request_store.body_digest(body), stream=False)
         return fields
 
 

@@ -15,8 +15,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from app.models import BatchStatus, InferenceRequest, LineStatus, RequestStatus
-from app.openai_format import chat_completion_object, completion_object
+from domain.models import BatchStatus, InferenceRequest, LineStatus, RequestStatus
+from domain.openai_format import chat_completion_object, completion_object
 
 __all__ = ["LineRow", "Result", "result_of", "result_line_id"]
 

@@ -23,9 +23,9 @@ from sqlalchemy import exists, func, insert, select, update
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session
 
-from app import dispatch
-from app.db import TRANSIENT_ERRORS
-from app.models import (
+from domain import dispatch
+from domain.db import TRANSIENT_ERRORS
+from domain.models import (
     Batch,
     BatchLine,
     BatchStatus,
@@ -37,7 +37,7 @@ from app.models import (
     Team,
     utcnow,
 )
-from app.store import ACTIVE_STATUSES
+from domain.request_store import ACTIVE_STATUSES
 from workers.batch.fair_share import Flow, allocate
 from workers.batch.headroom_window import batch_window
 from workers.batch.locks import RELEASER_LOCK

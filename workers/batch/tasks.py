@@ -6,7 +6,7 @@ import logging
 
 from celery import shared_task
 
-from app import dispatch
+from domain import dispatch
 from workers import runtime
 from workers.batch.estimates import estimate_batch, refresh_estimates
 from workers.batch.expand import Expansion, expand

@@ -5,11 +5,11 @@ instances) and the route stage's pure policies (the router it simulates), which 
 `workers.sim` themselves; inside `workers.sim` it would make the two packages a cycle.
 """
 
-from .fleet import declared_fleet, fleet_label, fleet_members, with_equal_kv, with_throughputs
+from .fleet_setup import declared_fleet, fleet_label, fleet_members, with_equal_kv, with_throughputs
 from .ground_truth import GroundTruthInstance, SimulatedRequest
 from .predictors import (
     DEFAULT_PREDICTOR,
-    LENGTH_PREDICTORS,
+    SIMULATED_LENGTH_PREDICTORS,
     LengthPredictor,
     LogNormalPredictor,
     MeanPredictor,
@@ -53,7 +53,7 @@ __all__ = [
     "AZURE_CODE",
     "AZURE_CONV",
     "DEFAULT_PREDICTOR",
-    "LENGTH_PREDICTORS",
+    "SIMULATED_LENGTH_PREDICTORS",
     "MOONCAKE_CONV",
     "SHAREGPT",
     "ClusterSetup",

@@ -1,6 +1,7 @@
 """Length predictors of the cluster benchmark: the output lengths the router plans with.
 
-Registered by name in `LENGTH_PREDICTORS`; `predictor_from_spec` builds one from a spec such as
+Registered by name in `SIMULATED_LENGTH_PREDICTORS`; `predictor_from_spec` builds one from a spec
+such as
 ``lognormal:0.5`` (a name, then the predictor's parameters). The default is ``learned-errors``:
 the shipped length model's measured held-out errors (a fixture derived from the conversations by
 ``scripts/make_length_error_fixture.py``), not a chosen sigma.
@@ -24,7 +25,7 @@ from .workload import Workload
 __all__ = [
     "DEFAULT_PREDICTOR",
     "LEARNED_ERRORS_FIXTURE",
-    "LENGTH_PREDICTORS",
+    "SIMULATED_LENGTH_PREDICTORS",
     "LearnedErrorsPredictor",
     "LearnedPredictor",
     "LengthErrors",
@@ -47,10 +48,10 @@ class LengthPredictor(Protocol):
         ...
 
 
-LENGTH_PREDICTORS: Registry[LengthPredictor] = Registry("length predictor")
+SIMULATED_LENGTH_PREDICTORS: Registry[LengthPredictor] = Registry("length predictor")
 
 
-@LENGTH_PREDICTORS.register("oracle")
+@SIMULATED_LENGTH_PREDICTORS.register("oracle")
 @dataclass(frozen=True, slots=True)
 class OraclePredictor:
     """The true lengths (the Block* oracle; benchmarks only)."""
@@ -61,7 +62,7 @@ class OraclePredictor:
         return list(workload.num_output_tokens)
 
 
-@LENGTH_PREDICTORS.register("lognormal")
+@SIMULATED_LENGTH_PREDICTORS.register("lognormal")
 @dataclass(frozen=True, slots=True)
 class LogNormalPredictor:
     """True length times a lognormal factor with median 1: the error of a learned model.
@@ -129,7 +130,7 @@ def load_length_errors(path: Path = LEARNED_ERRORS_FIXTURE) -> LengthErrors:
     return LengthErrors.from_fixture(json.loads(Path(path).read_text()))
 
 
-@LENGTH_PREDICTORS.register("learned-errors")
+@SIMULATED_LENGTH_PREDICTORS.register("learned-errors")
 @dataclass(frozen=True, slots=True)
 class LearnedErrorsPredictor:
     """True length times the exponential of a residual of the learned model, drawn (seeded)
@@ -145,7 +146,7 @@ class LearnedErrorsPredictor:
         return load_length_errors().draw(workload.num_output_tokens, seed)
 
 
-@LENGTH_PREDICTORS.register("learned")
+@SIMULATED_LENGTH_PREDICTORS.register("learned")
 @dataclass(frozen=True, slots=True)
 class LearnedPredictor:
     """The learned model's own predictions, carried by a replay workload (real prompts)."""
@@ -159,7 +160,7 @@ class LearnedPredictor:
         return list(workload.predicted_output_tokens)
 
 
-@LENGTH_PREDICTORS.register("mean")
+@SIMULATED_LENGTH_PREDICTORS.register("mean")
 @dataclass(frozen=True, slots=True)
 class MeanPredictor:
     """The workload's mean output length for every request: a predictor that knows nothing."""
@@ -176,7 +177,7 @@ def predictor_from_spec(spec: str) -> LengthPredictor:
     Unknown names raise listing the registered ones; so does a wrong number of parameters.
     """
     name, _, param_text = spec.partition(":")
-    predictor_cls = LENGTH_PREDICTORS.get(name)
+    predictor_cls = SIMULATED_LENGTH_PREDICTORS.get(name)
     params = [float(p) for p in param_text.split(",")] if param_text else []
     expected = [f.name for f in fields(predictor_cls)]
     if len(params) != len(expected):

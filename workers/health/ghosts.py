@@ -19,12 +19,12 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from app import dispatch, store
-from app.fleet import Fleet, InstanceStatus
-from app.models import InferenceRequest, RequestStatus, utcnow
-from app.outbox import Outbox
-from app.settings import Settings
-from app.streams import close_stream
+from domain import dispatch, request_store
+from domain.live_fleet import Fleet, InstanceStatus
+from domain.models import InferenceRequest, RequestStatus, utcnow
+from domain.outbox import Outbox
+from domain.settings import Settings
+from domain.streams import close_stream
 
 __all__ = ["NOT_SERVED_CODE", "fail_unserved", "forget_ghosts", "ghost_ids"]
 
@@ -85,7 +85,7 @@ def _fail(outbox: Outbox, fleet: Fleet, request_id: str, model: str, waited_s: f
     message = (f"No instance serves the model '{model}' any more (the fleet no longer declares "
                f"it); the request waited over {waited_s:g} s and was failed.")
     with outbox.transaction() as tx:
-        ended = store.transition_returning(
+        ended = request_store.transition_returning(
             tx.session, request_id, RequestStatus.FAILED, allowed_from=_WAITING,
             detail=f"model '{model}' not served",
             error={"type": "server_error", "code": NOT_SERVED_CODE, "message": message},

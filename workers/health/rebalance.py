@@ -40,10 +40,10 @@ from dataclasses import dataclass
 
 import redis
 
-from app import dispatch, store
-from app.fleet import Fleet, InstanceStatus
-from app.models import InferenceRequest, Priority, RequestStatus, utcnow
-from app.outbox import Outbox
+from domain import dispatch, request_store
+from domain.live_fleet import Fleet, InstanceStatus
+from domain.models import InferenceRequest, Priority, RequestStatus, utcnow
+from domain.outbox import Outbox
 from workers.route.policies import view_of
 from workers.sim.exec_model import ExecModel
 from workers.sim.published import Published
@@ -151,7 +151,7 @@ class Rebalance:
         assert self.fleet is not None
         request = move.request
         with self.outbox.transaction() as tx:
-            routed = store.transition_returning(
+            routed = request_store.transition_returning(
                 tx.session, request.request_id, RequestStatus.ROUTED,
                 allowed_from=(RequestStatus.ROUTED, RequestStatus.RUNNING),
                 extra_where=[InferenceRequest.instance_id == move.donor,
@@ -177,7 +177,7 @@ class Rebalance:
 
     def _move(self, request_id: str, donor: str, taker: str) -> int:
         with self.outbox.transaction() as tx:
-            moved = store.transition_returning(
+            moved = request_store.transition_returning(
                 tx.session, request_id, RequestStatus.QUEUED,
                 allowed_from=(RequestStatus.ROUTED, RequestStatus.RUNNING),
                 extra_where=[InferenceRequest.instance_id == donor,

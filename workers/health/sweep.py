@@ -34,11 +34,11 @@ from dataclasses import dataclass
 import redis
 from sqlalchemy import select, update
 
-from app import dispatch, store
-from app.batches import TERMINAL_BATCH_STATUSES
-from app.db import Database
-from app.fleet import Fleet, InstanceStatus
-from app.models import (
+from domain import dispatch, request_store
+from domain.batches import TERMINAL_BATCH_STATUSES
+from domain.db import Database
+from domain.live_fleet import Fleet, InstanceStatus
+from domain.models import (
     TERMINAL_STATUSES,
     Batch,
     InferenceRequest,
@@ -47,8 +47,8 @@ from app.models import (
     database_now,
     utcnow,
 )
-from app.outbox import Outbox
-from app.queues import SERVICE_QUEUES, drop_unacked, request_ids_in_broker, stale_unacked
+from domain.outbox import Outbox
+from domain.queues import SERVICE_QUEUES, drop_unacked, request_ids_in_broker, stale_unacked
 from workers.health.undelivered import WebhookPolicy, overdue_events
 from workers.sim.engine_state import EngineState
 
@@ -249,7 +249,7 @@ class Sweep:
 
     def _reroute(self, request: InFlight, why: str) -> int:
         with self.outbox.transaction() as tx:
-            moved = store.transition(
+            moved = request_store.transition(
                 tx.session, request.id, RequestStatus.QUEUED, allowed_from=_ON_INSTANCE,
                 extra_where=[InferenceRequest.instance_id == request.instance_id,
                              InferenceRequest.attempt == request.attempt],

@@ -1,6 +1,6 @@
 """Periodic tasks of the health worker (run by celery beat): the stranded-request sweep
 (`sweep.py`) and the rebalance toward returned instances (`rebalance.py`), the outbox relay
-(`app/outbox.py`) and the retention purge (`app/retention.py`)."""
+(`domain/outbox.py`) and the retention purge (`domain/retention.py`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import logging
 
 from celery import shared_task
 
-from app import dispatch, retention
-from app.controls import OperatorControls
+from domain import dispatch, retention
+from domain.controls import OperatorControls
 from workers import runtime
 from workers.health.ghosts import fail_unserved, forget_ghosts
 from workers.health.rebalance import Rebalance
@@ -77,7 +77,7 @@ def relay_outbox() -> int:
 
 @shared_task(name=dispatch.TASK_PURGE)
 def purge() -> dict[str, int]:
-    """Delete what is older than its retention (app.retention), for at most PURGE_MAX_RUN_S.
+    """Delete what is older than its retention (domain.retention), for at most PURGE_MAX_RUN_S.
     Two runs would be safe side by side (rows are taken with SKIP LOCKED); the lock keeps a
     second one from taking the health worker's other thread, which the sweep and relay need."""
     rt = runtime.get()

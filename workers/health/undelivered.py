@@ -11,8 +11,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import case, func, or_, select
 from sqlalchemy.orm import Session
 
-from app.batches import EVENT_TYPES, TERMINAL_BATCH_STATUSES
-from app.models import (
+from domain.batches import EVENT_TYPES, TERMINAL_BATCH_STATUSES
+from domain.models import (
     TERMINAL_STATUSES,
     Batch,
     BatchStatus,

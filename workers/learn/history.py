@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from app.models import EngineStepSample, InferenceRequest, RequestOutcome
+from domain.models import EngineStepSample, InferenceRequest, RequestOutcome
 from workers.predict.features import FEATURE_NAMES, extract
 
 __all__ = ["record_outcome", "length_rows", "step_samples"]

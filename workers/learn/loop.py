@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app import model_registry as registry
-from app.db import Database
+from domain import model_registry as registry
+from domain.db import Database
 from workers.learn import history
 from workers.learn.correction import (
     CorrectionConfig,

@@ -9,9 +9,9 @@ from typing import Any
 from celery import shared_task
 from sqlalchemy import select
 
-from app import dispatch
-from app.models import Instance
-from app.settings import Settings
+from domain import dispatch
+from domain.models import Instance
+from domain.settings import Settings
 from workers import runtime
 from workers.learn.loop import LoopConfig, LoopReport, refit_exec_model, retrain_length_model
 from workers.locks import held

@@ -16,7 +16,7 @@ from typing import Any
 
 from workers.cluster_sim import FleetMember, saturation_rate
 from workers.sim import bundled_model
-from workers.sim.fleet_spec import InstanceSpec
+from workers.sim.fleet_declaration import InstanceSpec
 from workers.sim.hardware import instance_config
 
 from .catalog import Catalog

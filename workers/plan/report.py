@@ -1,5 +1,5 @@
 """A plan as `blockq plan` writes it: the JSON scripts and checks rely on, and the fleet as a
-`BLOCKQ_FLEET` that `blockq serve` runs (`workers.sim.fleet_spec`)."""
+`BLOCKQ_FLEET` that `blockq serve` runs (`workers.sim.fleet_declaration`)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ Every run replays the pool's whole workload at its rate, lengthened by repetitio
 `PlanOptions.min_requests_per_instance` requests an instance (a finite run passes above the
 steady state while its backlog is short: docs/benchmarks_cluster.md). A pool of one kind is
 routed with `PlanOptions.single_policy`, one of unlike kinds with `mixed_policy`: the production
-defaults (`app.settings.Settings.routing_policy_for`), which the caller passes in.
+defaults (`domain.settings.Settings.routing_policy_for`), which the caller passes in.
 
 NOTE: the staircase and the bisections assume a pool that meets its targets still meets them
 with one more instance (monotonicity). Pools of three or more kinds are not searched.

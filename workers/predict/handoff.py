@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from app.models import RequestStatus
+from domain.models import RequestStatus
 from workers import runtime
 from workers.predict import stage
 from workers.predict.stage import LengthAnswer

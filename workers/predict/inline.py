@@ -18,9 +18,9 @@ import logging
 import time
 from typing import Any
 
-from app.dispatch import Message
-from app.models import InferenceRequest, RequestStatus, utcnow
-from app.settings import Settings
+from domain.dispatch import Message
+from domain.models import InferenceRequest, RequestStatus, utcnow
+from domain.settings import Settings
 from workers.predict import handoff, stage
 from workers.runtime import Runtime
 

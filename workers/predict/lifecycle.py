@@ -8,7 +8,7 @@ from typing import Any
 
 from celery.signals import celeryd_after_setup
 
-from app.dispatch import QUEUE_PREDICT, QUEUE_PREDICT_BULK
+from domain.dispatch import QUEUE_PREDICT, QUEUE_PREDICT_BULK
 
 
 @celeryd_after_setup.connect

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from app import model_registry, store
-from app.db import Database
-from app.models import InferenceRequest, Priority, RequestStatus, utcnow
-from app.slo import RequestTargets
+from domain import model_registry, request_store
+from domain.db import Database
+from domain.models import InferenceRequest, Priority, RequestStatus, utcnow
+from domain.slo import RequestTargets
 from workers.active_model import ActiveModel
 from workers.predict.baseline import RunningMeanPredictor
 from workers.predict.batcher import MicroBatcher
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HEAD_ACCURATE", "HEAD_FAST", "LengthQuery", "LengthAnswer", "LENGTH_PREDICTORS",
+__all__ = ["HEAD_ACCURATE", "HEAD_FAST", "LengthQuery", "LengthAnswer", "LENGTH_PREDICTOR_STAGES",
            "head_for", "length_predictor", "learned_lengths", "Started", "start",
            "prediction_columns", "record"]
 
@@ -77,10 +77,10 @@ class LengthPredictorStage(Protocol):
     def predict(self, query: LengthQuery) -> LengthAnswer: ...
 
 
-LENGTH_PREDICTORS: Registry[LengthPredictorStage] = Registry("length predictor")
+LENGTH_PREDICTOR_STAGES: Registry[LengthPredictorStage] = Registry("length predictor")
 
 
-@LENGTH_PREDICTORS.register("baseline")
+@LENGTH_PREDICTOR_STAGES.register("baseline")
 class BaselineLengths:
     """The running mean of the served model's observed lengths (kept in Redis)."""
 
@@ -95,7 +95,7 @@ class BaselineLengths:
         return LengthAnswer(tokens, None, self.model.name)
 
 
-@LENGTH_PREDICTORS.register("table")
+@LENGTH_PREDICTOR_STAGES.register("table")
 class TableLengths:
     """Fixed predictions per prompt from Settings.length_predictions_path (workers/predict/table:
     a benchmark's oracle, mean or noise-model lengths), not scaled by the bias correction."""
@@ -111,7 +111,7 @@ class TableLengths:
         return LengthAnswer(tokens, None, name)
 
 
-@LENGTH_PREDICTORS.register("learned")
+@LENGTH_PREDICTOR_STAGES.register("learned")
 class LearnedLengths:
     """One path's learned head (`head`: `HEAD_FAST` or `HEAD_ACCURATE`).
 
@@ -238,7 +238,7 @@ def _fast_lengths(rt: Runtime) -> LearnedLengths:
 
 
 def _build_length_predictor(rt: Runtime) -> LengthPredictorStage:
-    return LENGTH_PREDICTORS.create(rt.settings.length_predictor, rt)
+    return LENGTH_PREDICTOR_STAGES.create(rt.settings.length_predictor, rt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +253,7 @@ class Started:
     # token ids when the client gave ids.
     prompt: str = ""
     prompt_token_ids: list[int] | None = None
-    session_key: str | None = None  # its session, for session affinity (app/sessions.py)
+    session_key: str | None = None  # its session, for session affinity (domain/sessions.py)
 
 
 def start(db: Database, request_id: str) -> Started | None:
@@ -267,7 +267,7 @@ def start(db: Database, request_id: str) -> Started | None:
         # need not survive a database crash, so its commit does not wait for the WAL flush:
         # lost, the request is queued again, and its predict message, unacknowledged until
         # this task ends, is delivered again.
-        request = store.transition_returning(
+        request = request_store.transition_returning(
             session, request_id, RequestStatus.PREDICTING, allowed_from={RequestStatus.QUEUED},
             returning=_STARTED_COLUMNS, wait_for_wal=False)
         if request is None:

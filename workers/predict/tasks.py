@@ -6,8 +6,8 @@ import time
 
 from celery import shared_task
 
-from app import dispatch
-from app.models import RequestStatus
+from domain import dispatch
+from domain.models import RequestStatus
 from workers import runtime
 from workers.predict import stage
 from workers.predict.handoff import route_predicted

@@ -37,7 +37,7 @@ from workers.route.late_binding import LateBinding
 from workers.route.planner import Candidate, Plan, plan_route
 from workers.route.policies import POLICIES, RequestView, RoutingContext, needs_what_if
 from workers.sim import ExecModel
-from workers.sim.fleet_state import routable
+from workers.sim.instance_status import routable
 
 __all__ = ["FALLBACK_POLICY", "DecisionContext", "FleetRead", "RouteRequest", "Routed",
            "RoutingRules", "Unrouted", "decide_route", "policy_in_force"]

@@ -19,9 +19,9 @@ from typing import Any
 import redis
 from sqlalchemy import update
 
-from app import dispatch, metrics
-from app.models import InferenceRequest, Priority, RequestStatus
-from app.streams import close_stream
+from domain import dispatch, metrics
+from domain.models import InferenceRequest, Priority, RequestStatus
+from domain.streams import close_stream
 from workers import runtime
 from workers.route import pipeline, stage
 from workers.route.late_binding import Held, must_wait

@@ -19,11 +19,11 @@ import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app import model_registry, store
-from app.db import Database
-from app.models import InferenceRequest, Priority, RequestStatus, utcnow
-from app.settings import Settings
-from app.slo import REJECTED_CODE
+from domain import model_registry, request_store
+from domain.db import Database
+from domain.models import InferenceRequest, Priority, RequestStatus, utcnow
+from domain.settings import Settings
+from domain.slo import REJECTED_CODE
 from workers import runtime
 from workers.active_model import ActiveModel
 from workers.route.late_binding import LateBinding
@@ -33,7 +33,7 @@ from workers.route.policies import RequestView
 from workers.route.targets import Miss, RequestTargets
 from workers.runtime import Runtime
 from workers.sim import ExecModel, bundled_model, bundled_model_names
-from workers.sim.fleet_state import InstanceStatus
+from workers.sim.instance_status import InstanceStatus
 
 __all__ = ["DEFAULT_EXEC_MODEL", "ExecModels", "exec_models", "RouteInput", "load",
            "models_by_id", "prompt_token_ids", "routing_rules", "route_request_of",
@@ -109,9 +109,9 @@ class RouteInput:
     status: RequestStatus
     instance_id: str | None  # set when already routed
     attempt: int
-    # Its latency targets and its team's action on a miss (app/slo.py); None without.
+    # Its latency targets and its team's action on a miss (domain/slo.py); None without.
     targets: RequestTargets | None = None
-    # Its session (app/sessions.py): the router prefers the instance of its previous turn.
+    # Its session (domain/sessions.py): the router prefers the instance of its previous turn.
     session_key: str | None = None
     # The served model it asked for: only that model's instances are candidates (None: a
     # request stored before models were recorded, the default model's).
@@ -220,7 +220,7 @@ def record(session: Session, request_id: str, plan: Plan, routing: dict[str, Any
     event's detail."""
     decision = plan.decision
     ttft_s, e2e_s = plan.what_ifs.get(decision.instance_id, (None, None))
-    routed = store.transition_returning(
+    routed = request_store.transition_returning(
         session,
         request_id,
         RequestStatus.ROUTED,
@@ -257,7 +257,7 @@ def reject(session: Session, request_id: str, plan: Plan, routing: dict[str, Any
     message = (f"No instance can meet this request's latency targets now: the closest "
                f"({miss.instance_id}) predicts a first token in {miss.ttft_s * 1000:.0f} ms and "
                f"the end in {miss.e2e_s * 1000:.0f} ms. Retry in {miss.retry_after_s} s.")
-    rejected = store.transition_returning(
+    rejected = request_store.transition_returning(
         session,
         request_id,
         RequestStatus.REJECTED,

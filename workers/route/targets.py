@@ -2,7 +2,7 @@
 team's `slo_miss_action` makes of a decision that meets none of them.
 
 Pure (part of the core): the decision pipeline (`workers.route.pipeline`) budgets the request
-before it plans and asks `on_miss` after; app/slo.py takes the targets from the API.
+before it plans and asks `on_miss` after; domain/slo.py takes the targets from the API.
 """
 
 from __future__ import annotations

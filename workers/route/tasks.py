@@ -7,8 +7,8 @@ import time
 
 from celery import shared_task
 
-from app import dispatch
-from app.models import RequestStatus
+from domain import dispatch
+from domain.models import RequestStatus
 from workers import runtime
 from workers.locks import held as held_lock
 from workers.retries import ON_OUTAGE

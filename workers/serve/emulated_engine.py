@@ -59,9 +59,9 @@ from workers.serve.engine import (
     StepSample,
     TokenLogprob,
 )
+from workers.serve.engine_thread import ThreadedEngine, TrackedRequest
 from workers.serve.output_lengths import OutputLengths, ShareGptLengths
 from workers.serve.prefixes import PrefixMemory
-from workers.serve.threaded import ThreadedEngine, TrackedRequest
 from workers.sim import (
     BatchStats,
     ExecModel,

@@ -62,7 +62,7 @@ class GenerationFailed(Exception):
 
 @dataclass(frozen=True, slots=True)
 class SamplingOptions:
-    """Sampling parameters beyond the common ones (app.sampling), each at its neutral default
+    """Sampling parameters beyond the common ones (domain.sampling), each at its neutral default
     unless the client set it; and what logprobs to return."""
 
     top_k: int = 0  # 0 or -1: no top-k
@@ -93,7 +93,7 @@ class SamplingOptions:
         return self.logprobs if self.echo else None
 
 
-#: One token's logprob as stored and rendered (app.openai_format): {"id", "token", "logprob",
+#: One token's logprob as stored and rendered (domain.openai_format): {"id", "token", "logprob",
 #: "top": [{"id", "token", "logprob", "rank"}, ...]}; the first prompt token's logprob is None.
 TokenLogprob = dict[str, Any]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import zlib
 from typing import Protocol
 
-from app.settings import Settings
+from domain.settings import Settings
 from workers import runtime
 from workers.registry import Registry
 from workers.serve.emulated_engine import EmulatedEngine, EmulatedEngineConfig

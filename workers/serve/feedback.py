@@ -7,8 +7,8 @@ import logging
 
 import redis
 
-from app import dispatch
-from app.bias import BiasWatch
+from domain import dispatch
+from domain.length_bias import BiasWatch
 from workers.predict.history import LengthHistory
 from workers.runtime import current_celery
 

@@ -28,9 +28,9 @@ import redis
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as SqlTimeoutError
 
-from app import dispatch, metrics, served_models
-from app.models import Instance, utcnow
-from app.streams import StreamWriter
+from domain import dispatch, metrics, served_models
+from domain.models import Instance, utcnow
+from domain.streams import StreamWriter
 from workers.runtime import Runtime
 from workers.serve.engine import (
     Engine,

@@ -19,7 +19,7 @@ from celery.signals import (
     worker_shutting_down,
 )
 
-from app.settings import Settings
+from domain.settings import Settings
 
 __all__ = ["current_host", "engine_queue", "NotAnEngineWorker"]
 

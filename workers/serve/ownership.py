@@ -18,8 +18,8 @@ from concurrent.futures import Future
 
 from sqlalchemy import select
 
-from app.db import Database
-from app.models import InferenceRequest, RequestStatus
+from domain.db import Database
+from domain.models import InferenceRequest, RequestStatus
 from workers.serve.engine import Engine, GenerationResult
 from workers.serve.periodic import Periodic
 

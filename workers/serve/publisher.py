@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import redis
 
-from app.fleet import Fleet
+from domain.live_fleet import Fleet
 from workers.serve.engine import Engine
 from workers.serve.periodic import Periodic
 from workers.sim.engine_state import Declared, EngineState

@@ -11,10 +11,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app import dispatch, metrics, slo, store
-from app.models import InferenceRequest, Priority, RequestStatus, utcnow
-from app.outbox import Outbox
-from app.streams import StreamWriter
+from domain import dispatch, metrics, request_store, slo
+from domain.models import InferenceRequest, Priority, RequestStatus, utcnow
+from domain.outbox import Outbox
+from domain.streams import StreamWriter
 from workers.learn import history
 from workers.serve.engine import GenerationRequest, GenerationResult, SamplingOptions
 from workers.serve.feedback import LengthFeedback
@@ -44,7 +44,7 @@ class RequestRecords:
             # NOTE: the columns come back from the UPDATE itself (no second read, no ORM
             # object); only a redelivery, which finds the request already running, reads them.
             # Its commit does not wait for the WAL flush (the NOTE below `complete`).
-            request = store.transition_returning(
+            request = request_store.transition_returning(
                 session,
                 request_id,
                 RequestStatus.RUNNING,
@@ -91,14 +91,14 @@ class RequestRecords:
         """Store the result (SUCCEEDED) unless another attempt or a cancel came first."""
         with self.outbox.transaction() as tx:
             session = tx.session
-            done = store.transition(
+            done = request_store.transition(
                 session,
                 result.request_id,
                 RequestStatus.SUCCEEDED,
-                allowed_from=store.ACTIVE_STATUSES,
+                allowed_from=request_store.ACTIVE_STATUSES,
                 extra_where=self._ours(attempt),
                 detail=f"finished on {self.instance_id}",
-                output_text=result.output_text,  # NUL included (app.models.ExactText)
+                output_text=result.output_text,  # NUL included (domain.models.ExactText)
                 output_tokens=result.num_output_tokens,
                 finish_reason=result.finish_reason,
                 logprobs=result.logprobs,
@@ -135,11 +135,11 @@ class RequestRecords:
         finished, was cancelled or was re-routed meanwhile."""
         logger.exception("generation failed for %s", request_id)
         with self.outbox.transaction() as tx:
-            done = store.transition(
+            done = request_store.transition(
                 tx.session,
                 request_id,
                 RequestStatus.FAILED,
-                allowed_from=store.ACTIVE_STATUSES,
+                allowed_from=request_store.ACTIVE_STATUSES,
                 extra_where=self._ours(attempt),
                 detail=f"engine error on {self.instance_id}",
                 error={"type": "engine_error", "message": f"{type(exc).__name__}: {exc}"},

@@ -10,8 +10,8 @@ from typing import Any
 
 from sqlalchemy import insert
 
-from app.db import Database
-from app.models import EngineStepSample, Instance, utcnow
+from domain.db import Database
+from domain.models import EngineStepSample, Instance, utcnow
 from workers.serve.engine import StepSample
 from workers.serve.periodic import Periodic
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from app import dispatch
+from domain import dispatch
 from workers.retries import ON_OUTAGE
 from workers.serve.lifecycle import current_host
 

@@ -48,8 +48,8 @@ from workers.serve.engine import (
     StepSample,
     TokenLogprob,
 )
+from workers.serve.engine_thread import ThreadedEngine, TrackedRequest
 from workers.serve.prefixes import PrefixMemory
-from workers.serve.threaded import ThreadedEngine, TrackedRequest
 from workers.sim.batch_rules import is_late_batch_prefill
 from workers.sim.engine_state import EngineState, RequestState
 from workers.sim.exec_model import BatchStats

@@ -1,16 +1,32 @@
 """Instance simulator: vLLM scheduling model, execution-time model, what-if predictions (pure)."""
 
 from .block_pool import BlockPool
-from .exec_model import (BatchStats, ExecModel, bundled_model, bundled_model_names,
-                         evaluate_on_step_samples, fit_from_step_samples,
-                         step_sample)
+from .exec_model import (
+                         BatchStats,
+                         ExecModel,
+                         bundled_model,
+                         bundled_model_names,
+                         evaluate_on_step_samples,
+                         fit_from_step_samples,
+                         step_sample,
+)
 from .future_load import FutureLoad, estimate_future_load
 from .profiling import AttentionScale, fit_from_vidur_profile
-from .scheduler import Scheduler, SchedulerOutput, SeqState, SeqStatus, StepResult
-from .snapshot import (InstanceConfig, InstanceSnapshot, OverrunPolicy, PreparedInstance,
-                       SeqSpec, SimRequest, engine_priority, is_batch_priority, prepare,
-                       request_priority, target_output_tokens)
 from .result import WhatIf
+from .scheduler import Scheduler, SchedulerOutput, SeqState, SeqStatus, StepResult
+from .snapshot import (
+                         InstanceConfig,
+                         InstanceSnapshot,
+                         OverrunPolicy,
+                         PreparedInstance,
+                         SeqSpec,
+                         SimRequest,
+                         engine_priority,
+                         is_batch_priority,
+                         prepare,
+                         request_priority,
+                         target_output_tokens,
+)
 from .whatif import predict_what_if, predict_what_if_prepared, predict_what_if_stepwise
 
 __all__ = [

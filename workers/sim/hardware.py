@@ -4,7 +4,7 @@ Each bundled execution-time model (``workers/sim/models/<name>.json``) prices th
 model on one GPU; `DEPLOYMENTS` names, for each, the GPU and the model, and from them the KV
 blocks vLLM would find on that GPU and the batch size the fleet runs it with. `instance_config`
 turns a name into the simulator's `InstanceConfig`, so that a fleet of unlike instances
-(`workers.sim.fleet_spec`) is declared by execution-time model names alone.
+(`workers.sim.fleet_declaration`) is declared by execution-time model names alone.
 
 KV blocks, as vLLM sizes them: ``gpu_memory_utilization`` (0.9) of the GPU's memory, less the
 weights (2 bytes a parameter) and the activations of a profiling step, divided by the bytes of

@@ -10,9 +10,9 @@ from typing import Any
 import httpcore
 from sqlalchemy import case, func, select
 
-from app.db import Database
-from app.models import WebhookDelivery
-from app.settings import Settings
+from domain.db import Database
+from domain.models import WebhookDelivery
+from domain.settings import Settings
 from workers.webhooks.events import load_event
 from workers.webhooks.secret import signing_secrets
 from workers.webhooks.signing import signed_headers

@@ -16,8 +16,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app import store
-from app.models import Batch, InferenceRequest, Team
+from domain import request_store
+from domain.models import Batch, InferenceRequest, Team
 
 __all__ = ["Event", "event_id", "load_event"]
 
@@ -52,7 +52,7 @@ def _request_event(session: Session, request_id: str, event_type: str) -> Event 
         return None
     msg_id = event_id(request_id, event_type)
     payload = {"id": msg_id, "object": "event", "type": event_type,
-               "created_at": int(time.time()), "data": store.request_to_dict(request)}
+               "created_at": int(time.time()), "data": request_store.request_to_dict(request)}
     return Event(msg_id, request.webhook_url, payload, {"request_id": request_id},
                  request.team_id)
 

@@ -1,4 +1,4 @@
-"""Which secrets sign an event: its team's (app/team_secrets.py), or, for a request that has no
+"""Which secrets sign an event: its team's (domain/team_secrets.py), or, for a request that has no
 team (rows from before teams existed), the global one from Settings or a file generated once in
 data_dir."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from app.local_secrets import configured_or_generated
-from app.settings import Settings
-from app.team_secrets import add_secret, secrets_in_force
+from domain.local_secrets import configured_or_generated
+from domain.settings import Settings
+from domain.team_secrets import add_secret, secrets_in_force
 from workers.webhooks.signing import new_secret
 
 __all__ = ["webhook_secret", "signing_secrets"]

@@ -7,8 +7,8 @@ import hashlib
 import hmac
 from collections.abc import Sequence
 
-from app.team_secrets import SECRET_PREFIX as _PREFIX
-from app.team_secrets import new_secret
+from domain.team_secrets import SECRET_PREFIX as _PREFIX
+from domain.team_secrets import new_secret
 
 __all__ = ["new_secret", "sign", "signed_headers", "verify"]
 

@@ -7,7 +7,7 @@ import logging
 
 from celery import Task, shared_task
 
-from app import dispatch
+from domain import dispatch
 from workers import runtime
 from workers.retries import ON_OUTAGE
 from workers.webhooks.delivery import attempt_delivery

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpcore
 
-from app.webhook_targets import IPAddress, IPNetwork, address_refusal, url_problem
+from domain.webhook_targets import IPAddress, IPNetwork, address_refusal, url_problem
 
 __all__ = ["RESPONSE_READ_LIMIT", "DestinationRefused", "DeadlineExceeded", "Response", "post"]
 

@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from app import batches, dispatch
-from app.batches import BATCH_ETA_KEY
-from app.celery_app import create_celery
 from app.cli.client import completion_estimate_line
-from app.files import new_file_id, register_file
-from app.metrics import BatchEtaCollector
-from app.models import Batch, BatchStatus, Team, utcnow
-from app.settings import Settings
-from app.storage import file_store
-from app.teams import create_team
+from domain import batches, dispatch
+from domain.batches import BATCH_ETA_KEY
+from domain.celery_app import create_celery
+from domain.file_bytes import file_store
+from domain.file_records import new_file_id, register_file
+from domain.metrics import BatchEtaCollector
+from domain.models import Batch, BatchStatus, Team, utcnow
+from domain.settings import Settings
+from domain.teams import create_team
 from workers.batch.estimates import estimate_batch, refresh_estimates
 from workers.batch.expand import Expansion, expand
 from workers.predict import stage

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import update
 
-from app.models import BatchLine, BatchStatus, RequestStatus
-from app.settings import Settings
-from app.storage import file_store
+from domain.file_bytes import file_store
+from domain.models import BatchLine, BatchStatus, RequestStatus
+from domain.settings import Settings
 from tests.workers.batch.test_pipeline import (
     CHAT,
     MODEL,
@@ -122,7 +122,7 @@ def test_a_line_the_database_refuses_at_release_fails_alone(
     good = make_batch(rt, [chat_line(f"b{i}") for i in range(3)], team="team-b")
     assert expand(rt, bad) is expand(rt, good) is Expansion.STARTED
     # NOTE: a json column takes both (as escapes); the text column `prompt` takes NUL only
-    # (escaped by app.models.ExactText).
+    # (escaped by domain.models.ExactText).
     poisoned = {2: {"prompt": "Hi\x00there"}, 3: {"prompt": "\ud800"}}
     with rt.db.session() as session:
         for number, change in poisoned.items():

@@ -23,10 +23,10 @@ from openai.types.webhooks import (
 from pydantic import TypeAdapter
 from sqlalchemy import select, update
 
-from app import batches, dispatch, store
-from app.models import Batch, BatchStatus, RequestStatus, StoredFile, Team, utcnow
-from app.services import Services
-from app.settings import Settings
+from domain import batches, dispatch, request_store
+from domain.models import Batch, BatchStatus, RequestStatus, StoredFile, Team, utcnow
+from domain.services import Services
+from domain.settings import Settings
 from tests.app.flask_client import api_client
 from tests.workers.batch.test_pipeline import (
     batch_of,
@@ -77,8 +77,8 @@ def _engine_completes(rt: Runtime, request_id: str) -> bool:
     """What an engine worker's completion does (workers.serve.request_records): the guarded
     transition, which a cancel that came first wins."""
     with rt.db.session() as session:
-        return store.transition(session, request_id, RequestStatus.SUCCEEDED,
-                                allowed_from=store.ACTIVE_STATUSES, output_text="late",
+        return request_store.transition(session, request_id, RequestStatus.SUCCEEDED,
+                                allowed_from=request_store.ACTIVE_STATUSES, output_text="late",
                                 output_tokens=1, finish_reason="stop", finished_at=utcnow())
 
 

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, update
 
-from app import batches
-from app.batches import BATCH_WINDOW_KEY
-from app.files import new_file_id, register_file
-from app.models import (
+from domain import batches
+from domain.batches import BATCH_WINDOW_KEY
+from domain.file_bytes import file_store
+from domain.file_records import new_file_id, register_file
+from domain.models import (
     Batch,
     BatchLine,
     BatchStatus,
@@ -26,10 +27,9 @@ from app.models import (
     Team,
     utcnow,
 )
-from app.services import Services
-from app.settings import Settings
-from app.storage import file_store
-from app.teams import create_team
+from domain.services import Services
+from domain.settings import Settings
+from domain.teams import create_team
 from tests.engine_states import engine_state
 from tests.workers.request_rows import new_request
 from workers.batch.expand import Expansion, expand

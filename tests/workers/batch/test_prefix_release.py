@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import select, update
 
-from app.models import BatchLine
-from app.settings import Settings
+from domain.models import BatchLine
+from domain.settings import Settings
 from tests.workers.batch.test_pipeline import (
     chat_line,
     finish,

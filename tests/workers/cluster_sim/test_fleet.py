@@ -21,7 +21,7 @@ from workers.cluster_sim import (
     with_throughputs,
 )
 from workers.sim import ExecModel, InstanceConfig
-from workers.sim.fleet_spec import parse_fleet
+from workers.sim.fleet_declaration import parse_fleet
 
 FLEET = ('[{"model": "llama-2-7b", "count": 2, "exec_model": "llama-2-7b-a100"},'
          ' {"model": "llama-2-7b-a30", "count": 3}]')

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from workers.cluster_sim import (
-    LENGTH_PREDICTORS,
+    SIMULATED_LENGTH_PREDICTORS,
     LogNormalPredictor,
     MeanPredictor,
     OraclePredictor,
@@ -32,7 +32,7 @@ def test_predictors() -> None:
 
 
 def test_specs_name_a_registered_predictor_and_its_parameters() -> None:
-    assert LENGTH_PREDICTORS.names() == ["learned", "learned-errors", "lognormal", "mean",
+    assert SIMULATED_LENGTH_PREDICTORS.names() == ["learned", "learned-errors", "lognormal", "mean",
                                          "oracle"]
     assert predictor_from_spec("lognormal:0.5") == LogNormalPredictor(0.5)
     assert predictor_from_spec("lognormal:0.5").name == "lognormal:0.5"

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from sqlalchemy import update
 
-from app.models import InferenceRequest, RequestStatus
-from app.queues import request_ids_in_broker
+from domain.models import InferenceRequest, RequestStatus
+from domain.queues import request_ids_in_broker
 from tests.engine_states import engine_state, waiting_request
 from workers.health.rebalance import Rebalance
 from workers.runtime import Runtime

@@ -12,9 +12,9 @@ from unittest.mock import patch
 import pytest
 from sqlalchemy import select, update
 
-from app import dispatch, store
-from app.models import InferenceRequest, RequestStatus, WebhookDelivery
-from app.queues import UNACKED_INDEX_KEY, UNACKED_KEY, request_ids_in_broker
+from domain import dispatch, request_store
+from domain.models import InferenceRequest, RequestStatus, WebhookDelivery
+from domain.queues import UNACKED_INDEX_KEY, UNACKED_KEY, request_ids_in_broker
 from tests.engine_states import engine_state, waiting_request
 from workers.health.sweep import Findings, InFlight, Remedy, Sweep, diagnose
 from workers.health.undelivered import WebhookPolicy
@@ -192,7 +192,7 @@ def skewed(offset_s: float) -> Callable[[], datetime]:
 
 
 @pytest.mark.parametrize("skewed_clock", [
-    "app.store.utcnow",  # the engine host that marked it running runs 30 s behind
+    "domain.request_store.utcnow",  # the engine host that marked it running runs 30 s behind
     "workers.health.sweep.utcnow",  # the sweep's host runs 30 s ahead
 ])
 def test_work_just_started_is_not_taken_for_stranded_when_a_clock_is_30s_off(
@@ -200,10 +200,10 @@ def test_work_just_started_is_not_taken_for_stranded_when_a_clock_is_30s_off(
     skewed_clock: str,
 ) -> None:
     started = routed_request("gpu.0", 1)
-    offset_s = -30.0 if skewed_clock.startswith("app.") else 30.0
+    offset_s = -30.0 if skewed_clock.startswith("domain.") else 30.0
     with patch(skewed_clock, skewed(offset_s)):
         with rt.db.session() as session:
-            assert store.transition(session, started, RUNNING, allowed_from=[ROUTED])
+            assert request_store.transition(session, started, RUNNING, allowed_from=[ROUTED])
         rt.fleet.publish("gpu.0", engine_state())  # its admission not published yet
         sweep = Sweep(rt.outbox, rt.fleet, rt.redis, WEBHOOKS, stranded_after_s=5,
                       unacked_fresh_s=30, memory_s=60)

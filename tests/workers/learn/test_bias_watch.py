@@ -8,7 +8,7 @@ import time
 import pytest
 import redis
 
-from app.bias import BiasRule, BiasWatch, fallback_state
+from domain.length_bias import BiasRule, BiasWatch, fallback_state
 
 pytestmark = pytest.mark.services
 

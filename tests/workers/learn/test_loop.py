@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app import model_registry as registry
-from app.db import Database
-from app.models import EngineStepSample, ModelStatus, RequestOutcome, utcnow
-from app.settings import Settings
+from domain import model_registry as registry
+from domain.db import Database
+from domain.models import EngineStepSample, ModelStatus, RequestOutcome, utcnow
+from domain.settings import Settings
 from tests.workers.synthetic_lengths import synthetic_rows
 from workers.active_model import ActiveModel
 from workers.learn.loop import LoopConfig, refit_exec_model, retrain_length_model

@@ -9,9 +9,9 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from app.db import Database
-from app.models import EngineStepSample, utcnow
-from app.settings import Settings
+from domain.db import Database
+from domain.models import EngineStepSample, utcnow
+from domain.settings import Settings
 from workers.learn import history
 from workers.learn.loop import LoopConfig, refit_exec_model
 from workers.serve.engine import StepSample

@@ -26,7 +26,7 @@ from workers.plan import (
 from workers.plan.baseline import routing_blind_mix
 from workers.plan.replay import less_one_gpu
 from workers.plan.search import PoolJudge, lengthened
-from workers.sim.fleet_spec import parse_fleet
+from workers.sim.fleet_declaration import parse_fleet
 
 #: Quick searches for tests: short runs, few saturated requests.
 FAST = PlanOptions(min_requests_per_instance=20, saturation_requests=100,

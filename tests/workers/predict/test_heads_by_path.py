@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from app.cli.models import models
-from app.models import Priority
-from app.settings import Settings
+from domain.models import Priority
+from domain.settings import Settings
 from workers.predict import length_model
 from workers.predict.encoder import DEFAULT_ENCODER
 from workers.predict.length_model import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import Settings
+from domain.settings import Settings
 from workers.predict.baseline import RunningMeanPredictor
 from workers.predict.stage import (
     HEAD_ACCURATE,

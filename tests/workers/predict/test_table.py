@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.settings import Settings
-from workers.predict.stage import LENGTH_PREDICTORS, LengthQuery, TableLengths
+from domain.settings import Settings
+from workers.predict.stage import LENGTH_PREDICTOR_STAGES, LengthQuery, TableLengths
 from workers.predict.table import MISSING_NAME, TABLE_NAME, PredictionTable, prompt_key
 
 
@@ -66,7 +66,7 @@ def test_an_empty_table_is_refused(tmp_path: Path) -> None:
 def test_the_stage_answers_from_the_configured_table(tmp_path: Path) -> None:
     path = _write(tmp_path / "t.jsonl", [{"prompt": "p", "predicted_tokens": 42}])
     settings = Settings(length_predictor="table", length_predictions_path=path)
-    stage = LENGTH_PREDICTORS.create("table", SimpleNamespace(settings=settings))
+    stage = LENGTH_PREDICTOR_STAGES.create("table", SimpleNamespace(settings=settings))
     answer = stage.predict(LengthQuery("p", max_tokens=100))
     assert (answer.tokens, answer.p90_tokens, answer.predictor) == (42, None, TABLE_NAME)
     assert stage.predict(LengthQuery("q", max_tokens=100)).predictor == MISSING_NAME

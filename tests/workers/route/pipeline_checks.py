@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from app.db import Database
-from app.models import OutboxEntry, RequestEvent
-from app.outbox import Outbox
-from app.queues import request_ids_in_broker
+from domain.db import Database
+from domain.models import OutboxEntry, RequestEvent
+from domain.outbox import Outbox
+from domain.queues import request_ids_in_broker
 from workers.runtime import Runtime
 
 

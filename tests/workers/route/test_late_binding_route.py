@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from app import dispatch, store
-from app.models import InferenceRequest, OutboxEntry, RequestStatus
-from app.queues import request_ids_in_broker
-from app.settings import Settings
+from domain import dispatch, request_store
+from domain.models import InferenceRequest, OutboxEntry, RequestStatus
+from domain.queues import request_ids_in_broker
+from domain.settings import Settings
 from tests.engine_states import engine_state, waiting_request
 from tests.workers.request_rows import new_request, stored_request
 from workers.health.sweep import Sweep
@@ -132,7 +132,7 @@ def test_a_cancelled_held_request_leaves_the_hold_unrouted(
     request_id = _submit(rt)
     predict_tasks.annotate(request_id)
     with rt.db.session() as session:
-        assert store.transition(session, request_id, RequestStatus.CANCELLED,
+        assert request_store.transition(session, request_id, RequestStatus.CANCELLED,
                                 allowed_from={RequestStatus.PREDICTING})
     rt.fleet.publish("gpu.0", engine_state())
 

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from app import dispatch, store
-from app.models import InferenceRequest
-from app.settings import Settings
+from domain import dispatch, request_store
+from domain.models import InferenceRequest
+from domain.settings import Settings
 from tests.engine_states import engine_state, waiting_request
 from tests.workers.request_rows import REQUEST_FIELDS, stored_request
 from workers.cluster_sim.simulation import ClusterSetup, FleetMember, RoutedFleet, RoutedRequest
@@ -126,7 +126,7 @@ def _stored(rt: Runtime, request_id: str, prompt: int, predicted: int,
     """A request stored as the API stores a held completion (its predict message deferred),
     with the recorded prompt length and, already, the recorded prediction."""
     with rt.outbox.transaction() as tx:
-        (request,) = store.create_requests(tx.session, [REQUEST_FIELDS | {
+        (request,) = request_store.create_requests(tx.session, [REQUEST_FIELDS | {
             "prompt": f"request {request_id}", "model": MODEL, "prompt_tokens": prompt,
             "max_tokens": MAX_TOKENS}])
         tx.post(dispatch.predict(request.id, priority=0), defer=True)

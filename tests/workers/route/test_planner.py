@@ -14,7 +14,7 @@ from workers.route.planner import Plan, plan_route
 from workers.route.policies import RequestView, RoutingContext
 from workers.sim import FutureLoad, bundled_model, request_priority
 from workers.sim.engine_state import EngineState
-from workers.sim.fleet_state import Assignment, InstanceStatus
+from workers.sim.instance_status import Assignment, InstanceStatus
 
 MODEL = bundled_model("qwen2-7b-a30")
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.models import InferenceRequest
+from domain.models import InferenceRequest
 from tests.engine_states import engine_state
 from tests.workers.request_rows import new_request
 from workers.predict import tasks as predict_tasks

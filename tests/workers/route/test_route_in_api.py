@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from app import dispatch, store
-from app.dispatch import Message
-from app.models import InferenceRequest, RequestStatus
-from app.queues import request_ids_in_broker
-from app.settings import Settings
+from domain import dispatch, request_store
+from domain.dispatch import Message
+from domain.models import InferenceRequest, RequestStatus
+from domain.queues import request_ids_in_broker
+from domain.settings import Settings
 from tests.app.flask_client import api_client, error_body, services_of
 from tests.engine_states import engine_state
 from tests.workers.request_rows import REQUEST_FIELDS, stored_request
@@ -45,7 +45,7 @@ def _stored(rt: Runtime, prompt: str = "Hello there") -> tuple[InferenceRequest,
     """A request stored as the API stores it under route_in_api: queued, its predict message
     staged and deferred."""
     with rt.outbox.transaction() as tx:
-        (request,) = store.create_requests(tx.session, [REQUEST_FIELDS | {
+        (request,) = request_store.create_requests(tx.session, [REQUEST_FIELDS | {
             "prompt": prompt, "model": rt.settings.model_name}])
         tx.post(dispatch.predict(request.id, priority=0), defer=True)
     (entry,) = tx.deferred

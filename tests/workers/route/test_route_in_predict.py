@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from app import store
-from app.models import InferenceRequest, RequestStatus
-from app.settings import Settings
+from domain import request_store
+from domain.models import InferenceRequest, RequestStatus
+from domain.settings import Settings
 from tests.engine_states import engine_state
 from tests.workers.request_rows import new_request, stored_request
 from tests.workers.route.pipeline_checks import events, in_queue, outbox_tasks
@@ -100,7 +100,7 @@ def test_a_request_cancelled_while_predicting_is_not_routed(
 
     def cancelled_meanwhile(query: predict_stage.LengthQuery) -> predict_stage.LengthAnswer:
         with rt.db.session() as session:
-            assert store.transition(session, request_id, RequestStatus.CANCELLED,
+            assert request_store.transition(session, request_id, RequestStatus.CANCELLED,
                                     allowed_from={RequestStatus.PREDICTING})
         return predict(query)
 
@@ -120,7 +120,7 @@ def _generate_attempts(rt: Runtime, queue: str) -> list[int]:
     import base64
     import json
 
-    from app.queues import queue_keys
+    from domain.queues import queue_keys
 
     attempts = []
     for key in queue_keys(queue):
@@ -139,7 +139,7 @@ def test_a_redelivered_predict_of_a_request_already_predicting_predicts_and_rout
     rt.fleet.publish("gpu.0", engine_state())
     request_id = queued(rt)
     with rt.db.session() as session:
-        assert store.transition(session, request_id, RequestStatus.PREDICTING,
+        assert request_store.transition(session, request_id, RequestStatus.PREDICTING,
                                 allowed_from={RequestStatus.QUEUED})
 
     predict_tasks.annotate(request_id)
@@ -174,7 +174,7 @@ def test_a_request_past_predicting_is_left_alone(
     rt.fleet.publish("gpu.0", engine_state())
     request_id = queued(rt)
     with rt.db.session() as session:
-        assert store.transition(session, request_id, RequestStatus.CANCELLED,
+        assert request_store.transition(session, request_id, RequestStatus.CANCELLED,
                                 allowed_from={RequestStatus.QUEUED})
 
     assert predict_stage.start(rt.db, request_id) is None

@@ -13,8 +13,8 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import update
 
-from app.models import InferenceRequest
-from app.sessions import session_key
+from domain.models import InferenceRequest
+from domain.sessions import session_key
 from tests.engine_states import engine_state, waiting_request
 from tests.workers.request_rows import new_request
 from workers.predict import tasks as predict_tasks

@@ -15,9 +15,9 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import select, update
 
-from app.models import InferenceRequest, OutboxEntry, RequestEvent, RequestStatus
-from app.queues import queue_keys, request_ids_in_broker
-from app.streams import read_stream
+from domain.models import InferenceRequest, OutboxEntry, RequestEvent, RequestStatus
+from domain.queues import queue_keys, request_ids_in_broker
+from domain.streams import read_stream
 from tests.engine_states import engine_state, waiting_request
 from tests.workers.request_rows import new_request, stored_request
 from workers.predict import tasks as predict_tasks

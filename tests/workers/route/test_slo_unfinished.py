@@ -12,8 +12,8 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import update
 
-from app import commands, store
-from app.models import InferenceRequest, RequestStatus
+from domain import commands, request_store
+from domain.models import InferenceRequest, RequestStatus
 from tests.workers.serve.test_request_records import records_of, result_of
 from workers.runtime import Runtime
 
@@ -42,9 +42,9 @@ def _with_targets(rt: Runtime, request_id: str, **targets: float | None) -> str:
 
 def _outcome(rt: Runtime, request_id: str) -> tuple[str, bool | None, bool | None, object]:
     with rt.db.session() as session:
-        row = store.get_request(session, request_id)
+        row = request_store.get_request(session, request_id)
         return (row.status, row.slo_ttft_met, row.slo_e2e_met,
-                store.request_to_dict(row)["slo"]["met"])
+                request_store.request_to_dict(row)["slo"]["met"])
 
 
 def test_a_failed_request_missed_its_targets_once(
@@ -95,12 +95,12 @@ def test_a_rolled_back_ending_counts_nothing(
     request_id = _with_targets(rt, routed_request("gpu.0", 1), slo_ttft_ms=500.0)
     before = _counts()
     with pytest.raises(RuntimeError), rt.db.session() as session:
-        assert store.transition(session, request_id, RequestStatus.FAILED,
-                                allowed_from=store.ACTIVE_STATUSES)
+        assert request_store.transition(session, request_id, RequestStatus.FAILED,
+                                allowed_from=request_store.ACTIVE_STATUSES)
         raise RuntimeError("the transaction fails after the transition")
     # The next transaction on a session of the same pool starts with nothing to count.
     with rt.db.session() as session:
-        assert store.get_request(session, request_id).status == RequestStatus.ROUTED
+        assert request_store.get_request(session, request_id).status == RequestStatus.ROUTED
 
     assert _outcome(rt, request_id) == (RequestStatus.ROUTED, None, None, None)
     assert _counted_since(before) == {}
@@ -114,7 +114,7 @@ def test_a_request_without_targets_counts_nothing_when_it_fails(
     records_of(rt, "gpu.0").fail(request_id, 1, RuntimeError("engine died"))
 
     with rt.db.session() as session:
-        row = store.get_request(session, request_id)
+        row = request_store.get_request(session, request_id)
         assert (row.status, row.slo_ttft_met, row.slo_e2e_met) == (RequestStatus.FAILED,
                                                                    None, None)
     assert _counted_since(before) == {}

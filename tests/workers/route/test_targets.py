@@ -1,4 +1,4 @@
-"""Latency targets at routing (workers/route/targets.py, app/slo.py): budgets left at the
+"""Latency targets at routing (workers/route/targets.py, domain/slo.py): budgets left at the
 decision, what a team's action makes of a decision that meets no target, whether a finished
 request met its targets. No services."""
 
@@ -10,14 +10,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.slo import RequestTargets, SloMissAction, outcome
+from domain.slo import RequestTargets, SloMissAction, outcome
 from tests.engine_states import engine_state, waiting_request
 from workers.route.planner import Plan, plan_route
 from workers.route.policies import Decision, FleetLedger, RequestView, RoutingContext, decide
 from workers.route.targets import MAX_RETRY_AFTER_S, budgeted, on_miss
 from workers.sim import SimRequest, bundled_model
 from workers.sim.engine_state import RequestState
-from workers.sim.fleet_state import InstanceStatus
+from workers.sim.instance_status import InstanceStatus
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 VIEW = RequestView("req_1", num_prompt_tokens=100, predicted_output_tokens=50, max_tokens=256)

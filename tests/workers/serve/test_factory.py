@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.settings import Settings
+from domain.settings import Settings
 from workers.serve.engine import EngineListener
 from workers.serve.factory import ENGINE_KINDS, VllmEngineBuilder, build_engine_host
 from workers.serve.vllm_engine import VllmEngine

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.models import RequestStatus
+from domain.models import RequestStatus
 from workers.health.sweep import Sweep
 from workers.health.undelivered import WebhookPolicy
 from workers.runtime import Runtime

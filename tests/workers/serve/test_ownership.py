@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from sqlalchemy import select, update
 
-from app.models import InferenceRequest, RequestStatus
+from domain.models import InferenceRequest, RequestStatus
 from workers.runtime import Runtime
 from workers.serve.emulated_engine import EmulatedEngine, EmulatedEngineConfig
 from workers.serve.engine import EngineListener

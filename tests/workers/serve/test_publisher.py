@@ -12,8 +12,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from app.fleet import Fleet
-from app.settings import Settings
+from domain.live_fleet import Fleet
+from domain.settings import Settings
 from tests.environment import free_port
 from tests.redis_server import RedisServer, eventually
 from workers.serve.emulated_engine import EmulatedEngine

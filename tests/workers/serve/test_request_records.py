@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from sqlalchemy import update
 
-from app.models import InferenceRequest, RequestStatus
-from app.streams import StreamWriter
+from domain.models import InferenceRequest, RequestStatus
+from domain.streams import StreamWriter
 from workers.predict.history import LengthHistory
 from workers.runtime import Runtime
 from workers.serve.engine import GenerationResult

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from prometheus_client import REGISTRY
 from sqlalchemy import update
 
-from app import store
-from app.models import InferenceRequest, RequestStatus
+from domain import request_store
+from domain.models import InferenceRequest, RequestStatus
 from tests.workers.serve.test_request_records import records_of
 from workers.runtime import Runtime
 from workers.serve.engine import GenerationResult
@@ -43,7 +43,7 @@ def _finish(rt: Runtime, request_id: str, *, first_token_after_s: float,
                               finished_at=created + finished_after_s)
     records_of(rt, "gpu.0").complete(result, 1)
     with rt.db.session() as session:
-        return store.request_to_dict(store.get_request(session, request_id))
+        return request_store.request_to_dict(request_store.get_request(session, request_id))
 
 
 def test_met_and_missed_targets_are_recorded_and_counted(
@@ -84,8 +84,8 @@ def test_a_request_without_targets_has_no_outcome(
         request_id, "text", num_prompt_tokens=3, num_output_tokens=1, finish_reason="stop",
         admitted_at=now, first_token_at=now, finished_at=now), 1)
     with rt.db.session() as session:
-        row = store.get_request(session, request_id)
+        row = request_store.get_request(session, request_id)
         assert row.status == RequestStatus.SUCCEEDED
-        assert store.request_to_dict(row)["slo"] is None
+        assert request_store.request_to_dict(row)["slo"] is None
         assert (row.slo_ttft_met, row.slo_e2e_met) == (None, None)
     assert _count("all", "met") + _count("all", "missed") == before

@@ -7,8 +7,14 @@ import random
 import numpy as np
 import pytest
 
-from workers.sim import (BatchStats, ExecModel, bundled_model, bundled_model_names,
-                         fit_from_step_samples, step_sample)
+from workers.sim import (
+    BatchStats,
+    ExecModel,
+    bundled_model,
+    bundled_model_names,
+    fit_from_step_samples,
+    step_sample,
+)
 
 from .cases import TOY_COEFFICIENTS
 

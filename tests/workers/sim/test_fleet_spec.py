@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.sim.fleet_spec import (
+from workers.sim.fleet_declaration import (
     FleetError,
     InstanceSpec,
     fleet_slots,

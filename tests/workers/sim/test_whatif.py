@@ -7,10 +7,23 @@ import random
 
 import pytest
 
-from workers.sim import (BatchStats, ExecModel, FutureLoad, InstanceConfig, InstanceSnapshot,
-                         OverrunPolicy, SimRequest, WhatIf, bundled_model, estimate_future_load,
-                         predict_what_if, predict_what_if_prepared, predict_what_if_stepwise,
-                         prepare, target_output_tokens)
+from workers.sim import (
+    BatchStats,
+    ExecModel,
+    FutureLoad,
+    InstanceConfig,
+    InstanceSnapshot,
+    OverrunPolicy,
+    SimRequest,
+    WhatIf,
+    bundled_model,
+    estimate_future_load,
+    predict_what_if,
+    predict_what_if_prepared,
+    predict_what_if_stepwise,
+    prepare,
+    target_output_tokens,
+)
 
 from .cases import random_case
 
