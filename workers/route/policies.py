@@ -585,20 +585,21 @@ class FleetLedger:
         moment (the engine had it then: it may already have finished).
         """
         old = self._instances.get(instance_id)
+        shown = frozenset(r.request_id for r in snapshot.requests)
         assigned: list[tuple[SimRequest, float]] = []
         if old is not None:
-            ids = {r.request_id for r in snapshot.requests}
             assigned = [(r, at) for r, at in old.assigned
-                        if at > published_at_s and r.request_id not in ids]
+                        if at > published_at_s and r.request_id not in shown]
         self._instances[instance_id] = _Entry(self, instance_id, snapshot, published_at_s,
-                                              assigned)
+                                              shown, assigned)
 
     def assign(self, instance_id: str, request: SimRequest, assigned_at_s: float) -> None:
         """Record that `request` (waiting, with the length planned with) was routed here at
-        `assigned_at_s`; a note older than the instance's snapshot is dropped (the snapshot
-        shows the request, as `publish` judges)."""
+        `assigned_at_s`; a note the instance's snapshot already covers is dropped, as `publish`
+        judges: one older than the snapshot, or of a request the snapshot shows (a note written
+        late, after a publication that saw the request: several routers, `decision_s`)."""
         entry = self._entry(instance_id)
-        if assigned_at_s < entry.published_at_s:
+        if assigned_at_s < entry.published_at_s or request.request_id in entry.shown:
             return
         entry.assigned.append((request, assigned_at_s))
         entry.changed()
@@ -648,6 +649,8 @@ class _Entry:
     instance_id: str
     snapshot: InstanceSnapshot
     published_at_s: float
+    # The requests the snapshot shows.
+    shown: frozenset[str]
     # Routed here since the snapshot, in routing order, with their routing times.
     assigned: list[tuple[SimRequest, float]]
     _published: Published | None = None

@@ -59,3 +59,21 @@ def test_one_router_queues_the_burst_behind_its_decisions() -> None:
     fleet = _fleet(num_routers=1, decision_s=0.005)
     starts = [fleet.decision_start(index, index * 1e-6) for index in range(3)]
     assert starts == pytest.approx([0.0, 0.005, 0.010])
+
+
+def test_a_late_note_of_a_request_the_instance_already_shows_is_dropped() -> None:
+    """Many routers on a busy fleet: notes written after a publication that saw their request
+    are not counted twice (a snapshot with the request twice is refused by the what-if)."""
+    fleet = _fleet(num_routers=BURST, decision_s=0.05)
+    placed = []
+    for index in range(4 * BURST):
+        arrival_s = index * 0.01
+        request = SimulatedRequest(f"r{index}", arrival_s, PROMPT, OUTPUT, OUTPUT)
+        start = fleet.decision_start(index, arrival_s)
+        fleet.advance_to(start)
+        fleet.route(RoutedRequest(request, SimRequest(request.request_id, PROMPT,
+                                                      predicted_output_tokens=OUTPUT),
+                                  RequestView(request.request_id, PROMPT, OUTPUT,
+                                              max_tokens=OUTPUT)), start)
+        placed.append(request.instance_id)
+    assert None not in placed
