@@ -4,6 +4,7 @@ clients' records and Redis: one Finding per invariant."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,8 @@ class Checker:
         self.receiver, self.outcomes = receiver, outcomes
         self.team_keys, self.api_url = team_keys, api_url
         self.findings: dict[str, Finding] = {}
+        #: Queued generate messages of an earlier attempt of a finished request (fenced).
+        self.stale_messages: list[str] = []
 
     def finding(self, name: str) -> Finding:
         return self.findings.setdefault(name, Finding(name))
@@ -79,7 +82,7 @@ class Checker:
             self._answers(rows, events)
             self._joined(rows)
             self._batches(session, rows)
-        self._leftovers()
+        self._leftovers(rows)
         return self.findings
 
     def _requests(self, rows: dict[str, Any], events: dict[str, list[Any]]) -> None:
@@ -210,11 +213,33 @@ class Checker:
             errors = _file_lines(client, batch.error_file_id)
         return counts, output, errors
 
-    def _leftovers(self) -> None:
+    def _leftovers(self, rows: dict[str, Any]) -> None:
         for entry in lasting_entries(self.services.redis_url, self.settings.instance_ids):
             kind, _, what = entry.partition(" ")
+            if kind == "queued" and _only_a_fenced_generate(what, rows):
+                # NOTE: a scaled-down instance's queue may keep the message of a request its
+                # drain sent back to routing: that request ran elsewhere under a later attempt,
+                # and an engine that ever consumes the message discards it (attempt fencing).
+                # Nothing is lost or done twice; docs/chaos.md counts these apart.
+                self.stale_messages.append(what)
+                continue
             name = "leftover assignments" if kind == "assigned" else "leftover queue messages"
             self.finding(name).add(what)
+
+
+_GENERATE = re.compile(
+    r": 1 waiting, oldest serve\.generate\[[^\]]*\] argsrepr=\['(req_\w+)', (\d+)\]$")
+
+
+def _only_a_fenced_generate(what: str, rows: dict[str, Any]) -> bool:
+    """Whether a queue's leftover is one generate message of an attempt its request has since
+    passed, the request finished (what an engine consuming it would discard)."""
+    match = _GENERATE.search(what)
+    if match is None:
+        return False
+    row = rows.get(match.group(1))
+    return (row is not None and int(match.group(2)) < row.attempt
+            and row.status in TERMINAL)
 
 
 def _file_lines(client: httpx.Client, file_id: str | None) -> list[dict[str, Any]]:

@@ -194,8 +194,9 @@ def _checked_result(parts: _Parts, watch: ProcessWatch, workload: Workload, inje
     faults = injector.faults + crash_faults(parts.stack.log_dir)
     faults.sort(key=lambda f: f.start)
     recovery = stranded_recovery(parts.db, faults)
-    findings = Checker(parts.db, parts.services, parts.settings, parts.receiver,
-                       workload.outcomes, dict(teams.values()), parts.stack.api_url).run()
+    checker = Checker(parts.db, parts.services, parts.settings, parts.receiver,
+                      workload.outcomes, dict(teams.values()), parts.stack.api_url)
+    findings = checker.run()
     workload.close()
     injector.close()
     parts.timings["total_s"] = time.monotonic() - parts.began
@@ -207,7 +208,10 @@ def _checked_result(parts: _Parts, watch: ProcessWatch, workload: Workload, inje
                                      Finding("autoscaler round errors"))
         for error in parts.driver.errors:
             errors.add(error)
-        scale_events = {**parts.driver.events, "stack restarts": parts.driver.restarts}
+        scale_events = {**parts.driver.events, "stack restarts": parts.driver.restarts,
+                        # queued messages of an earlier attempt, fenced (not a violation)
+                        "stale messages left in a stopped instance's queue":
+                            len(checker.stale_messages)}
     return RunResult(
         config={k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
         faults=_fault_rows(faults, recovery),

@@ -117,3 +117,22 @@ def test_an_engine_the_autoscaler_let_go_exits_as_drained_unless_it_crashed() ->
             process.wait()
     causes = {e.name: e.cause for e in watch.exits}
     assert causes == {"gpu.0": DRAINED, "gpu.1": None, "gpu.2": "scale:engine-killed-draining"}
+
+
+def test_a_fenced_generate_left_in_a_stopped_queue_is_told_apart_from_a_lost_one() -> None:
+    """A scaled-down instance's queue keeping one generate message of an attempt its request has
+    since passed (it finished elsewhere) is not a leftover; any other message is."""
+    from types import SimpleNamespace
+
+    from benchmarks.chaos.checks import _only_a_fenced_generate
+
+    entry = ("gpu.0[0]: 1 waiting, oldest serve.generate[27bd0cb5] "
+             "argsrepr=['req_abc', 1]")
+    finished = {"req_abc": SimpleNamespace(attempt=2, status="succeeded")}
+    assert _only_a_fenced_generate(entry, finished)
+    assert not _only_a_fenced_generate(entry, {"req_abc": SimpleNamespace(attempt=1,
+                                                                          status="succeeded")})
+    assert not _only_a_fenced_generate(entry, {"req_abc": SimpleNamespace(attempt=2,
+                                                                          status="running")})
+    assert not _only_a_fenced_generate(entry.replace("1 waiting", "2 waiting"), finished)
+    assert not _only_a_fenced_generate(entry, {})
