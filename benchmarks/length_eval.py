@@ -36,7 +36,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -270,6 +269,8 @@ def _peak_rss_mib() -> float:
 
 
 def cost(args: argparse.Namespace, console: Console) -> None:
+    import torch  # here, not at the top: test collection imports this module
+
     rss_start = _peak_rss_mib()
     started = time.perf_counter()
     predictor = LengthPredictor.load(args.artifact, num_threads=1)

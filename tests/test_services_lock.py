@@ -74,6 +74,7 @@ def test_each_xdist_worker_gets_its_own_database_and_redis_db() -> None:
         worker_services(14, database, redis_url)
 
 
+@pytest.mark.slow  # a second pytest run with its plugins: about 11 s
 def test_a_parallel_run_on_services_another_run_holds_stops_before_its_workers_start() -> None:
     """pytest-xdist's controller holds the run's services from its start: a second run on
     them stops at once, naming them, as a serial run does."""

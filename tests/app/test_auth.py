@@ -166,6 +166,13 @@ def test_admin_commands_create_teams_issue_and_revoke_keys(
         team = session.scalars(select(Team).where(Team.name == "research")).one()
         assert (team.share, team.rate_limit_rpm) == (3, 100)
         key_id = session.scalars(select(ApiKey.id).where(ApiKey.team_id == team.id)).one()
+    principals = services_of(anonymous).principals
+    before = principals.generation
     revoked = runner.invoke(cli, ["keys", "revoke", key_id])
     assert revoked.exit_code == 0, revoked.output
+    # The API's key cache is emptied when PostgreSQL's notification of the change arrives.
+    deadline = time.monotonic() + 10
+    while principals.listening and principals.generation == before:
+        assert time.monotonic() < deadline, "the revocation's notification never arrived"
+        time.sleep(0.01)
     assert anonymous.get("/v1/instances", headers=_as(key)).status_code == 401

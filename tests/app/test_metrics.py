@@ -11,6 +11,8 @@ import redis
 from flask import Flask
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from app import create_app
 from domain.batches import BATCH_WINDOW_KEY
@@ -137,7 +139,9 @@ def test_fallback_collector_follows_the_bias_watch(client: redis.Redis) -> None:
 
 
 def test_a_failing_source_leaves_the_rest_of_the_scrape() -> None:
-    unreachable = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    # No retries: redis-py retries a refused connection with backoff (about 5 s a call).
+    unreachable = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2,
+                              retry=Retry(NoBackoff(), 0))
     working = redis.Redis.from_url(TEST_REDIS_URL)
     got = samples(GuardedCollectors({"fallback": FallbackCollector(unreachable),
                             "queues": QueueDepthCollector(working, lambda: ["predict"],

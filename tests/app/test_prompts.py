@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.environment import ROOT
 
 #: A fresh process (transformers not imported yet) whose first 8 callers arrive at once.
@@ -32,6 +34,7 @@ print(errors or "ok")
 """
 
 
+@pytest.mark.slow  # three fresh processes import transformers: about 18 CPU-seconds
 def test_concurrent_first_callers_all_get_the_tokenizer(model_path: Path) -> None:
     # NOTE: without the load lock, about every second process failed here (transformers'
     # lazy import is not thread-safe); three processes make a regression very likely to show.

@@ -3,6 +3,7 @@ within each entry's bounds, to zero and back."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -133,9 +134,11 @@ def test_desired_stays_within_bounds_and_covers_demand_where_it_can(
 
 @given(rate=st.floats(0.1, 50))
 def test_the_forecast_of_a_steady_rate_is_that_rate(rate: float) -> None:
-    times = [i / rate for i in range(int(300 * rate))]
+    times = [i / rate for i in range(math.ceil(300 * rate))]  # every arrival before now
+    # A 10 s bucket counts whole arrivals: at low rates one more or less is 0.1 req/s, which
+    # the trend projects 6 buckets ahead (the worst on a fine grid of rates: 0.12 req/s).
     assert abs(forecast_rate(times, 300, window_s=300, bucket_s=10, horizon_s=60) - rate) \
-        <= 0.15 * rate + 0.11
+        <= 0.15 * rate + 1.5 / 10
 
 
 def test_the_forecast_sees_a_ramp_coming() -> None:

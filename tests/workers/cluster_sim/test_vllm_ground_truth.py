@@ -19,6 +19,9 @@ from workers.sim import BatchStats, ExecModel, InstanceConfig, bundled_model
 if TYPE_CHECKING:
     from workers.cluster_sim.vllm_ground_truth import VllmGroundTruthInstance
 
+#: vLLM's own scheduler (and its seconds of imports): in the full suite, not in `make test-fast`.
+pytestmark = pytest.mark.vllm
+
 
 @pytest.fixture(scope="module")
 def vg() -> ModuleType:
