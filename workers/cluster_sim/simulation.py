@@ -101,9 +101,11 @@ class ClusterSetup:
     publish_interval_s: float = 0.1
     #: Sigma of the lognormal factor (mean 1) multiplying every ground-truth step time.
     exec_noise_sigma: float = 0.1
-    #: Give up a run once more than 1 % of its requests wait longer than this for a first
-    #: token (TTFT p99 is then known to exceed it); None: never.
+    #: Give up a run once so many of its requests waited longer than this for a first token
+    #: that its TTFT p99 is known to exceed it (`p99_certainly_over`); None: never.
     abort_ttft_s: float | None = 20.0
+    #: The same for end-to-end latency (unfinished requests older than this count); None: never.
+    abort_e2e_s: float | None = None
     #: Whose scheduler drives the instances: "ours" (`workers.sim.Scheduler`), "vllm" (the
     #: installed vLLM's own scheduler class; see `vllm_ground_truth`, far slower) or
     #: "vllm-async" (the same with vLLM's async scheduling, its default on one GPU).
@@ -176,7 +178,8 @@ class RunResult:
     predictor: str
     rate: float
     num_requests: int
-    #: Given up: more than 1 % of requests waited longer than ``abort_ttft_s``.
+    #: Given up: its TTFT p99 was known to exceed ``abort_ttft_s``, or its e2e p99
+    #: ``abort_e2e_s``.
     aborted: bool
     ttft_p50_s: float
     ttft_p99_s: float
@@ -269,8 +272,7 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
                 None if target.ttft_s is None else target.ttft_s * 1000,
                 None if target.e2e_s is None else target.e2e_s * 1000,
                 miss_action, _moment(arrival_s))), decided_at)
-        if setup.abort_ttft_s is not None and index % 100 == 99 and _too_late(
-                requests, arrival_s, setup.abort_ttft_s, len(workload)):
+        if index % 100 == 99 and _too_late(requests, arrival_s, setup, len(workload)):
             aborted = True
             break
     if not aborted:
@@ -514,16 +516,29 @@ def _last_publication(now_s: float, phase_s: float, interval_s: float) -> float:
     return phase_s + math.floor((now_s - phase_s) / interval_s) * interval_s
 
 
-def _too_late(requests: Sequence[SimulatedRequest], now_s: float, limit_s: float,
+def p99_certainly_over(num_late: int, num_total: int) -> bool:
+    """Whether `num_late` of `num_total` values above a limit put their 99th percentile (NumPy's
+    linear interpolation) above it, whatever the other values: both values it interpolates
+    between, at ranks floor and ceil of 0.99 (n - 1), are then among the late ones."""
+    return num_late >= 1 + math.ceil(0.01 * (num_total - 1))
+
+
+def _too_late(requests: Sequence[SimulatedRequest], now_s: float, setup: ClusterSetup,
               num_total: int) -> bool:
-    """Whether more than 1 % of all requests already waited over `limit_s` for a first token."""
-    late = 0
+    """Whether the run's TTFT or e2e p99 is already known to exceed the setup's abort limit:
+    requests still waiting count as late once their wait alone is over it."""
+    ttft_limit, e2e_limit = setup.abort_ttft_s, setup.abort_e2e_s
+    if ttft_limit is None and e2e_limit is None:
+        return False
+    late_ttft = late_e2e = 0
     for r in requests:
-        if r.first_token_s is None:
-            late += now_s - r.arrival_s > limit_s
-        else:
-            late += r.first_token_s - r.arrival_s > limit_s
-    return late > 0.01 * num_total
+        if ttft_limit is not None:
+            late_ttft += (now_s if r.first_token_s is None else r.first_token_s) \
+                - r.arrival_s > ttft_limit
+        if e2e_limit is not None:
+            late_e2e += (now_s if r.finish_s is None else r.finish_s) - r.arrival_s > e2e_limit
+    return (p99_certainly_over(late_ttft, num_total)
+            or p99_certainly_over(late_e2e, num_total))
 
 
 def _result(policy: str, predictor: str, rate: float, workload: Workload,

@@ -17,6 +17,11 @@ is planned on its own requests and the fleet's cost is the pools' sum. For one p
    frontier.
 4. **Headroom.** The rate scale at which the chosen pool first misses a target, bisected.
 
+A run stops as soon as a target is certain to be missed (enough requests already waited past
+it that the p99 must exceed it): most of the search's runs fail, and finishing them took most
+of its time. Figures that are reported (the routing-blind plan, the closest miss when no pool
+meets the targets) come from runs to the end.
+
 Every run replays the pool's whole workload at its rate, lengthened by repetition to at least
 `PlanOptions.min_requests_per_instance` requests an instance (a finite run passes above the
 steady state while its backlog is short: docs/benchmarks_cluster.md). A pool of one kind is
@@ -210,7 +215,6 @@ class PoolJudge:
         self.lone_ok = {k: self._lone_ok(m) for k, m in self.kinds.items()}
         self._verdicts: dict[tuple[Mix, float], PoolResult] = {}
         self.num_simulations = 0
-        self.best_miss: PoolResult | None = None
 
     # -- judging -------------------------------------------------------------------------
     def _lone_ok(self, model: KindModel) -> list[bool]:
@@ -234,7 +238,8 @@ class PoolJudge:
     def judge(self, mix: Mix, scale: float = 1.0) -> PoolResult:
         """The mix at `scale` x the pool's rate, simulated (or a failing verdict without a run
         when below the throughput bound)."""
-        mix = tuple((k, n) for k, n in mix if n > 0)
+        counts = dict(mix)  # in the catalog's order: the same pool is the same run
+        mix = tuple((k, counts[k]) for k in self.kinds if counts.get(k, 0) > 0)
         key = (mix, round(scale, 6))
         if key in self._verdicts:
             return self._verdicts[key]
@@ -244,13 +249,29 @@ class PoolJudge:
         else:
             result = self._simulate(mix, scale, policy)
         self._verdicts[key] = result
-        if not result.meets and math.isfinite(result.ttft_p99_s) and (
-                self.best_miss is None or self._miss(result) < self._miss(self.best_miss)):
-            self.best_miss = result
         return result
 
-    def _miss(self, result: PoolResult) -> float:
-        return self.targets.shortfall(result.ttft_p99_s, result.e2e_p99_s)
+    def to_the_end(self, mix: Mix) -> PoolResult:
+        """The mix's verdict with its figures: a run the search gave up is run to its end."""
+        result = self.judge(mix)
+        if result.meets or math.isfinite(result.ttft_p99_s) or result.num_requests == 0:
+            return result
+        result = self._simulate(result.mix, 1.0, result.policy, give_up=False)
+        self._verdicts[(result.mix, 1.0)] = result
+        return result
+
+    def closest_miss(self) -> PoolResult | None:
+        """Where no pool meets the targets: the largest pool of each kind the search tried,
+        simulated to its end (the search gives a run up as soon as it must fail), the one
+        closest to the targets (None: no kind could be tried)."""
+        largest: dict[str, int] = {}
+        for mix, scale in self._verdicts:
+            if scale == 1.0 and len(mix) == 1:
+                kind, count = mix[0]
+                largest[kind] = max(largest.get(kind, 0), count)
+        runs = [self.to_the_end(((kind, count),)) for kind, count in largest.items()]
+        return min((r for r in runs if math.isfinite(r.ttft_p99_s)), default=None,
+                   key=lambda r: self.targets.shortfall(r.ttft_p99_s, r.e2e_p99_s))
 
     def policy_of(self, mix: Mix) -> str:
         return self.options.mixed_policy if len(mix) > 1 else self.options.single_policy
@@ -260,10 +281,14 @@ class PoolJudge:
                             throughput_rps=self.saturated[k])
                 for k, n in mix for _ in range(n)]
 
-    def _simulate(self, mix: Mix, scale: float, policy: str) -> PoolResult:
-        limits = [t for t in (self.targets.ttft_p99_s, self.targets.e2e_p99_s) if t is not None]
-        run, num_requests = run_pool(self.workload, self.rate * scale, self.members(mix),
-                                     policy, self.options, abort_ttft_s=2 * max(limits))
+    def _simulate(self, mix: Mix, scale: float, policy: str, *, give_up: bool = True
+                  ) -> PoolResult:
+        """With `give_up`, the run stops as soon as a target is certain to be missed (most of
+        the search's runs fail, and most of its time went to finishing them)."""
+        run, num_requests = run_pool(
+            self.workload, self.rate * scale, self.members(mix), policy, self.options,
+            abort_ttft_s=self.targets.ttft_p99_s if give_up else None,
+            abort_e2e_s=self.targets.e2e_p99_s if give_up else None)
         self.num_simulations += 1
         meets = not run.aborted and self.targets.met_by(run.ttft_p99_s, run.e2e_p99_s)
         return PoolResult(self.model, mix, scale, run.ttft_p99_s, run.e2e_p99_s, meets,
@@ -373,7 +398,8 @@ class PoolJudge:
 
 
 def run_pool(workload: Workload, rate: float, members: Sequence[FleetMember], policy: str,
-             options: PlanOptions, abort_ttft_s: float | None = None) -> tuple[RunResult, int]:
+             options: PlanOptions, abort_ttft_s: float | None = None,
+             abort_e2e_s: float | None = None) -> tuple[RunResult, int]:
     """One model's pool replaying `workload` at `rate` (lengthened to at least
     `min_requests_per_instance` an instance) under `policy`: the run every verdict of the
     planner, and `scripts/bench_cluster.py --workload-file`, rest on. Also returns how many
@@ -381,7 +407,7 @@ def run_pool(workload: Workload, rate: float, members: Sequence[FleetMember], po
     workload = lengthened(workload, options.min_requests_per_instance * len(members))
     setup = ClusterSetup.of_fleet(members, publish_interval_s=options.publish_interval_s,
                                   exec_noise_sigma=options.exec_noise_sigma,
-                                  abort_ttft_s=abort_ttft_s)
+                                  abort_ttft_s=abort_ttft_s, abort_e2e_s=abort_e2e_s)
     run = simulate(workload, rate, setup, policy, predictor_from_spec(options.predictor),
                    seed=options.seed)
     return run, len(workload)
@@ -424,7 +450,7 @@ def _plan_pool(judge: PoolJudge, kind_order: tuple[str, ...],
     headroom = judge.headroom(best.mix)
     mix = routing_blind_mix(judge.workload, judge.rate, judge.kinds, judge.prices, max_counts,
                             judge.lone_ok)
-    blind = None if mix is None else judge.judge(tuple(
+    blind = None if mix is None else judge.to_the_end(tuple(
         (k, mix[k]) for k in kind_order if mix.get(k, 0) > 0))
     return _PoolPlan(best, "", singles, headroom, blind, judge.saturated, judge.num_simulations)
 
@@ -528,7 +554,7 @@ def _capped(workload: Workload, model: str, kinds: Mapping[str, KindModel]) -> W
 
 def _unmeetable(model: str, judge: PoolJudge) -> str:
     message = f"model {model!r}: no fleet of the catalog meets {judge.targets.describe()}"
-    best = judge.best_miss
+    best = judge.closest_miss()
     if best is not None:
         return (f"{message}; the best reached ttft_p99 {best.ttft_p99_s:.3g} s, e2e_p99 "
                 f"{best.e2e_p99_s:.3g} s with {_label(best.mix)}")

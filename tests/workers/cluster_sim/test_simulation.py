@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from workers.cluster_sim import (
     ClusterSetup,
@@ -18,6 +21,7 @@ from workers.cluster_sim import (
     saturation_rate,
     simulate,
 )
+from workers.cluster_sim.simulation import p99_certainly_over
 from workers.sim import InstanceConfig
 
 
@@ -88,6 +92,29 @@ def test_an_overloaded_run_is_abandoned(toy_model, small_config) -> None:  # typ
     setup = _setup(toy_model, small_config, abort_ttft_s=1.0)
     result = simulate(workload, 100.0, setup, "round_robin", MeanPredictor())
     assert result.aborted and math.isinf(result.ttft_p99_s)
+
+
+def test_a_run_is_given_up_only_when_its_e2e_target_must_be_missed(toy_model, small_config
+                                                                     ) -> None:  # type: ignore[no-untyped-def]
+    workload = _random_workload(400, seed=1)
+    full = simulate(workload, 30.0, _setup(toy_model, small_config, abort_ttft_s=None),
+                    "round_robin", MeanPredictor())
+    assert not full.aborted and full.e2e_p99_s > 0.1
+    below = _setup(toy_model, small_config, abort_ttft_s=None, abort_e2e_s=full.e2e_p99_s * 0.9)
+    above = _setup(toy_model, small_config, abort_ttft_s=None, abort_e2e_s=full.e2e_p99_s * 1.01)
+    assert simulate(workload, 30.0, below, "round_robin", MeanPredictor()).aborted
+    kept = simulate(workload, 30.0, above, "round_robin", MeanPredictor())
+    assert not kept.aborted and kept.e2e_p99_s == full.e2e_p99_s  # a run it keeps is the same
+
+
+@given(n=st.integers(1, 3000), data=st.data())
+def test_a_certain_p99_miss_is_exact(n: int, data: st.DataObject) -> None:
+    """As many values above the limit as the rule asks put NumPy's p99 above it, whatever the
+    rest; one fewer does not when the rest are far below and the late ones just above (the
+    p99 then interpolates between a value below and one above)."""
+    late = data.draw(st.integers(0, n))
+    values = np.concatenate([np.zeros(n - late), np.full(late, 1.0 + 1e-6)])
+    assert p99_certainly_over(late, n) == (np.percentile(values, 99) > 1.0)
 
 
 # -- capacity -------------------------------------------------------------------------------
