@@ -388,7 +388,7 @@ class PoolJudge:
             low = high
         else:
             return round(high, 3)
-        while high - low > options.headroom_resolution:
+        while high - low > options.headroom_resolution + 1e-9:  # 1.1 - 1.05 > 0.05 in floats
             middle = (low + high) / 2
             if self.judge(mix, middle).meets:
                 low = middle

@@ -232,3 +232,26 @@ def test_a_bucket_no_kind_serves_alone_still_gets_a_kind() -> None:
                             {k.name: k.price_per_hour for k in catalog.kinds},
                             {k.name: None for k in catalog.kinds}, serves)
     assert mix and sum(mix.values()) >= 1
+
+
+class _ScaleJudge(PoolJudge):
+    """A judge whose pools meet their targets up to a fixed rate scale (no simulation)."""
+
+    def __init__(self, limit: float, options: PlanOptions) -> None:  # noqa: D107
+        self.limit, self.options, self.tried = limit, options, []
+
+    def judge(self, mix, scale=1.0):  # type: ignore[no-untyped-def, override]
+        self.tried.append(round(scale, 6))
+        return type("Verdict", (), {"meets": scale <= self.limit})()
+
+
+@pytest.mark.parametrize(("limit", "tried", "headroom"), [
+    (1.07, [1.1, 1.05], 1.1),  # 1.1 - 1.05 is 0.05 to the resolution: no third run
+    (1.3, [1.1, 1.25, 1.5, 1.375, 1.3125, 1.28125], 1.312),
+    (0.5, [1.1, 1.05], 1.05),
+])
+def test_headroom_is_bisected_to_its_resolution_and_no_further(
+        limit: float, tried: list[float], headroom: float) -> None:
+    judge = _ScaleJudge(limit, PlanOptions(headroom_resolution=0.05))
+    assert judge.headroom((("L4", 1),)) == headroom
+    assert judge.tried == tried
