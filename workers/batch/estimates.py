@@ -85,8 +85,9 @@ def estimate_batch(rt: Runtime, batch_id: str, *, now: datetime | None = None) -
     s = rt.settings
     with rt.db.session() as session:
         batch = session.get(Batch, batch_id)
-        if batch is None or batch.status not in (BatchStatus.VALIDATING,
-                                                 BatchStatus.IN_PROGRESS):
+        # NOTE: not while validating: its lines are still being read in, and an estimate of
+        # the first chunks said "done in 1 s" for a batch of 2,000 lines.
+        if batch is None or batch.status != BatchStatus.IN_PROGRESS:
             return None
         model, expires_at = batch.model, batch.expires_at
         queries, num_remaining = _remaining(session, batch_id, s.batch_eta_max_lines)
@@ -113,7 +114,7 @@ def refresh_estimates(rt: Runtime) -> dict[str, EtaRecord]:
     a batch that will miss its completion window is logged."""
     with rt.db.session() as session:
         running = set(session.scalars(select(Batch.id).where(
-            Batch.status.in_([BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS]))))
+            Batch.status == BatchStatus.IN_PROGRESS)))
     stale = [bid.decode() if isinstance(bid, bytes) else bid
              for bid in rt.redis.hkeys(BATCH_ETA_KEY)]
     gone = [bid for bid in stale if bid not in running]

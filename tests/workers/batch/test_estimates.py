@@ -122,6 +122,18 @@ def test_estimates_follow_running_batches_and_are_forgotten_when_they_stop(
     assert estimate_batch(rt, stopped) is None
 
 
+
+def test_a_batch_whose_lines_are_still_being_read_gets_no_estimate(rt: Runtime) -> None:
+    """While validating, only the lines read so far are in the database: an estimate of them
+    would promise the whole batch far too soon."""
+    reading = _validated_batch(rt, ["Write an essay on tea."] * 3)
+    with rt.db.session() as session:
+        session.get(Batch, reading).status = BatchStatus.VALIDATING
+    assert estimate_batch(rt, reading) is None
+    assert reading not in refresh_estimates(rt)
+    assert not rt.redis.hexists(BATCH_ETA_KEY, reading)
+
+
 TOPICS = ("tea", "rivers", "the moon", "compilers", "bees", "jazz", "glaciers", "chess")
 
 
