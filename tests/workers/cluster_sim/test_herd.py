@@ -27,11 +27,11 @@ def _fleet(num_routers: int, decision_s: float) -> RoutedFleet:
     return RoutedFleet(setup, RoutingRules.of_policy("block"), seed=0)
 
 
-def _burst(fleet: RoutedFleet) -> list[str]:
-    """BURST requests arriving within a microsecond; the instance each went to."""
+def _arrivals(fleet: RoutedFleet, count: int, spacing_s: float) -> list[str | None]:
+    """`count` requests `spacing_s` apart, each routed as it arrives; the instance each went to."""
     placed = []
-    for index in range(BURST):
-        arrival_s = index * 1e-6
+    for index in range(count):
+        arrival_s = index * spacing_s
         request = SimulatedRequest(f"r{index}", arrival_s, PROMPT, OUTPUT, OUTPUT)
         start = fleet.decision_start(index, arrival_s)
         fleet.advance_to(start)
@@ -42,6 +42,11 @@ def _burst(fleet: RoutedFleet) -> list[str]:
                     start)
         placed.append(request.instance_id)
     return placed
+
+
+def _burst(fleet: RoutedFleet) -> list[str | None]:
+    """BURST requests arriving within a microsecond; the instance each went to."""
+    return _arrivals(fleet, BURST, 1e-6)
 
 
 def test_routers_deciding_at_once_herd_onto_the_same_instance() -> None:
@@ -64,16 +69,5 @@ def test_one_router_queues_the_burst_behind_its_decisions() -> None:
 def test_a_late_note_of_a_request_the_instance_already_shows_is_dropped() -> None:
     """Many routers on a busy fleet: notes written after a publication that saw their request
     are not counted twice (a snapshot with the request twice is refused by the what-if)."""
-    fleet = _fleet(num_routers=BURST, decision_s=0.05)
-    placed = []
-    for index in range(4 * BURST):
-        arrival_s = index * 0.01
-        request = SimulatedRequest(f"r{index}", arrival_s, PROMPT, OUTPUT, OUTPUT)
-        start = fleet.decision_start(index, arrival_s)
-        fleet.advance_to(start)
-        fleet.route(RoutedRequest(request, SimRequest(request.request_id, PROMPT,
-                                                      predicted_output_tokens=OUTPUT),
-                                  RequestView(request.request_id, PROMPT, OUTPUT,
-                                              max_tokens=OUTPUT)), start)
-        placed.append(request.instance_id)
+    placed = _arrivals(_fleet(num_routers=BURST, decision_s=0.05), 4 * BURST, 0.01)
     assert None not in placed
