@@ -1,4 +1,5 @@
-"""Operator controls: holds on instances (drained, paused) and the routing-policy override.
+"""Operator controls: holds on instances (drained, paused, scaling_down) and the routing-policy
+override.
 
 PostgreSQL keeps them; Redis holds the copy that routers read on every decision. A change is
 written to both (database first), and the health sweep writes the database's state to Redis on
@@ -13,7 +14,12 @@ from domain.db import Database
 from domain.live_fleet import Fleet
 from domain.models import OperatorControl
 
-__all__ = ["OperatorControls"]
+__all__ = ["SCALING_DOWN", "OperatorControls"]
+
+#: The hold the local stack's autoscaler puts on an instance it drains for a scale-down. It
+#: routes like an operator's "drained", but is the autoscaler's own: one started after its
+#: predecessor died mid-drain releases it (`held`), and leaves an operator's holds alone.
+SCALING_DOWN = "scaling_down"
 
 _POLICY = "routing:policy"
 _INSTANCE_PREFIX = "instance:"
@@ -29,6 +35,14 @@ class OperatorControls:
         self._store(_INSTANCE_PREFIX + instance_id, control)
         self.fleet.hold(instance_id, control)
 
+    def held(self) -> dict[str, str]:
+        """Every instance's stored hold: instance id -> control."""
+        with self.db.session() as session:
+            stored = session.execute(select(OperatorControl.name, OperatorControl.value)
+                                     .where(OperatorControl.name.startswith(_INSTANCE_PREFIX)))
+            return {name.removeprefix(_INSTANCE_PREFIX): value
+                    for name, value in stored.tuples().all()}
+
     def set_policy_override(self, policy: str | None) -> None:
         self._store(_POLICY, policy)
         self.fleet.set_policy_override(policy)
@@ -39,11 +53,10 @@ class OperatorControls:
         statuses = self.fleet.statuses()  # NOTE: before the database, so a change made in
         # between is in the database already and is not undone below.
         with self.db.session() as session:
-            stored = dict(session.execute(select(OperatorControl.name,
-                                                 OperatorControl.value)).tuples().all())
-        self.fleet.set_policy_override(stored.get(_POLICY))
-        held = {name.removeprefix(_INSTANCE_PREFIX): value for name, value in stored.items()
-                if name.startswith(_INSTANCE_PREFIX)}
+            policy = session.scalar(select(OperatorControl.value)
+                                    .where(OperatorControl.name == _POLICY))
+        self.fleet.set_policy_override(policy)
+        held = self.held()
         for status in statuses:
             if status.control != held.get(status.instance_id):
                 self.fleet.hold(status.instance_id, held.get(status.instance_id))

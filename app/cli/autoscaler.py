@@ -10,12 +10,15 @@ Each fleet slot (instance gpu.<k>, domain/settings.py) is stopped, starting, run
   routing never waits on it: routers choose only instances whose heartbeat is fresh. Its cold
   start is measured and reported: process start to ready (heartbeat), of which the model load
   (the engine host's log), and its first token.
-- **Drain, then stop**: the instance is held "drained" (routers stop choosing it, as the admin
-  drain does), its engine's waiting, unstarted, non-streamed requests go back to routing at
+- **Drain, then stop**: the instance is held "scaling_down" (routers stop choosing it, as after
+  the admin drain), its engine's waiting, unstarted, non-streamed requests go back to routing at
   every round, its running requests finish; once it holds nothing and its queue is empty it gets
   SIGTERM, Celery's warm shutdown. A drain past autoscale_drain_timeout_s is reported (log and
   Redis) and waits on: nothing is killed mid-answer (an operator who must can SIGKILL the pid
-  the report names, or `blockq stop`).
+  the report names, or `blockq stop`). The hold is the autoscaler's own: one started after its
+  predecessor died mid-drain releases it (the stack started that engine again, and the decision
+  drains it again if it is still surplus), where a leftover hold would leave a running engine
+  that no router chooses, counted as capacity.
 
 Without a stack (`blockq autoscale`, for Kubernetes) it only decides and records: KEDA or an HPA
 scales the engine Deployments on blockq_desired_instances (docker/kubernetes, docs/deploy.md),
@@ -43,7 +46,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.cli.stack import Stack, process_commands
 from domain.autoscale_record import record_decision
 from domain.celery_app import create_celery
-from domain.controls import OperatorControls
+from domain.controls import SCALING_DOWN, OperatorControls
 from domain.db import Database
 from domain.live_fleet import Fleet, InstanceStatus
 from domain.models import InferenceRequest
@@ -137,6 +140,8 @@ class StackAutoscaler:
                       for s in settings.fleet_slots}
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        if stack is not None:
+            self._release_leftover_holds()
 
     @property
     def _stack(self) -> Stack:
@@ -268,8 +273,17 @@ class StackAutoscaler:
         slot.reported, slot.ready_s = False, None
         logger.info("autoscale: starting %s (%s)", slot.instance_id, slot.slot.spec.model)
 
+    def _release_leftover_holds(self) -> None:
+        """Release the scale-down holds of an autoscaler that died mid-drain (an operator's
+        holds stay)."""
+        for instance_id, control in self.controls.held().items():
+            if control == SCALING_DOWN and instance_id in self.slots:
+                self.controls.hold(instance_id, None)
+                logger.info("autoscale: released %s's scale-down hold, left by a drain that "
+                            "did not end", instance_id)
+
     def _drain(self, slot: _Slot) -> None:
-        self.controls.hold(slot.instance_id, "drained")
+        self.controls.hold(slot.instance_id, SCALING_DOWN)
         slot.process = self._stack.release(slot.instance_id)
         slot.phase, slot.since, slot.reported = "draining", time.monotonic(), False
         logger.info("autoscale: draining %s (%s)", slot.instance_id, slot.slot.spec.model)
