@@ -28,6 +28,10 @@ steady state while its backlog is short: docs/benchmarks_cluster.md). A pool of 
 routed with `PlanOptions.single_policy`, one of unlike kinds with `mixed_policy`: the production
 defaults (`domain.settings.Settings.routing_policy_for`), which the caller passes in.
 
+With worker processes (`runs.Runner`), the pools and each pool's kinds are searched at once,
+and the staircases and the headroom bisection start the runs they will probably need next
+(`PoolJudge.prefetch`); the verdicts, and so the plan, are the same as with one process.
+
 NOTE: the staircase and the bisections assume a pool that meets its targets still meets them
 with one more instance (monotonicity). Pools of three or more kinds are not searched.
 """
@@ -36,8 +40,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,6 +62,7 @@ from workers.sim import BatchStats
 from .baseline import routing_blind_mix
 from .catalog import Catalog
 from .derive import KindModel, kind_model
+from .runs import Runner
 from .workload import PlanInputError, PlanWorkload
 
 __all__ = ["Alternative", "FleetPlan", "PlanOptions", "PoolJudge", "PoolResult", "Targets",
@@ -195,11 +201,13 @@ def lone_latency(model: KindModel, prompt_tokens: int, output_tokens: int) -> tu
 
 class PoolJudge:
     """One model's pool: its workload, rate and targets, and every kind it may run on; judges
-    mixes by simulation and remembers each verdict."""
+    mixes by simulation and remembers each verdict. Safe to use from several threads (the
+    kinds are searched at once when `runner` has worker processes)."""
 
     def __init__(self, model: str, workload: Workload, rate: float, targets: Targets,
                  kinds: Mapping[str, KindModel], prices: Mapping[str, float],
-                 max_counts: Mapping[str, int | None], options: PlanOptions) -> None:
+                 max_counts: Mapping[str, int | None], options: PlanOptions,
+                 runner: Runner | None = None) -> None:
         self.model = model
         self.workload = workload
         self.rate = rate
@@ -207,13 +215,20 @@ class PoolJudge:
         self.kinds = dict(kinds)
         self.prices = dict(prices)
         self.options = options
+        self.runner = runner or Runner()
         self.max_counts = {k: min(options.max_instances, max_counts.get(k) or math.inf)
                            for k in kinds}
         sample = workload.head(options.saturation_requests)
         self.saturated = {k: saturation_rate(sample, m.config, m.exec_model)
                           for k, m in self.kinds.items()}
         self.lone_ok = {k: self._lone_ok(m) for k, m in self.kinds.items()}
-        self._verdicts: dict[tuple[Mix, float], PoolResult] = {}
+        self._runs: dict[tuple[Mix, float], Future[PoolResult]] = {}
+        self._used: set[Future[PoolResult]] = set()
+        #: Each search thread's last runs asked for ahead (`prefetch`).
+        self._guesses: dict[int, list[tuple[Mix, float]]] = {}
+        self._lock = threading.Lock()
+        #: Simulations whose verdicts the search used (runs made ahead of need and never
+        #: used are not counted: the count is the same with any number of worker processes).
         self.num_simulations = 0
 
     # -- judging -------------------------------------------------------------------------
@@ -238,34 +253,83 @@ class PoolJudge:
     def judge(self, mix: Mix, scale: float = 1.0) -> PoolResult:
         """The mix at `scale` x the pool's rate, simulated (or a failing verdict without a run
         when below the throughput bound)."""
+        return self._verdict(self._run_of(mix, scale))
+
+    def _verdict(self, run: Future[PoolResult]) -> PoolResult:
+        """The run's verdict, counted once among the simulations the search used."""
+        self.runner.hurry(run)
+        result = run.result()
+        with self._lock:
+            if result.num_requests and run not in self._used:
+                self._used.add(run)
+                self.num_simulations += 1
+        return result
+
+    def prefetch(self, *candidates: tuple[Mix, float]) -> None:
+        """Start the runs of `(mix, scale)` candidates a search will probably judge next, where
+        a worker process would otherwise idle (nothing, without worker processes)."""
+        if not self.runner.parallel:
+            return
+        keys = [self._key(mix, scale) for mix, scale in candidates]
+        with self._lock:  # the same search's earlier guesses, not started: moot now
+            for key in self._guesses.pop(threading.get_ident(), []):
+                if key not in keys and self.runner.withdraw(self._runs[key]):
+                    del self._runs[key]
+            self._guesses[threading.get_ident()] = keys
+        for mix, scale in candidates:
+            self._run_of(mix, scale, ahead=True)
+
+    def prefetch_to_the_end(self, mix: Mix) -> None:
+        """Start the run `to_the_end` will want for `mix` (its verdict is the one a run given
+        up gives: a run stops early only when its end must miss the targets)."""
+        if self.runner.parallel:
+            self._run_of(mix, 1.0, give_up=False, ahead=True)
+
+    def _run_of(self, mix: Mix, scale: float, *, give_up: bool = True, ahead: bool = False
+                ) -> Future[PoolResult]:
+        key = self._key(mix, scale)
+        mix = key[0]
+        with self._lock:
+            if key not in self._runs:
+                self._runs[key] = self._start(mix, scale, give_up=give_up, ahead=ahead)
+            return self._runs[key]
+
+    def _key(self, mix: Mix, scale: float) -> tuple[Mix, float]:
         counts = dict(mix)  # in the catalog's order: the same pool is the same run
-        mix = tuple((k, counts[k]) for k in self.kinds if counts.get(k, 0) > 0)
-        key = (mix, round(scale, 6))
-        if key in self._verdicts:
-            return self._verdicts[key]
+        return (tuple((k, counts[k]) for k in self.kinds if counts.get(k, 0) > 0),
+                round(scale, 6))
+
+    def _start(self, mix: Mix, scale: float, *, give_up: bool, ahead: bool = False
+               ) -> Future[PoolResult]:
+        """The run's future (a done one, failing, below the throughput bound). With `give_up`,
+        the run stops as soon as a target is certain to be missed (most of the search's runs
+        fail, and most of its time went to finishing them)."""
         policy = self.policy_of(mix)
         if not mix or not self.capacity(mix, scale):
-            result = PoolResult(self.model, mix, scale, math.inf, math.inf, False, 0, policy)
-        else:
-            result = self._simulate(mix, scale, policy)
-        self._verdicts[key] = result
-        return result
+            done: Future[PoolResult] = Future()
+            done.set_result(PoolResult(self.model, mix, scale, math.inf, math.inf, False, 0,
+                                       policy))
+            return done
+        return self.runner.submit(judged_run, self.model, self.workload, self.rate, self.targets,
+                                  self.members(mix), mix, scale, policy, self.options, give_up,
+                                  ahead=ahead)
 
     def to_the_end(self, mix: Mix) -> PoolResult:
         """The mix's verdict with its figures: a run the search gave up is run to its end."""
         result = self.judge(mix)
         if result.meets or math.isfinite(result.ttft_p99_s) or result.num_requests == 0:
             return result
-        result = self._simulate(result.mix, 1.0, result.policy, give_up=False)
-        self._verdicts[(result.mix, 1.0)] = result
-        return result
+        with self._lock:
+            run = self._start(result.mix, 1.0, give_up=False)
+            self._runs[(result.mix, 1.0)] = run
+        return self._verdict(run)
 
     def closest_miss(self) -> PoolResult | None:
         """Where no pool meets the targets: the largest pool of each kind the search tried,
         simulated to its end (the search gives a run up as soon as it must fail), the one
         closest to the targets (None: no kind could be tried)."""
         largest: dict[str, int] = {}
-        for mix, scale in self._verdicts:
+        for mix, scale in list(self._runs):
             if scale == 1.0 and len(mix) == 1:
                 kind, count = mix[0]
                 largest[kind] = max(largest.get(kind, 0), count)
@@ -281,19 +345,6 @@ class PoolJudge:
                             throughput_rps=self.saturated[k])
                 for k, n in mix for _ in range(n)]
 
-    def _simulate(self, mix: Mix, scale: float, policy: str, *, give_up: bool = True
-                  ) -> PoolResult:
-        """With `give_up`, the run stops as soon as a target is certain to be missed (most of
-        the search's runs fail, and most of its time went to finishing them)."""
-        run, num_requests = run_pool(
-            self.workload, self.rate * scale, self.members(mix), policy, self.options,
-            abort_ttft_s=self.targets.ttft_p99_s if give_up else None,
-            abort_e2e_s=self.targets.e2e_p99_s if give_up else None)
-        self.num_simulations += 1
-        meets = not run.aborted and self.targets.met_by(run.ttft_p99_s, run.e2e_p99_s)
-        return PoolResult(self.model, mix, scale, run.ttft_p99_s, run.e2e_p99_s, meets,
-                          num_requests, policy)
-
     # -- searching -----------------------------------------------------------------------
     def fewest(self, kind: str) -> PoolResult | None:
         """The fewest instances of `kind` alone that meet the targets (None: none up to its
@@ -301,22 +352,60 @@ class PoolJudge:
         limit = self.max_counts[kind]
         if not self.can_meet(kind) or limit < 1:
             return None
+
+        def mix(count: int) -> Mix:
+            return ((kind, count),)
+
         # At or below the bound: fails (unless it is 1, checked at the end).
         low = max(1, math.floor(self.options.bound_slack * self.rate / self.saturated[kind]))
         high = min(limit, max(low + 1, math.ceil(1.2 * self.rate / self.saturated[kind])))
-        while not self.judge(((kind, high),)).meets:
+        # NOTE: nothing is run ahead here: the kinds and pools are searched at once, which
+        # keeps the worker processes busy (runs ahead only delayed needed ones).
+        while not self.judge(mix(high)).meets:
             if high >= limit:
                 return None
             low, high = high, min(limit, math.ceil(1.5 * high))
+        high = self._fewest_passing(low, high, mix, ahead=False)
+        if low >= 1 and self.judge(mix(low)).meets:  # the bound itself may pass
+            return self.judge(mix(low))
+        return self.judge(mix(high))
+
+    def _fewest_passing(self, low: int, high: int, mix: Callable[[int], Mix], *, ahead: bool
+                        ) -> int:
+        """The fewest count in (low, high] whose mix passes, bisected: `high` passes and `low`
+        fails (by monotonicity, every count between is one or the other). With `ahead`, each
+        middle's run starts with both runs that may follow it."""
         while high - low > 1:
             middle = (low + high) // 2
-            if self.judge(((kind, middle),)).meets:
+            if ahead:
+                self.prefetch(*[(mix(count), 1.0) for count in
+                                ((low + middle) // 2, (middle + high) // 2)
+                                if low < count < high])
+            if self.judge(mix(middle)).meets:
                 high = middle
             else:
                 low = middle
-        if low >= 1 and self.judge(((kind, low),)).meets:  # the bound itself may pass
-            return self.judge(((kind, low),))
-        return self.judge(((kind, high),))
+        return high
+
+    def _row_top(self, kind_a: str, kind_b: str, count_a: int, known: int, best_cost: float
+                 ) -> int:
+        """A staircase row's first candidate: the most `kind_b` below `known` that keeps the
+        mix cheaper than `best_cost` (below 1: none)."""
+        return min(known - 1, math.ceil((best_cost - self.prices[kind_a] * count_a)
+                                        / self.prices[kind_b]) - 1)
+
+    def _first_run(self, kind_a: str, kind_b: str, known: int, best_cost: float,
+                   from_row: int) -> Mix | None:
+        """The staircase's next simulated candidate from row `from_row` on, if every row
+        before it fails (rows below the throughput bound fail without a run)."""
+        for count_a in range(from_row, self.max_counts[kind_a] + 1):
+            top = self._row_top(kind_a, kind_b, count_a, known, best_cost)
+            if top < 1:
+                return None
+            candidate = ((kind_a, count_a), (kind_b, top))
+            if self.capacity(candidate):
+                return candidate
+        return None
 
     def staircase(self, kind_a: str, kind_b: str, fewest_b: int, best_cost: float
                   ) -> PoolResult | None:
@@ -329,25 +418,22 @@ class PoolJudge:
         best: PoolResult | None = None
         known = fewest_b  # (count_a, known) passes for every count_a from here on
         for count_a in range(1, self.max_counts[kind_a] + 1):
-            base = self.prices[kind_a] * count_a
-            top = min(known - 1, math.ceil((best_cost - base) / self.prices[kind_b]) - 1)
+            top = self._row_top(kind_a, kind_b, count_a, known, best_cost)
             if top < 1:
                 break
 
             def mix(count_b: int, count_a: int = count_a) -> Mix:
                 return ((kind_a, count_a), (kind_b, count_b))
 
+            # Next: the next row's first run if this candidate fails (most do), the
+            # bisection's first middle if it passes.
+            after = self._first_run(kind_a, kind_b, known, best_cost, count_a + 1)
+            self.prefetch((mix(top), 1.0), *([(after, 1.0)] if after else []),
+                          *([(mix(top // 2), 1.0)] if top > 1 else []))
             if not self.judge(mix(top)).meets:
                 continue
-            low, high = 0, top  # high passes; low fails (0: not a pair)
-            while high - low > 1:
-                middle = (low + high) // 2
-                if self.judge(mix(middle)).meets:
-                    high = middle
-                else:
-                    low = middle
-            known = high
-            best, best_cost = self.judge(mix(high)), self.cost(mix(high))
+            known = self._fewest_passing(0, top, mix, ahead=True)  # 0: not a pair: "fails"
+            best, best_cost = self.judge(mix(known)), self.cost(mix(known))
         return best
 
     def cheapest(self, singles: Mapping[str, PoolResult | None]) -> PoolResult | None:
@@ -369,8 +455,13 @@ class PoolJudge:
             pairs.append((a, b))
         # Cheapest throughput first: good mixes early make the cost bound prune the rest.
         pairs.sort(key=lambda p: min(self.prices[k] / self.saturated[k] for k in p))
-        for kind_a, kind_b in pairs:
+        for index, (kind_a, kind_b) in enumerate(pairs):
             fewest_b = singles[kind_b].num_instances  # type: ignore[union-attr]
+            if index + 1 < len(pairs):  # the next pair's first run, if this one finds nothing
+                next_a, next_b = pairs[index + 1]
+                after = self._first_run(next_a, next_b, singles[next_b].num_instances,  # type: ignore[union-attr]
+                                        best_cost, 1)
+                self.prefetch(*([(after, 1.0)] if after else []))
             result = self.staircase(kind_a, kind_b, fewest_b, best_cost)
             if result is not None:
                 best, best_cost = result, self.cost(result.mix)
@@ -383,6 +474,8 @@ class PoolJudge:
         low = high = 1.0
         for step in HEADROOM_STEPS:  # most plans are tight: look near 1 first
             high = min(options.headroom_max, step)
+            # A failing step's bisection starts at the middle below it.
+            self.prefetch((mix, high), (mix, (low + high) / 2))
             if not self.judge(mix, high).meets:
                 break
             low = high
@@ -390,11 +483,28 @@ class PoolJudge:
             return round(high, 3)
         while high - low > options.headroom_resolution + 1e-9:  # 1.1 - 1.05 > 0.05 in floats
             middle = (low + high) / 2
+            self.prefetch((mix, middle), *[(mix, (a + b) / 2) for a, b in
+                                           ((low, middle), (middle, high))
+                                           if b - a > options.headroom_resolution + 1e-9])
             if self.judge(mix, middle).meets:
                 low = middle
             else:
                 high = middle
         return round(high, 3)
+
+
+def judged_run(model: str, workload: Workload, rate: float, targets: Targets,
+               members: Sequence[FleetMember], mix: Mix, scale: float, policy: str,
+               options: PlanOptions, give_up: bool) -> PoolResult:
+    """One verdict: the pool's run at `scale` x `rate` against its targets (module-level, so
+    that a worker process can run it)."""
+    run, num_requests = run_pool(
+        workload, rate * scale, members, policy, options,
+        abort_ttft_s=targets.ttft_p99_s if give_up else None,
+        abort_e2e_s=targets.e2e_p99_s if give_up else None)
+    meets = not run.aborted and targets.met_by(run.ttft_p99_s, run.e2e_p99_s)
+    return PoolResult(model, mix, scale, run.ttft_p99_s, run.e2e_p99_s, meets, num_requests,
+                      policy)
 
 
 def run_pool(workload: Workload, rate: float, members: Sequence[FleetMember], policy: str,
@@ -442,23 +552,26 @@ def _plan_pool(judge: PoolJudge, kind_order: tuple[str, ...],
                max_counts: Mapping[str, int | None]) -> _PoolPlan:
     """One model's pool: each kind alone, the cheapest of one or two kinds, its headroom and
     the routing-blind plan, each judged by simulation."""
-    singles = {k: judge.fewest(k) for k in judge.kinds}
+    kinds = list(judge.kinds)
+    blind_mix = routing_blind_mix(judge.workload, judge.rate, judge.kinds, judge.prices,
+                                  max_counts, judge.lone_ok)
+    blind = None if blind_mix is None else tuple(
+        (k, blind_mix[k]) for k in kind_order if blind_mix.get(k, 0) > 0)
+    if blind is not None:
+        judge.prefetch_to_the_end(blind)
+    if judge.runner.parallel:  # each kind's search waits on its own runs
+        with ThreadPoolExecutor(len(kinds)) as threads:
+            singles = dict(zip(kinds, threads.map(judge.fewest, kinds), strict=True))
+    else:
+        singles = {k: judge.fewest(k) for k in kinds}
     best = judge.cheapest(singles)
     if best is None:
         return _PoolPlan(None, _unmeetable(judge.model, judge), singles, math.nan, None,
                          judge.saturated, judge.num_simulations)
     headroom = judge.headroom(best.mix)
-    mix = routing_blind_mix(judge.workload, judge.rate, judge.kinds, judge.prices, max_counts,
-                            judge.lone_ok)
-    blind = None if mix is None else judge.to_the_end(tuple(
-        (k, mix[k]) for k in kind_order if mix.get(k, 0) > 0))
-    return _PoolPlan(best, "", singles, headroom, blind, judge.saturated, judge.num_simulations)
-
-
-def _plan_pool_of(args: tuple) -> _PoolPlan:
-    """`_plan_pool` of a judge built here (in a worker process: its bounds are work too)."""
-    judge_args, kind_order, max_counts = args
-    return _plan_pool(PoolJudge(*judge_args), kind_order, max_counts)
+    blind_result = None if blind is None else judge.to_the_end(blind)
+    return _PoolPlan(best, "", singles, headroom, blind_result, judge.saturated,
+                     judge.num_simulations)
 
 
 def plan_fleet(workload: PlanWorkload, targets: Mapping[str, Targets], catalog: Catalog,
@@ -469,10 +582,11 @@ def plan_fleet(workload: PlanWorkload, targets: Mapping[str, Targets], catalog: 
     `rate_scale` x its rate; its headroom and the alternatives (module docstring).
 
     `family_of` maps a workload's model name to its execution-time models' family (default:
-    the name itself). With `jobs` above 1 the models' pools are planned in that many worker
-    processes (they are independent). Raises `PlanInputError` naming the model when one has no
-    target, no execution-time model, or targets no fleet of the catalog meets (with the best
-    figure reached and by which fleet).
+    the name itself). With `jobs` above 1 the simulations run in that many worker processes
+    (`runs.Runner`), the models' pools and their kinds searched at once; the plan is the same.
+    Raises `PlanInputError` naming the model when one has no target, no execution-time model,
+    or targets no fleet of the catalog meets (with the best figure reached and by which
+    fleet).
     """
     family_of = dict(family_of or {})
     say = progress or (lambda _message: None)
@@ -498,15 +612,18 @@ def plan_fleet(workload: PlanWorkload, targets: Mapping[str, Targets], catalog: 
                 notes.append(f"{model}: {exc}")
         kind_models.update({(model, name): km for name, km in kinds.items()})
         prepared = _capped(workload.by_model[model], model, kinds)
-        judge_args = (model, prepared, workload.rate_by_model[model] * rate_scale,
-                      targets[model], kinds, prices, max_counts, options)
-        work.append((judge_args, kind_order, max_counts))
+        work.append((model, prepared, workload.rate_by_model[model] * rate_scale,
+                     targets[model], kinds, prices, max_counts, options))
     say(f"planning {len(work)} pools on {len(kind_order)} GPU kinds")
-    if jobs > 1 and len(work) > 1:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
-            planned = list(pool.map(_plan_pool_of, work))
-    else:
-        planned = [_plan_pool_of(item) for item in work]
+    with Runner(jobs) as runner:
+        def plan_pool(judge_args: tuple) -> _PoolPlan:
+            return _plan_pool(PoolJudge(*judge_args, runner=runner), kind_order, max_counts)
+
+        if runner.parallel:  # the pools are independent: each waits on its own runs
+            with ThreadPoolExecutor(len(work)) as threads:
+                planned = list(threads.map(plan_pool, work))
+        else:
+            planned = [plan_pool(item) for item in work]
     by_model = dict(zip(workload.models, planned, strict=True))
     for model, pool_plan in by_model.items():
         if pool_plan.best is None:

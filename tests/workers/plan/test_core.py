@@ -159,6 +159,18 @@ def test_the_plan_meets_every_target_is_tight_and_beats_or_ties_each_single_kind
             assert not judge.judge(fewer).meets
 
 
+def test_worker_processes_and_runs_ahead_change_no_plan() -> None:
+    """Two worker processes search the pools and kinds at once and run ahead of need: the
+    plan, its figures and the count of simulations it used are those of one process."""
+    workload, catalog, targets = _small_plan_inputs()
+    alone = plan_fleet(workload, targets, catalog, FAST)
+    spread = plan_fleet(workload, targets, catalog, FAST, jobs=2)
+    assert spread.pools == alone.pools
+    assert spread.alternatives == alone.alternatives
+    assert spread.headroom_by_model == alone.headroom_by_model
+    assert spread.num_simulations == alone.num_simulations
+
+
 def test_a_model_without_a_target_is_named() -> None:
     workload, catalog, targets = _small_plan_inputs()
     with pytest.raises(PlanInputError, match="model 'llama-3-8b' has no target"):
@@ -243,6 +255,9 @@ class _ScaleJudge(PoolJudge):
     def judge(self, mix, scale=1.0):  # type: ignore[no-untyped-def, override]
         self.tried.append(round(scale, 6))
         return type("Verdict", (), {"meets": scale <= self.limit})()
+
+    def prefetch(self, *candidates):  # type: ignore[no-untyped-def, override]
+        """Runs ahead of need change no verdict (none here)."""
 
 
 @pytest.mark.parametrize(("limit", "tried", "headroom"), [
