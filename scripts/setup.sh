@@ -71,6 +71,20 @@ ensure_rig_tools() {
   fi
 }
 
+ensure_guidellm() {
+  # A third-party benchmark client, run unmodified by tests/stack/test_real_clients.py, in its
+  # own virtualenv: guidellm pins click and datasets apart from blockq's. torch is the build
+  # blockq's venv has (the CPU wheel here), not a second CUDA build.
+  local venv=.venv-guidellm
+  local want="guidellm==0.8.1 torch==2.13.0"
+  [ "$(cat "$venv/.blockq-installed" 2>/dev/null)" = "$want" ] && return
+  log "installing $want into $venv (for the third-party client test)"
+  [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
+  # shellcheck disable=SC2086 # two requirements
+  "$venv/bin/pip" install -q $want
+  echo "$want" > "$venv/.blockq-installed"
+}
+
 ensure_model() {
   "$VENV/bin/python" scripts/build_tiny_model.py --out "$MODEL_DIR"
   # The second model of another architecture, served beside it (make demo, the tests).
@@ -81,6 +95,7 @@ ensure_venv
 ensure_redis
 [ "${BLOCKQ_SETUP_POSTGRES:-1}" = 1 ] && ensure_postgres
 ensure_model
+[ "${BLOCKQ_SETUP_GUIDELLM:-1}" = 1 ] && ensure_guidellm
 [ "${BLOCKQ_SETUP_CHROMIUM:-1}" = 1 ] && ensure_chromium
 [ "${BLOCKQ_SETUP_RIG:-1}" = 1 ] && ensure_rig_tools
 log "ready"

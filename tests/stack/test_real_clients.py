@@ -1,7 +1,7 @@
 """Real clients, as they are, against the real stack with the vLLM engine and the tiny model:
-vLLM's own benchmark client (`vllm bench serve`) on both OpenAI endpoints, an evaluation
-harness's scoring request (lm-eval's loglikelihood: token-id prompts, echo, logprobs), and the
-`openai` package with OpenAI's prompt forms, n and logprobs."""
+vLLM's own benchmark client (`vllm bench serve`) and a third party's (guidellm) on both OpenAI
+endpoints, an evaluation harness's scoring request (lm-eval's loglikelihood: token-id prompts,
+echo, logprobs), and the `openai` package with OpenAI's prompt forms, n and logprobs."""
 
 from __future__ import annotations
 
@@ -126,3 +126,49 @@ def test_vllm_bench_an_eval_harness_and_the_openai_client_run_unmodified(
     with pytest.raises(openai.BadRequestError) as unknown:
         client.completions.create(model=model, prompt="x", extra_body={"top_q": 0.5})
     assert unknown.value.body["param"] == "top_q"  # type: ignore[index]
+
+
+#: guidellm, in its own virtualenv (`make setup`; it pins click and datasets apart from blockq).
+GUIDELLM = Path(__file__).resolve().parents[2] / ".venv-guidellm" / "bin" / "guidellm"
+
+
+@pytest.mark.vllm
+def test_guidellm_a_third_party_benchmark_client_runs_unmodified(
+    vllm_stack: Stack, tmp_path: Path,
+) -> None:
+    """guidellm (Red Hat's, not ours), as it is installed, on both OpenAI endpoints: it checks
+    the server and its models first, streams every request, and counts tokens from the
+    stream's usage; each run must complete every request with none failed."""
+    stack = vllm_stack
+    assert GUIDELLM.exists(), f"{GUIDELLM} missing: run `make setup`"
+    key = stack.issue_api_key("guidellm")  # a team's key, as a user would have
+    for endpoint in ("/v1/chat/completions", "/v1/completions"):
+        report = tmp_path / f"guidellm{endpoint.replace('/', '_')}.json"
+        backend = (f"kind=openai_http,target={stack.api_url},model={stack.settings.model_name},"
+                   f"request_format={endpoint},api_key={key}")
+        command = [
+            str(GUIDELLM), "run", "--backend", backend,
+            "--profile", "kind=concurrent,streams=4",
+            "--constraint", f"kind=max_requests,count={NUM_PROMPTS}",
+            "--data", f"kind=synthetic_text,prompt_tokens=24,output_tokens={OUTPUT_LEN}",
+            "--tokenizer", f"kind=hf_auto,model={stack.settings.resolved_model_path}",
+            "--output", f"kind=json,path={report}", "--disable-console-interactive",
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                              check=False, cwd=tmp_path)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        metrics = json.loads(report.read_text())["benchmarks"][0]["metrics"]
+        assert metrics["request_totals"] == {"successful": NUM_PROMPTS, "errored": 0,
+                                             "incomplete": 0, "total": NUM_PROMPTS}, endpoint
+        # It sends vLLM's ignore_eos and stream_options.continuous_usage_stats, and counts the
+        # tokens from the stream's usage: every answer ran to its length...
+        assert metrics["output_token_count"]["successful"]["total_sum"] == (
+            NUM_PROMPTS * OUTPUT_LEN), endpoint
+        # ... and its prompts, 24 tokens by its own tokenizer, are 24 in blockq's usage (a chat
+        # prompt has the template's tokens besides).
+        prompt_tokens = metrics["prompt_token_count"]["successful"]["total_sum"]
+        if endpoint == "/v1/completions":
+            assert prompt_tokens == NUM_PROMPTS * 24
+        else:
+            assert prompt_tokens > NUM_PROMPTS * 24
+        assert metrics["time_to_first_token_ms"]["successful"]["count"] == NUM_PROMPTS
