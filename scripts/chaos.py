@@ -35,6 +35,7 @@ from rich.console import Console
 from benchmarks.chaos.config import RunConfig
 from benchmarks.chaos.faults import fault_kinds
 from benchmarks.chaos.report import report
+from benchmarks.chaos.resources import plot_resources
 from benchmarks.chaos.run import RunResult, run
 from domain.settings import Settings
 
@@ -77,17 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale-down-after", type=float, default=10.0,
                         help="seconds an instance must be surplus before the autoscaler "
                         "drains it (autoscaled)")
+    parser.add_argument("--sample-resources", type=float, metavar="S",
+                        help="the soak: sample every process's memory and descriptors and the "
+                        "services' sizes every S seconds, and report their growth")
+    parser.add_argument("--resources-plot", type=Path, help="with --sample-resources: draw "
+                        "them over the run into this PNG")
     args = parser.parse_args(argv)
-    config = RunConfig(
-        requests=args.requests, faults_per_kind=args.faults_per_kind,
-        kinds=args.kinds.split(",") if args.kinds else None, seed=args.seed,
-        instances=args.instances, clients=args.clients, duration_s=args.duration,
-        seconds_per_fault=args.seconds_per_fault, crash_after_commit=args.crash_after_commit,
-        webhook_fail_first=args.webhook_fail_first, time_scale=args.time_scale,
-        settle_timeout_s=args.settle_timeout, recover_timeout_s=args.recover_timeout,
-        model_path=args.model_path, work_dir=args.work_dir, keep=args.keep,
-        autoscale=args.autoscale, max_instances=args.max_instances, start_s=args.start_s,
-        scale_down_after_s=args.scale_down_after)
+    config = RunConfig.of_args(args)
     if args.list_kinds:
         settings = Settings(num_instances=args.instances, engine_kind="emulated",
                             autoscale=args.autoscale)
@@ -96,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=200)
     result = run(config, log=lambda message: console.log(message))
     report(result, console)
+    if args.resources_plot and result.resources:
+        plot_resources(result.resources, [f["start"] for f in result.faults],
+                       args.resources_plot)
     if args.json:
         args.json.write_text(json.dumps(asdict(result), indent=1, default=str))
     return 1 if result.violations() else 0

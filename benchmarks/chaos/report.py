@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.chaos.resources import growth_rows
 from benchmarks.chaos.run import RunResult
 
 
@@ -19,6 +20,8 @@ def report(result: RunResult, console: Console) -> None:
     if result.scale_events:
         console.print("Scale events: " + ", ".join(
             f"{k}: {v}" for k, v in sorted(result.scale_events.items())))
+    if result.resources:
+        console.print(_resources_table(result))
     console.print(_invariants_table(result))
     console.print(f"timings: {result.timings}; work dir: {result.work_dir}")
 
@@ -67,3 +70,28 @@ def _invariants_table(result: RunResult) -> Table:
         checks.add_row(name, f"[{style}]{finding['count']}[/{style}]",
                        "\n".join(finding["examples"][:3]))
     return checks
+
+
+def _resources_table(result: RunResult) -> Table:
+    samples = result.resources
+    first, last = samples[0], samples[-1]
+    table = Table(title=f"Resources over {last['t_s'] / 60:.0f} min, {len(samples)} samples "
+                  "(each process with its children; early: median over the run's second "
+                  "tenth, late: over its last). PostgreSQL "
+                  f"{first['postgres_mb']} -> {last['postgres_mb']} MB, Redis "
+                  f"{first['redis_mb']} -> {last['redis_mb']} MB, "
+                  f"{first['redis_keys']} -> {last['redis_keys']} keys")
+    for column in ("process", "MB early", "MB late", "MB max", "fds early", "fds late",
+                   "fds max", "restarts"):
+        table.add_column(column, justify="left" if column == "process" else "right")
+    for row in growth_rows(samples):
+        table.add_row(row["process"], *(_figure(row[key]) for key in (
+            "rss_mb_early", "rss_mb_late", "rss_mb_max", "fds_early", "fds_late", "fds_max",
+            "restarts")))
+    return table
+
+
+def _figure(value: float | int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if isinstance(value, float) else str(value)

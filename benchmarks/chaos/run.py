@@ -28,6 +28,7 @@ from benchmarks.chaos.faults import (
 from benchmarks.chaos.processes import ProcessWatch, log_tail
 from benchmarks.chaos.receiver import WebhookReceiver
 from benchmarks.chaos.recovery import stranded_recovery
+from benchmarks.chaos.resources import ResourceSampler
 from benchmarks.chaos.scaling import ScaleDriver
 from benchmarks.chaos.services import OwnServices
 from benchmarks.chaos.settle import settle
@@ -55,6 +56,8 @@ class RunResult:
     #: On an autoscaled fleet: starts and drains begun (by the autoscaler, forced by the
     #: faults), stack restarts after the supervisor's death.
     scale_events: dict[str, int] = field(default_factory=dict)
+    #: With `RunConfig.resource_interval_s`: the samples (`ResourceSampler.samples`).
+    resources: list[dict[str, Any]] = field(default_factory=list)
 
     def violations(self) -> dict[str, dict[str, Any]]:
         """The invariants that failed, with their stories."""
@@ -76,6 +79,7 @@ class _Parts:
     timings: dict[str, float] = field(default_factory=dict)
     watch: ProcessWatch | None = None
     driver: ScaleDriver | None = None  # the autoscaler, on an autoscaled fleet
+    sampler: ResourceSampler | None = None  # the soak's samples
 
 
 @contextlib.contextmanager
@@ -128,6 +132,8 @@ def _run_on(config: RunConfig, services: OwnServices, work_dir: Path,
                                                    duration_s, rng)
         return _checked_result(parts, parts.watch, workload, injector, teams, work_dir)
     finally:
+        if parts.sampler is not None:
+            parts.sampler.stop()
         if parts.driver is not None:
             parts.driver.stop()
         if parts.watch is not None:
@@ -156,6 +162,11 @@ def _start_stack(parts: _Parts, names: list[str]) -> ProcessWatch:
     parts.stack.supervise()
     watch = ProcessWatch(parts.stack)
     watch.start()
+    if parts.config.resource_interval_s:
+        parts.sampler = ResourceSampler(parts.stack, parts.services.database_url,
+                                        parts.services.redis_url,
+                                        parts.config.resource_interval_s)
+        parts.sampler.start()
     if parts.settings.autoscale:
         parts.driver = ScaleDriver(parts.stack, parts.settings, names)
         parts.driver.start()
@@ -191,6 +202,10 @@ def _checked_result(parts: _Parts, watch: ProcessWatch, workload: Workload, inje
     """Settles, measures recovery, checks the guarantees; the run's result."""
     config = parts.config
     settled = settle(parts.db, parts.receiver, config.settle_timeout_s)
+    resources: list[dict[str, Any]] = []
+    if parts.sampler is not None:
+        parts.sampler.stop()
+        resources, parts.sampler = parts.sampler.samples, None
     faults = injector.faults + crash_faults(parts.stack.log_dir)
     faults.sort(key=lambda f: f.start)
     recovery = stranded_recovery(parts.db, faults)
@@ -219,7 +234,7 @@ def _checked_result(parts: _Parts, watch: ProcessWatch, workload: Workload, inje
         findings={name: asdict(f) for name, f in findings.items()},
         workload=workload_summary(workload), exits=exits, settle=settled,
         timings={k: round(v, 1) for k, v in parts.timings.items()}, work_dir=str(work_dir),
-        scale_events=scale_events)
+        scale_events=scale_events, resources=resources)
 
 
 def _unexpected_exits(findings: dict[str, Finding], watch: ProcessWatch, log_dir: Path) -> None:
