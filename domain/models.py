@@ -662,9 +662,9 @@ class OutboxEntry(Base):
 
 class OperatorControl(Base):
     """An operator's standing decision: a hold on an instance (`instance:<id>` -> "drained",
-    "paused", or the autoscaler's "scaling_down") or the routing-policy override (`routing:policy` -> a policy name). Kept here so
-    that it survives a Redis restart; routers read the copy in Redis, which the health sweep
-    restores from this table."""
+    "paused", or the autoscaler's "scaling_down") or the routing-policy override
+    (`routing:policy` -> a policy name). Kept here so that it survives a Redis restart;
+    routers read the copy in Redis, which the health sweep restores from this table."""
 
     __tablename__ = "operator_controls"
 

@@ -84,7 +84,9 @@ class Settings(BaseSettings):
         "(required), `count` (default 1), `model_path` (default: model_path for model_name, "
         "else data_dir/models/<model>), `engine` (\"vllm\" or \"emulated\"; default "
         "engine_kind) and `exec_model` (an emulated instance's hardware, a bundled "
-        "execution-time model such as llama-2-7b-a100; default emulated_exec_model), e.g. "
+        "execution-time model such as llama-2-7b-a100, or a model file's path with num_blocks "
+        "and max_num_seqs, as `blockq plan --fleet-out` writes a derived GPU kind's; default "
+        "emulated_exec_model), e.g. "
         "'[{\"model\": \"tiny-llama\", \"count\": 2}, {\"model\": \"tiny-qwen\"}]'. Instance k "
         "(in this order, counts expanded) consumes queue gpu.<k>. Unset: num_instances "
         "instances of model_name. An autoscaled entry also takes `min_count`, `max_count` "
@@ -249,7 +251,7 @@ class Settings(BaseSettings):
     emulated_exec_model: str = Field(
         "qwen2-7b-a30",
         description="Ground-truth execution-time model of the emulated GPU: a model bundled in "
-        "workers/sim/models (qwen2-7b-a30, llama-2-7b-a30).",
+        "workers/sim/models (qwen2-7b-a30, llama-2-7b-a30) or a model file's path.",
     )
     emulated_time_scale: float = Field(
         1.0,

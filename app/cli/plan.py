@@ -38,6 +38,7 @@ from workers.plan import (
     PlanRequest,
     PlanWorkload,
     Targets,
+    derived_models,
     fleet_entries,
     load_catalog,
     parse_workload,
@@ -123,6 +124,20 @@ def _write_atomically(path: Path, text: str) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _write_fleet(plan: FleetPlan, path: Path) -> None:
+    """The fleet's `BLOCKQ_FLEET` into `path`, and each derived kind's execution-time model
+    into `<path's stem>.models/` beside it, which its entry names by absolute path (the models
+    first: a fleet file never names a model that is not there)."""
+    models_dir = (path.parent / f"{path.stem}.models").resolve()
+    models = derived_models(plan)
+    if models:
+        models_dir.mkdir(exist_ok=True)
+        for name, model in models.items():
+            _write_atomically(models_dir / name,
+                              json.dumps(model.to_dict(), indent=2) + "\n")
+    _write_atomically(path, json.dumps(fleet_entries(plan, models_dir), indent=2) + "\n")
 
 
 def _checked_output(path: Path | None, option: str) -> None:
@@ -227,7 +242,7 @@ def plan(workload_path: Path | None, history_hours: float | None, rate_scale: fl
     if json_out is not None:
         _write_atomically(json_out, json.dumps(report, indent=2) + "\n")
     if fleet_out is not None:
-        _write_atomically(fleet_out, json.dumps(fleet_entries(result), indent=2) + "\n")
+        _write_fleet(result, fleet_out)
 
 
 def _read_workload(path: Path | None, hours: float | None, settings: Settings) -> PlanWorkload:

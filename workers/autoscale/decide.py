@@ -39,7 +39,7 @@ from workers.cluster_sim import (
     saturation_rate,
     simulate,
 )
-from workers.sim import bundled_model
+from workers.sim import exec_model_of
 from workers.sim.hardware import instance_config
 
 __all__ = [
@@ -167,7 +167,7 @@ class SaturationSizer:
                                                  ("max_num_seqs", entry.max_num_seqs))
                  if value is not None}
         config = instance_config(entry.exec_model, max_model_len=self.max_model_len, **sized)
-        return FleetMember(config, bundled_model(entry.exec_model))
+        return FleetMember(config, exec_model_of(entry.exec_model))
 
 
 def forecast_rate(arrivals_s: Sequence[float], now_s: float, *, window_s: float,

@@ -38,7 +38,7 @@ from domain.settings import Settings
 from workers.batch import eta
 from workers.predict import stage
 from workers.runtime import Runtime
-from workers.sim import InstanceConfig, bundled_model
+from workers.sim import InstanceConfig, exec_model_of
 
 __all__ = ["EtaRecord", "estimate_batch", "fleet_of", "refresh_estimates"]
 
@@ -75,7 +75,7 @@ def fleet_of(settings: Settings, model: str | None) -> list[eta.EtaInstance]:
     return [eta.EtaInstance(InstanceConfig(
         num_total_blocks=m.emulated_num_blocks, block_size=m.block_size or _DEFAULT_BLOCK_SIZE,
         max_num_seqs=m.max_num_seqs, max_num_batched_tokens=m.max_num_batched_tokens,
-        max_model_len=m.max_model_len), bundled_model(m.emulated_exec_model))
+        max_model_len=m.max_model_len), exec_model_of(m.emulated_exec_model))
         for m in serving]
 
 

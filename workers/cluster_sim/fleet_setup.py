@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from workers.sim import ExecModel, bundled_model, bundled_model_names
+from workers.sim import ExecModel, bundled_model_names, exec_model_of
 from workers.sim.fleet_declaration import InstanceSpec
 from workers.sim.hardware import instance_config
 
@@ -38,7 +38,7 @@ def fleet_members(specs: Sequence[InstanceSpec], **config_overrides: object
     for spec in specs:
         name = exec_model_name(spec)
         if name not in models:
-            models[name] = bundled_model(name)
+            models[name] = exec_model_of(name)
         sized = {field: value for field, value in (("num_total_blocks", spec.num_blocks),
                                                    ("max_num_seqs", spec.max_num_seqs))
                  if value is not None}

@@ -10,7 +10,7 @@ Entry points: `parse_workload` / `workload_of` (the requests), `load_catalog` /
 from .catalog import DEFAULT_CATALOG, Catalog, GpuKind, load_catalog, parse_catalog
 from .derive import KindModel, derivation_error, derive_exec_model, kind_model
 from .replay import replay_fleet
-from .report import fleet_entries, plan_json
+from .report import derived_models, fleet_entries, plan_json
 from .search import FleetPlan, PlanOptions, PoolResult, Targets, lone_latency, plan_fleet
 from .workload import PlanInputError, PlanRequest, PlanWorkload, parse_workload, workload_of
 
@@ -28,6 +28,7 @@ __all__ = [
     "Targets",
     "derivation_error",
     "derive_exec_model",
+    "derived_models",
     "fleet_entries",
     "kind_model",
     "load_catalog",

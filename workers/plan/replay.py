@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from workers.cluster_sim import FleetMember, saturation_rate
-from workers.sim import bundled_model
+from workers.sim import exec_model_of
 from workers.sim.fleet_declaration import InstanceSpec
 from workers.sim.hardware import instance_config
 
@@ -34,7 +34,7 @@ def _member(spec: InstanceSpec, family: str, catalog: Catalog) -> tuple[str, Fle
         label, config, model = spec.gpu_kind, km.config, km.exec_model
     elif spec.exec_model is not None:
         label, config, model = (spec.exec_model, instance_config(spec.exec_model),
-                                bundled_model(spec.exec_model))
+                                exec_model_of(spec.exec_model))
     else:
         raise PlanInputError(f"fleet instance of model {spec.model!r} names neither gpu_kind "
                              "nor exec_model: the simulation cannot price its steps")

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from workers.sim import bundled_model_names
+from workers.sim import ExecModel, bundled_model_names
 
 from .catalog import Catalog
 from .search import Alternative, FleetPlan, PoolResult, Targets
 
-__all__ = ["fleet_entries", "plan_json"]
+__all__ = ["derived_models", "fleet_entries", "plan_json"]
 
 
 def _figure(value: float) -> float | None:
@@ -71,13 +72,15 @@ def plan_json(plan: FleetPlan, catalog: Catalog, targets: Mapping[str, Targets]
     }
 
 
-def fleet_entries(plan: FleetPlan) -> list[dict[str, Any]]:
-    """The planned fleet as `BLOCKQ_FLEET` entries, emulated: each kind's execution-time model
-    where one is bundled, its KV blocks, batch size and measured capacity (what
-    capacity-weighted routing weighs it by), and its catalog kind.
+def fleet_entries(plan: FleetPlan, models_dir: Path | None = None) -> list[dict[str, Any]]:
+    """The planned fleet as `BLOCKQ_FLEET` entries, emulated: each kind's execution-time model,
+    its KV blocks, batch size and measured capacity (what capacity-weighted routing weighs it
+    by), and its catalog kind.
 
-    NOTE: a kind whose step times were derived from its datasheet has no bundled model, which
-    `exec_model` must name: its entry leaves `exec_model` out (the configured default runs it).
+    A kind whose step times were derived from its datasheet has no bundled model: with
+    `models_dir`, its entry names its model file there (`derived_models` gives what to write),
+    so that the emulated engine and the router price its steps as the planner did; without,
+    it leaves `exec_model` out (the configured default runs it).
     """
     bundled = set(bundled_model_names())
     entries = []
@@ -88,8 +91,18 @@ def fleet_entries(plan: FleetPlan) -> list[dict[str, Any]]:
                                      "engine": "emulated"}
             if km.exec_model_name in bundled:
                 entry["exec_model"] = km.exec_model_name
+            elif models_dir is not None:
+                entry["exec_model"] = str(models_dir / f"{km.exec_model_name}.json")
             entry.update(num_blocks=km.config.num_total_blocks,
                          max_num_seqs=km.config.max_num_seqs,
                          capacity_rps=round(plan.saturated_rps[(pool.model, kind)], 4))
             entries.append(entry)
     return entries
+
+
+def derived_models(plan: FleetPlan) -> dict[str, ExecModel]:
+    """The planned fleet's derived execution-time models by file name (`fleet_entries`)."""
+    bundled = set(bundled_model_names())
+    return {f"{km.exec_model_name}.json": km.exec_model
+            for pool in plan.pools.values() for kind, _ in pool.mix
+            if (km := plan.kind_models[(pool.model, kind)]).exec_model_name not in bundled}

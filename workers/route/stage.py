@@ -32,7 +32,8 @@ from workers.route.planner import Candidate, Plan
 from workers.route.policies import RequestView
 from workers.route.targets import Miss, RequestTargets
 from workers.runtime import Runtime
-from workers.sim import ExecModel, bundled_model, bundled_model_names
+from workers.sim import ExecModel, bundled_model, bundled_model_names, exec_model_of
+from workers.sim.exec_model import is_exec_model
 from workers.sim.instance_status import InstanceStatus
 
 __all__ = ["DEFAULT_EXEC_MODEL", "ExecModels", "exec_models", "RouteInput", "load",
@@ -82,7 +83,7 @@ class ExecModels:
     def _active(self, instance_id: str, declared: str | None = None) -> ActiveModel[ExecModel]:
         with self._lock:
             if instance_id not in self._by_instance:
-                default = (self._bundled(declared) if declared in bundled_model_names()
+                default = (self._bundled(declared) if declared and is_exec_model(declared)
                            and self.settings.routing_exec_model is None else None)
                 self._by_instance[instance_id] = ActiveModel(
                     self.db, model_registry.KIND_EXEC, instance_id, load=_exec_model_of,
@@ -92,7 +93,7 @@ class ExecModels:
 
     @staticmethod
     def _bundled(name: str) -> Callable[[], ExecModel]:
-        model = bundled_model(name)
+        model = exec_model_of(name)
         return lambda: model
 
 

@@ -69,8 +69,8 @@ from workers.sim import (
     Scheduler,
     SeqState,
     SeqStatus,
-    bundled_model,
     engine_priority,
+    exec_model_of,
 )
 from workers.sim.engine_state import EngineState, RequestState
 from workers.sim.snapshot import DEFAULT_PRIORITY_MS_PER_TOKEN, live_prefix_unit_tokens
@@ -199,7 +199,7 @@ class EmulatedEngine(ThreadedEngine[_Tracked]):
         super().__init__(listener)
         self.config = config if config is not None else EmulatedEngineConfig()
         exec_model = self.config.exec_model
-        self.exec_model = bundled_model(exec_model) if isinstance(exec_model, str) else exec_model
+        self.exec_model = exec_model_of(exec_model) if isinstance(exec_model, str) else exec_model
         self.model = self.config.model or f"emulated/{self.exec_model.name}"
         self._instance_config = self.config.instance_config()
         #: Each request's priority: its class, then arrival ms + this x its predicted length.

@@ -7,6 +7,7 @@ from .exec_model import (
                          bundled_model,
                          bundled_model_names,
                          evaluate_on_step_samples,
+                         exec_model_of,
                          fit_from_step_samples,
                          step_sample,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "bundled_model",
     "engine_priority",
     "bundled_model_names",
+    "exec_model_of",
     "fit_from_step_samples",
     "estimate_future_load",
     "evaluate_on_step_samples",

@@ -17,11 +17,13 @@ __all__ = [
     "MODELS_DIR",
     "bundled_model",
     "bundled_model_names",
+    "exec_model_of",
     "feature_names",
     "features_of",
     "fit_from_step_samples",
     "fit_linear",
     "fit_metrics",
+    "is_exec_model",
     "split_holdout",
     "step_sample",
 ]
@@ -246,6 +248,21 @@ def bundled_model(name: str) -> ExecModel:
         raise ValueError(f"no bundled execution-time model {name!r}; "
                          f"known: {bundled_model_names()}")
     return ExecModel.load(path)
+
+
+def is_exec_model(name: str) -> bool:
+    """Whether `name` is a shipped model's name or the path of a model file (``.json``)."""
+    return name in bundled_model_names() or (name.endswith(".json") and Path(name).is_file())
+
+
+def exec_model_of(name: str) -> ExecModel:
+    """A shipped model by name, or a model file by its path: the step times of a GPU kind
+    derived from its datasheet, as ``blockq plan --fleet-out`` writes them beside the fleet."""
+    if name.endswith(".json") and name not in bundled_model_names():
+        if not Path(name).is_file():
+            raise ValueError(f"no execution-time model file {name!r}")
+        return ExecModel.load(name)
+    return bundled_model(name)
 
 
 # -- fitting ------------------------------------------------------------------------

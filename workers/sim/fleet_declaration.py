@@ -29,7 +29,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .exec_model import bundled_model_names
+from .exec_model import bundled_model_names, is_exec_model
 
 __all__ = ["InstanceSpec", "FleetError", "FleetSlot", "fleet_slots", "parse_fleet",
            "parse_fleet_entries"]
@@ -62,7 +62,9 @@ class InstanceSpec(BaseModel):
         None, description="Engine kind; unset: the configured default.")
     exec_model: str | None = Field(
         None, min_length=1, description="Execution-time model of the emulated hardware (a "
-        "bundled name); unset: the configured default.")
+        "bundled name, or the path of a model file: a derived GPU kind's, as `blockq plan "
+        "--fleet-out` writes it, with num_blocks and max_num_seqs); unset: the configured "
+        "default.")
 
     num_blocks: int | None = Field(
         None, gt=0, description="KV-cache blocks of an emulated instance; unset: the "
@@ -78,9 +80,18 @@ class InstanceSpec(BaseModel):
     @field_validator("exec_model")
     @classmethod
     def _known_exec_model(cls, value: str | None) -> str | None:
-        if value is not None and value not in (known := bundled_model_names()):
-            raise ValueError(f"unknown execution-time model {value!r}; known: {known}")
+        if value is not None and not is_exec_model(value):
+            raise ValueError(f"unknown execution-time model {value!r}: neither a bundled one "
+                             f"({', '.join(bundled_model_names())}) nor a model file (.json)")
         return value
+
+    @model_validator(mode="after")
+    def _model_file_is_sized(self) -> InstanceSpec:
+        if (self.exec_model is not None and self.exec_model not in bundled_model_names()
+                and (self.num_blocks is None or self.max_num_seqs is None)):
+            raise ValueError(f"exec_model {self.exec_model!r} is a model file: give num_blocks "
+                             "and max_num_seqs too (nothing else knows its GPU)")
+        return self
 
     @model_validator(mode="after")
     def _bounds_hold(self) -> InstanceSpec:

@@ -140,10 +140,15 @@ def deployment(exec_model: str) -> Deployment:
 def instance_config(exec_model: str, **overrides: object) -> InstanceConfig:
     """The vLLM settings of one instance running `exec_model`'s model on its GPU: its KV blocks
     and batch size, and the Block paper's block size, token budget and context; `overrides`
-    replace any field."""
-    spec = deployment(exec_model)
+    replace any field. A model with no deployment (a model file's, a derived kind's) needs its
+    KV blocks and batch size among the overrides: nothing else knows its GPU."""
+    if exec_model not in DEPLOYMENTS and {"num_total_blocks", "max_num_seqs"} <= set(overrides):
+        blocks, seqs = overrides["num_total_blocks"], overrides["max_num_seqs"]
+    else:
+        spec = deployment(exec_model)
+        blocks = _MEASURED_BLOCKS.get(exec_model, spec.num_gpu_blocks)
+        seqs = spec.max_num_seqs
     config = InstanceConfig(
-        num_total_blocks=_MEASURED_BLOCKS.get(exec_model, spec.num_gpu_blocks),
-        block_size=BLOCK_SIZE, max_num_seqs=spec.max_num_seqs,
+        num_total_blocks=blocks, block_size=BLOCK_SIZE, max_num_seqs=seqs,  # type: ignore[arg-type]
         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN)
     return replace(config, **overrides) if overrides else config

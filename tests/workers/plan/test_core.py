@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from workers.cluster_sim import poisson_unit_arrivals
+from workers.cluster_sim.fleet_setup import fleet_members
 from workers.plan import (
     PlanInputError,
     PlanOptions,
     PlanRequest,
     Targets,
     derivation_error,
+    derived_models,
     fleet_entries,
     kind_model,
     load_catalog,
@@ -26,6 +29,8 @@ from workers.plan import (
 from workers.plan.baseline import routing_blind_mix
 from workers.plan.replay import less_one_gpu
 from workers.plan.search import PoolJudge, lengthened
+from workers.serve.emulated_engine import EmulatedEngine, EmulatedEngineConfig
+from workers.sim import BatchStats
 from workers.sim.fleet_declaration import parse_fleet
 
 #: Quick searches for tests: short runs, few saturated requests.
@@ -216,6 +221,33 @@ def test_a_replayed_plan_shows_the_figures_the_planner_predicted() -> None:
         assert replayed[model]["ttft_p99_s"] == pytest.approx(pool.ttft_p99_s, abs=1e-4)
         assert replayed[model]["e2e_p99_s"] == pytest.approx(pool.e2e_p99_s, abs=1e-4)
         assert replayed[model]["requests"] == pool.num_requests
+
+
+def test_a_fleet_of_derived_kinds_runs_their_derived_step_times(tmp_path: Path) -> None:
+    """`--fleet-out`'s entries for kinds profiled nowhere name their derived models' files:
+    the fleet declaration accepts them, and the simulator and the emulated engine price steps
+    with the planner's models, KV blocks and batch sizes (not the configured default)."""
+    workload, catalog, targets = _small_plan_inputs()
+    plan = plan_fleet(workload, targets, catalog.only(["L40S"]), FAST)
+    models = derived_models(plan)
+    assert models and all(name.endswith(".json") for name in models)
+    for name, model in models.items():
+        model.save(tmp_path / name)
+    specs = parse_fleet(json.dumps(fleet_entries(plan, tmp_path)))
+    assert len(specs) == sum(pool.num_instances for pool in plan.pools.values())
+    step = BatchStats(num_decode_seqs=8, decode_context_tokens=4000)
+    for spec, member in zip(specs, fleet_members(specs), strict=True):
+        planned = plan.kind_models[(spec.model, "L40S")]
+        assert spec.exec_model == str(tmp_path / f"{planned.exec_model_name}.json")
+        assert member.exec_model.step_ms(step) == pytest.approx(planned.exec_model.step_ms(step))
+        assert (member.config.num_total_blocks, member.config.max_num_seqs) == (
+            planned.config.num_total_blocks, planned.config.max_num_seqs)
+        engine = EmulatedEngine(EmulatedEngineConfig(exec_model=spec.exec_model))
+        assert engine.exec_model.step_ms(step) == pytest.approx(planned.exec_model.step_ms(step))
+    with pytest.raises(ValueError, match="is a model file: give num_blocks and max_num_seqs"):
+        parse_fleet(json.dumps([{"model": "m", "exec_model": specs[0].exec_model}]))
+    with pytest.raises(ValueError, match="neither a bundled one .* nor a model file"):
+        parse_fleet(json.dumps([{"model": "m", "exec_model": str(tmp_path / "gone.json")}]))
 
 
 def test_a_replay_names_a_model_the_fleet_does_not_serve() -> None:
