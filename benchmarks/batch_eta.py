@@ -14,7 +14,8 @@ shipped recipe (`length_model.train`, MiniLM, as ``blockq models length-train``)
   ``--max-lines`` lines, no noise, another draw of the interactive stream at the same rate and
   shapes), on the lines' lengths predicted by the held-out head ("learned"), or on the
   model's mean answer length over the training prompts ("per-model mean"). At 25 %: the
-  unfinished lines, each less the tokens it made, from then.
+  unfinished lines, each less the tokens it made, from then, their predicted lengths scaled
+  by the batch's finished lines (`length_calibration`), as the service scales them.
 - Error: |estimated - true| / true, of the time from the estimate to the batch's last line.
 
 This is the simulated replay: the estimator and the ground truth share the simulator, so the
@@ -48,8 +49,10 @@ from workers.batch.eta import (
     EtaInstance,
     EtaLine,
     InteractiveLoad,
+    calibrated,
     estimate,
     expected_tokens,
+    length_calibration,
     replay,
     saturated_lines_per_s,
 )
@@ -195,8 +198,14 @@ def _one(spec: BatchSpec, head: LengthPredictor, counter: TokenCounter, mean: fl
             prompts, lengths, room, strict=True)], fleet, load, config).seconds
 
     def at_quarter(lengths: Sequence[tuple[int, int | None]]) -> float:
-        rest = [EtaLine(prompts[i] + made,
-                        expected_tokens(*lengths[i], room[i], made=made) - made)
+        # The batch's own finished lines correct its predicted lengths, as the service does.
+        unfinished = dict(quarter.unfinished)
+        ratio = length_calibration(
+            [expected_tokens(m, p90, c) for (m, p90), c in zip(lengths, room, strict=True)],
+            [None if i in unfinished else line.output_tokens
+             for i, line in enumerate(truth_lines)])
+        rest = [EtaLine(prompts[i] + made, expected_tokens(
+                    *calibrated(*lengths[i], ratio), room[i], made=made) - made)
                 for i, made in quarter.unfinished]
         return estimate(rest, fleet, load, config).seconds
 

@@ -32,6 +32,7 @@ from domain.models import (
     InferenceRequest,
     LineStatus,
     Priority,
+    RequestStatus,
     utcnow,
 )
 from domain.settings import Settings
@@ -92,7 +93,8 @@ def estimate_batch(rt: Runtime, batch_id: str, *, now: datetime | None = None) -
         model, expires_at = batch.model, batch.expires_at
         queries, num_remaining = _remaining(session, batch_id, s.batch_eta_max_lines)
         interactive = _interactive_load(session, now)
-    lines = _predicted_lines(rt, queries)
+        ratio = _calibration(session, batch_id)
+    lines = _predicted_lines(rt, queries, ratio)
     config = eta.EtaConfig(max_in_flight=s.max_batch_in_flight, max_lines=s.batch_eta_max_lines)
     answer = eta.estimate(lines, fleet_of(s, model), interactive, config,
                           num_lines=num_remaining)
@@ -190,10 +192,32 @@ _ANSWERS: dict[tuple[str, str, str, int], stage.LengthAnswer] = {}
 _MAX_ANSWERS = 50_000
 
 
-def _predicted_lines(rt: Runtime, remaining: Sequence[_Remaining]) -> list[eta.EtaLine]:
+def _calibration(session: Session, batch_id: str) -> float:
+    """How much longer or shorter than predicted the batch's answers run, from its released
+    lines in order (`eta.length_calibration`; a line that failed or was cancelled tells
+    nothing and is passed over)."""
+    r = InferenceRequest
+    rows = session.execute(
+        select(r.predicted_output_tokens, r.predicted_output_tokens_p90, r.max_tokens,
+               r.status, r.output_tokens)
+        .where(r.batch_id == batch_id).order_by(r.batch_line)).all()
+    predicted: list[float] = []
+    actual: list[int | None] = []
+    for median, p90, cap, status, output in rows:
+        done = status == RequestStatus.SUCCEEDED and median is not None and output is not None
+        if status in TERMINAL_STATUSES and not done:
+            continue
+        predicted.append(eta.expected_tokens(median, p90, int(cap or 1_000_000))
+                         if median is not None else 0.0)
+        actual.append(int(output) if done else None)
+    return eta.length_calibration(predicted, actual)
+
+
+def _predicted_lines(rt: Runtime, remaining: Sequence[_Remaining],
+                     ratio: float = 1.0) -> list[eta.EtaLine]:
     """Each line with its remaining output tokens: expected from the accurate head's median
-    and p90, batched (a released line's own recorded prediction where it has one), less what
-    it generated already."""
+    and p90, batched (a released line's own recorded prediction where it has one), scaled by
+    the batch's `ratio` (`_calibration`), less what it generated already."""
     answers = iter(_answers(rt, [r.query for r in remaining if r.predicted is None]))
     lines = []
     for r in remaining:
@@ -202,6 +226,7 @@ def _predicted_lines(rt: Runtime, remaining: Sequence[_Remaining]) -> list[eta.E
         else:
             answer = next(answers)
             median, p90 = answer.tokens, answer.p90_tokens
+        median, p90 = eta.calibrated(median, p90, ratio)
         tokens = eta.expected_tokens(median, p90, r.query.max_tokens, made=r.generated)
         lines.append(eta.EtaLine(r.prompt_tokens + r.generated, max(1, tokens - r.generated)))
     return lines

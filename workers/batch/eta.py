@@ -30,7 +30,13 @@ from workers.sim import InstanceConfig, Scheduler, SeqState, engine_priority
 from workers.sim.exec_model import ExecModel
 
 __all__ = ["Checkpoint", "EtaConfig", "EtaInstance", "EtaLine", "Estimate", "InteractiveLoad",
-           "estimate", "expected_tokens", "replay", "saturated_lines_per_s"]
+           "calibrated", "estimate", "expected_tokens", "length_calibration", "replay",
+           "saturated_lines_per_s"]
+
+#: Finished lines a batch needs before its own answers correct its predicted lengths, and the
+#: most the correction moves them (either way).
+CALIBRATION_MIN_LINES = 20
+CALIBRATION_BOUND = 2.0
 
 #: The standard normal's 90th percentile.
 _Z90 = 1.2815515655446004
@@ -171,6 +177,33 @@ def expected_tokens(median: int, p90: int | None, cap: int, made: int = 0) -> in
         mean = (math.exp(mu + sigma * sigma / 2)
                 * _phi((mu + sigma * sigma - math.log(made)) / sigma) / tail)
     return max(floor, min(cap, round(mean)))
+
+
+def length_calibration(predicted: Sequence[float], actual: Sequence[int | None]) -> float:
+    """How much longer (above 1) or shorter this batch's answers run than predicted: actual
+    over predicted output tokens of its lines in release order up to the first one not
+    finished (None), within 1 / `CALIBRATION_BOUND` and `CALIBRATION_BOUND`; 1 with fewer than
+    `CALIBRATION_MIN_LINES` such lines.
+
+    NOTE: a prefix, not every finished line: short answers finish first, so the finished
+    lines alone would say that the batch's answers run shorter than they do. A batch's lines
+    are alike (one job's prompts), and the head's error on them is mostly shared (a terse
+    model's short answers predicted as its average ones): the first lines tell the rest.
+    """
+    num = next((i for i, tokens in enumerate(actual) if tokens is None), len(actual))
+    if num < CALIBRATION_MIN_LINES:
+        return 1.0
+    expected = sum(predicted[:num])
+    if expected <= 0:
+        return 1.0
+    ratio = sum(t for t in actual[:num] if t is not None) / expected
+    return min(CALIBRATION_BOUND, max(1 / CALIBRATION_BOUND, ratio))
+
+
+def calibrated(median: int, p90: int | None, ratio: float) -> tuple[int, int | None]:
+    """A line's predicted median and 90th percentile scaled by its batch's `ratio`."""
+    return (max(1, round(median * ratio)),
+            None if p90 is None else max(1, round(p90 * ratio)))
 
 
 def _phi(x: float) -> float:

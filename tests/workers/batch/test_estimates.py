@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app.cli.client import completion_estimate_line
 from domain import batches, dispatch
@@ -19,11 +19,12 @@ from domain.celery_app import create_celery
 from domain.file_bytes import file_store
 from domain.file_records import new_file_id, register_file
 from domain.metrics import BatchEtaCollector
-from domain.models import Batch, BatchStatus, Team, utcnow
+from domain.models import Batch, BatchStatus, InferenceRequest, RequestStatus, Team, utcnow
 from domain.settings import Settings
 from domain.teams import create_team
-from workers.batch.estimates import estimate_batch, refresh_estimates
+from workers.batch.estimates import _calibration, estimate_batch, refresh_estimates
 from workers.batch.expand import Expansion, expand
+from workers.batch.release import release
 from workers.predict import stage
 from workers.runtime import Runtime
 
@@ -162,3 +163,42 @@ def test_pending_lines_are_predicted_once_across_rounds(rt: Runtime) -> None:
     learned.predict_many = counted  # type: ignore[method-assign]
     first, again = estimate_batch(rt, batch_id), estimate_batch(rt, batch_id)
     assert calls == [len(TOPICS)] and again.remaining_lines == first.remaining_lines
+
+
+def test_a_batchs_first_finished_lines_correct_the_rest_of_its_lengths(rt: Runtime) -> None:
+    """The first 24 released lines answered in half their predicted lengths (and one failed,
+    which tells nothing): the rest of the batch is expected to run short too, so its estimate
+    drops, where the lines finished out of order after a running one do not count."""
+    batch_id = _validated_batch(rt, [f"Describe {topic}, item {i}, in two short paragraphs."
+                                     for i in range(40) for topic in TOPICS[:1]])
+    assert release(rt).released
+    with rt.db.session() as session:
+        rows = list(session.scalars(select(InferenceRequest).where(
+            InferenceRequest.batch_id == batch_id).order_by(InferenceRequest.batch_line)))
+    with rt.db.session() as session:
+        for row in rows:
+            session.execute(update(InferenceRequest).where(InferenceRequest.id == row.id)
+                            .values(predicted_output_tokens=200,
+                                    predicted_output_tokens_p90=None))
+    before = estimate_batch(rt, batch_id)
+    finished = [r.id for r in rows[:24]]
+    with rt.db.session() as session:
+        session.execute(update(InferenceRequest).where(InferenceRequest.id.in_(finished))
+                        .values(status=RequestStatus.SUCCEEDED, output_tokens=100))
+        session.execute(update(InferenceRequest).where(InferenceRequest.id == rows[24].id)
+                        .values(status=RequestStatus.FAILED))
+        # After the first running line (rows[25]): long answers, which must not count.
+        session.execute(update(InferenceRequest)
+                        .where(InferenceRequest.id.in_([r.id for r in rows[26:30]]))
+                        .values(status=RequestStatus.SUCCEEDED, output_tokens=2000))
+    with rt.db.session() as session:
+        assert _calibration(session, batch_id) == pytest.approx(0.5)
+    after = estimate_batch(rt, batch_id)
+    assert after is not None and before is not None
+    assert after.remaining_lines == before.remaining_lines - 29
+    # The lines run side by side: 40 lines of 200 tokens take about as long as 11 of 200
+    # would; 11 of 100, half as long.
+    assert before.lines_per_s and after.lines_per_s
+    left_before = before.remaining_lines / before.lines_per_s
+    left_after = after.remaining_lines / after.lines_per_s
+    assert left_after < 0.7 * left_before

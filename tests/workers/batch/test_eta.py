@@ -7,12 +7,15 @@ from __future__ import annotations
 import pytest
 
 from workers.batch.eta import (
+    CALIBRATION_BOUND,
     EtaConfig,
     EtaInstance,
     EtaLine,
     InteractiveLoad,
+    calibrated,
     estimate,
     expected_tokens,
+    length_calibration,
     replay,
     saturated_lines_per_s,
 )
@@ -104,3 +107,17 @@ def test_a_running_line_past_its_median_is_expected_to_run_longer() -> None:
     assert past > 400 + (fresh - 100)  # its tail: more than the median less what it made
     assert expected_tokens(100, 300, 450, made=400) == 450  # still within its max_tokens
     assert expected_tokens(100, None, 4096, made=150) == 151  # no spread: just past it
+
+
+def test_a_batchs_calibration_reads_its_finished_prefix_only() -> None:
+    predicted = [100.0] * 60
+    # The first 30 lines ran at 80 % of their predictions; line 30 still runs; the short ones
+    # that finished after it (as short answers do) are not read.
+    actual: list[int | None] = [80] * 30 + [None] + [10] * 29
+    assert length_calibration(predicted, actual) == pytest.approx(0.8)
+    # Too few finished lines in front: no correction.
+    assert length_calibration(predicted, [80] * 19 + [None] * 41) == 1.0
+    # Bounded either way.
+    assert length_calibration(predicted, [1000] * 60) == CALIBRATION_BOUND
+    assert length_calibration(predicted, [1] * 60) == 1 / CALIBRATION_BOUND
+    assert calibrated(200, 400, 0.5) == (100, 200) and calibrated(1, None, 0.1) == (1, None)
