@@ -85,7 +85,8 @@ def decision_cost(num_instances: int, policy: str, *, num_decisions: int = 200,
                                model=served)
         started = time.perf_counter()
         outcome = decide_route(request, FleetRead(candidates), rules, DecisionContext(
-            now=1.0, rng=rng, next_ticket=tickets.__next__, exec_models=lambda _: models))
+            now=1.0, rng=rng, next_ticket=lambda _model: next(tickets),
+            exec_models=lambda _: models))
         samples.append(time.perf_counter() - started)
         assert isinstance(outcome, Routed)
         ledger.assign(outcome.instance_id, SimRequest(f"r{i}", prompt,

@@ -9,8 +9,10 @@ Key layout (all under one prefix):
   <p>:instance:<id>:recent       sorted set of assignments by routed time, the last
                                  recent_window_s (admitted or not): the expected future load
   <p>:cancel:<request_id>        set when a request is cancelled, read by engine workers
-  <p>:instance:<id>:control      operator's hold on an instance: "drained" or "paused"
+  <p>:instance:<id>:control      operator's hold on an instance: "drained", "paused" or the
+                                 autoscaler's "scaling_down"
   <p>:routing:policy             operator's routing policy override (else the configured one)
+  <p>:round_robin:<model>        round robin's counter of the model's pool (every router's)
 """
 
 from __future__ import annotations
@@ -175,8 +177,9 @@ class Fleet:
         members = self.redis.zrangebyscore(self._key("routing", "held"), since, "+inf")
         return {_text(m) for m in members}
 
-    def next_round_robin(self) -> int:
-        return int(self.redis.incr(self._key("round_robin")))
+    def next_round_robin(self, model: str) -> int:
+        """The next ticket of `model`'s pool: every router takes turns from one counter."""
+        return int(self.redis.incr(self._key("round_robin", model)))
 
     # --- API and health ------------------------------------------------------------------------
     def request_cancel(self, request_id: str) -> None:

@@ -25,8 +25,8 @@ import itertools
 import math
 import random
 import time
-from collections import deque
-from collections.abc import Mapping, Sequence
+from collections import defaultdict, deque
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -348,7 +348,7 @@ class RoutedFleet:
             self.ledger.publish(engine.instance_id, engine.snapshot(), 0.0)
             if member.throughput_rps is not None:
                 self.ledger.set_throughput(engine.instance_id, member.throughput_rps)
-        self._tickets = itertools.count()
+        self._tickets: dict[str, Iterator[int]] = defaultdict(itertools.count)
         self._decision_s = setup.decision_s
         self._router_free_at = [0.0] * setup.num_routers
         # Assignments not noted yet: (when noted, instance, request as planned, bound at).
@@ -407,7 +407,8 @@ class RoutedFleet:
         return decide_route(
             RouteRequest(routed.view, targets=routed.targets, held_since=held_since),
             FleetRead(self._candidates), self.rules,
-            DecisionContext(now=now_s, rng=self.rng, next_ticket=self._tickets.__next__,
+            DecisionContext(now=now_s, rng=self.rng,
+                            next_ticket=lambda model: next(self._tickets[model]),
                             exec_models=lambda _: self._what_if_models))
 
     def release_all(self) -> None:

@@ -107,13 +107,17 @@ class FleetRead:
 
 @dataclass(frozen=True, slots=True)
 class DecisionContext:
-    """What the caller lends a decision: its clock, chance, the fleet-wide round-robin counter
-    (drawn only under round robin) and the execution-time models (asked only when the policy
-    simulates)."""
+    """What the caller lends a decision: its clock, chance, the round-robin counter of each
+    model's pool (`next_ticket(model)`, drawn only under round robin) and the execution-time
+    models (asked only when the policy simulates).
+
+    NOTE: a counter per model, not one for the fleet: with one, another model's requests took
+    tickets in between, and two instances of a model saw them in a random order, not in turn
+    (the planner simulates each pool alone, in turn: docs/plan_live.md)."""
 
     now: float
     rng: random.Random
-    next_ticket: Callable[[], int]
+    next_ticket: Callable[[str], int]
     exec_models: Callable[[Sequence[Candidate]], ExecModel | Mapping[str, ExecModel]]
 
 
@@ -159,9 +163,8 @@ def decide_route(request: RouteRequest, fleet: FleetRead, rules: RoutingRules,
     policy = (FALLBACK_POLICY if fleet.fallback
               else policy_in_force(fleet.override, rules, candidates))
     view = targets.budgeted(request.view, request.targets, datetime.fromtimestamp(ctx.now, UTC))
-    plan = plan_route(policy, view, candidates,
-                      RoutingContext(ticket=ctx.next_ticket() if policy == ROUND_ROBIN else 0,
-                                     rng=ctx.rng),
+    ticket = ctx.next_ticket(request.model or "") if policy == ROUND_ROBIN else 0
+    plan = plan_route(policy, view, candidates, RoutingContext(ticket=ticket, rng=ctx.rng),
                       ctx.exec_models(candidates) if needs_what_if(policy) else None,
                       now=ctx.now, late_binding=_hold_rule(rules, request, ctx.now))
     if plan.startable is not None and not plan.startable:
