@@ -120,7 +120,8 @@ def _capped(request: PlanRequest, max_model_len: int) -> int:
 def compare_rows(predicted: Mapping[str, Mapping[str, Any]],
                  live: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per model of the plan: live and predicted TTFT p99 and e2e p99 (emulated s) and the
-    ratio live / predicted (None where either is missing)."""
+    ratio live / predicted (None where either is missing), and the live p99 from acceptance
+    to routing (the control plane's part of the TTFT)."""
     rows = []
     for model, figures in predicted.items():
         mine = live.get(model, {})
@@ -131,8 +132,23 @@ def compare_rows(predicted: Mapping[str, Mapping[str, Any]],
             row[name] = {"live": got, "predicted": want,
                          "ratio": (got / want if _finite(got) and _finite(want) and want > 0
                                    else None)}
+        row["accept_to_routed_p99_s"] = (mine.get("accept_to_routed_s") or {}).get("p99")
         rows.append(row)
     return rows
+
+
+def instance_shares(models: Sequence[str | None], samples: Sequence[Sequence[Any]]
+                    ) -> dict[str, dict[str, int]]:
+    """Per model, how many of its requests each instance served (a live point's `samples`,
+    whose first field indexes `models` and whose last is the instance): round robin's turns
+    give each an equal share."""
+    shares: dict[str, dict[str, int]] = {}
+    for sample in samples:
+        model, instance = models[sample[0]], sample[-1]
+        if model is not None and instance is not None:
+            per = shares.setdefault(model, {})
+            per[instance] = per.get(instance, 0) + 1
+    return {m: dict(sorted(per.items())) for m, per in shares.items()}
 
 
 def _finite(value: Any) -> bool:

@@ -21,6 +21,7 @@ from benchmarks.paths import ROOT
 from benchmarks.plan_live import (
     PlanLiveError,
     compare_rows,
+    instance_shares,
     plan_fleet_specs,
     plan_requests,
     plan_workload,
@@ -108,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         load_end = quiet.print_load_average("end")
     rows = compare_rows(plan.get("models", {}), point["by_model"])
     console.print(_table(rows, args.time_scale))
+    shares = instance_shares([r.model for r in workload.requests], point["samples"])
+    console.print("requests per instance: " + "; ".join(
+        f"{m}: " + ", ".join(f"{i} {n}" for i, n in per.items()) for m, per in shares.items()))
     console.print(f"{point['succeeded']}/{point['requests']} succeeded, {point['failed']} "
                   f"failed, {point['rerouted']} rerouted, {point['fallback_routed']} "
                   f"fallback-routed; predictors {point['predictors']}; client lag p99 "
@@ -127,7 +131,7 @@ def _table(rows: list[dict], time_scale: float) -> Table:
     table = Table(title=f"live (real stack, emulated instances, time scale {time_scale:g}) "
                         "against the plan's prediction, emulated s")
     for column in ("model", "requests", "TTFT p99 live", "predicted", "ratio",
-                   "e2e p99 live", "predicted", "ratio"):
+                   "e2e p99 live", "predicted", "ratio", "accept->routed p99"):
         table.add_column(column, justify="left" if column == "model" else "right")
 
     def cell(value: float | None, digits: int = 3) -> str:
@@ -137,7 +141,7 @@ def _table(rows: list[dict], time_scale: float) -> Table:
         t, e = row["ttft_p99_s"], row["e2e_p99_s"]
         table.add_row(row["model"], str(row["requests"]), cell(t["live"]), cell(t["predicted"]),
                       cell(t["ratio"], 2), cell(e["live"]), cell(e["predicted"]),
-                      cell(e["ratio"], 2))
+                      cell(e["ratio"], 2), cell(row["accept_to_routed_p99_s"]))
     return table
 
 

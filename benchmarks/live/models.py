@@ -82,14 +82,19 @@ def assign_models(workload: LiveWorkload, shares: dict[str, float], seed: int) -
 
 
 def split_by_model(models: Sequence[str | None], ttft_wall_s: Sequence[float],
-                   e2e_wall_s: Sequence[float], time_scale: float) -> dict[str, dict]:
+                   e2e_wall_s: Sequence[float], time_scale: float,
+                   routed_wall_s: Sequence[float] | None = None) -> dict[str, dict]:
     """Each model's (pool's) request count and TTFT / end-to-end summaries in emulated s, from
-    per-request wall latencies aligned with `models` (inf: never happened). Empty when no
-    request names a model."""
+    per-request wall latencies aligned with `models` (inf: never happened); with
+    `routed_wall_s`, the time from acceptance to routing too (the control plane's share of
+    the TTFT). Empty when no request names a model."""
     out: dict[str, dict] = {}
     for model in dict.fromkeys(m for m in models if m is not None):
         mine = [i for i, m in enumerate(models) if m == model]
         out[model] = {"requests": len(mine),
                       "ttft_s": summarize([ttft_wall_s[i] for i in mine], time_scale).as_dict(),
                       "e2e_s": summarize([e2e_wall_s[i] for i in mine], time_scale).as_dict()}
+        if routed_wall_s is not None:
+            out[model]["accept_to_routed_s"] = summarize(
+                [routed_wall_s[i] for i in mine], time_scale).as_dict()
     return out

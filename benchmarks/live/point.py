@@ -472,7 +472,7 @@ def _result(spec: PointSpec, sends: list[dict[str, Any]], rows: list[dict[str, A
         "ttft_s": summarize(ttft, scale).as_dict(),
         "e2e_s": summarize(e2e, scale).as_dict(),
         # Each model's pool (a fleet of several models): what its own simulation compares with.
-        "by_model": split_by_model(models, ttft, e2e, scale),
+        "by_model": split_by_model(models, ttft, e2e, scale, overhead),
         "accept_to_routed_s": summarize(overhead, scale).as_dict(),
         "accept_to_routed_wall_ms": {"p50": percentile(overhead, 50) * 1000,
                                      "p99": percentile(overhead, 99) * 1000},

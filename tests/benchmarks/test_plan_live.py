@@ -11,6 +11,7 @@ import pytest
 from benchmarks.plan_live import (
     PlanLiveError,
     compare_rows,
+    instance_shares,
     plan_fleet_specs,
     plan_requests,
     plan_workload,
@@ -85,11 +86,22 @@ def test_a_prompt_longer_than_the_context_is_refused() -> None:
 def test_compare_rows_give_ratios_and_missing_figures() -> None:
     rows = compare_rows(
         {"a": {"ttft_p99_s": 0.5, "e2e_p99_s": 10.0}, "b": {"ttft_p99_s": 1.0, "e2e_p99_s": None}},
-        {"a": {"requests": 3, "ttft_s": {"p99": 0.55}, "e2e_s": {"p99": 9.0}}})
+        {"a": {"requests": 3, "ttft_s": {"p99": 0.55}, "e2e_s": {"p99": 9.0},
+               "accept_to_routed_s": {"p99": 0.02}}})
+    assert rows[0]["accept_to_routed_p99_s"] == 0.02 and rows[1]["accept_to_routed_p99_s"] is None
     assert rows[0]["ttft_p99_s"]["ratio"] == pytest.approx(1.1)
     assert rows[0]["e2e_p99_s"]["ratio"] == pytest.approx(0.9)
     assert rows[1]["requests"] == 0 and rows[1]["ttft_p99_s"]["ratio"] is None
     assert rows[1]["e2e_p99_s"] == {"live": None, "predicted": None, "ratio": None}
+
+
+def test_instance_shares_count_each_models_requests_per_instance() -> None:
+    models = ["chat", "bulk", "chat", "chat", None]
+    samples = [[0, 0.1, 1.0, 10, 5, 5, 5, "gpu.0"], [1, 0.1, 1.0, 10, 5, 5, 5, "gpu.2"],
+               [2, 0.1, 1.0, 10, 5, 5, 5, "gpu.1"], [3, 0.1, 1.0, 10, 5, 5, 5, "gpu.0"],
+               [4, 0.1, 1.0, 10, 5, 5, 5, "gpu.3"]]
+    assert instance_shares(models, samples) == {"chat": {"gpu.0": 2, "gpu.1": 1},
+                                                "bulk": {"gpu.2": 1}}
 
 
 def test_the_default_label_leaves_the_routing_policy_unset(tmp_path: Path) -> None:
