@@ -224,6 +224,8 @@ class PoolJudge:
         self.lone_ok = {k: self._lone_ok(m) for k, m in self.kinds.items()}
         self._runs: dict[tuple[Mix, float], Future[PoolResult]] = {}
         self._used: set[Future[PoolResult]] = set()
+        #: The (mix, scale) the search asked for (not those only run ahead of need).
+        self._judged: set[tuple[Mix, float]] = set()
         #: Each search thread's last runs asked for ahead (`prefetch`).
         self._guesses: dict[int, list[tuple[Mix, float]]] = {}
         self._lock = threading.Lock()
@@ -253,6 +255,9 @@ class PoolJudge:
     def judge(self, mix: Mix, scale: float = 1.0) -> PoolResult:
         """The mix at `scale` x the pool's rate, simulated (or a failing verdict without a run
         when below the throughput bound)."""
+        key = self._key(mix, scale)
+        with self._lock:
+            self._judged.add(key)
         return self._verdict(self._run_of(mix, scale))
 
     def _verdict(self, run: Future[PoolResult]) -> PoolResult:
@@ -329,7 +334,7 @@ class PoolJudge:
         simulated to its end (the search gives a run up as soon as it must fail), the one
         closest to the targets (None: no kind could be tried)."""
         largest: dict[str, int] = {}
-        for mix, scale in list(self._runs):
+        for mix, scale in list(self._judged):
             if scale == 1.0 and len(mix) == 1:
                 kind, count = mix[0]
                 largest[kind] = max(largest.get(kind, 0), count)

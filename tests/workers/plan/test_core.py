@@ -174,6 +174,14 @@ def test_worker_processes_and_runs_ahead_change_no_plan() -> None:
     assert spread.alternatives == alone.alternatives
     assert spread.headroom_by_model == alone.headroom_by_model
     assert spread.num_simulations == alone.num_simulations
+    # Where no fleet meets a target, the same closest figure: runs made ahead are not tried.
+    targets["llama-3-8b"] = Targets(e2e_p99_s=0.05)
+    messages = []
+    for jobs in (1, 2):
+        with pytest.raises(PlanInputError) as unmeetable:
+            plan_fleet(workload, targets, catalog, FAST, jobs=jobs)
+        messages.append(str(unmeetable.value))
+    assert messages[0] == messages[1]
 
 
 def test_a_model_without_a_target_is_named() -> None:
