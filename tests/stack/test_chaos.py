@@ -89,9 +89,6 @@ def test_scale_events_under_faults_lose_nothing_and_do_nothing_twice(model_path:
     _no_violations(result)
 
 
-@pytest.mark.xfail(strict=False, reason="open findings (docs/chaos.md, 'Scale events'): after "
-                   "the stack restarts whole, batch lines stayed 'predicting' (24 lost) and a "
-                   "predict_bulk message stayed queued")
 def test_the_supervisor_killed_mid_scale_loses_nothing(model_path: Path) -> None:
     """The supervisor dies mid-start or mid-drain; the stack is started again whole."""
     result: Any = _scaled_run(["scale:supervisor-killed"], model_path, requests=120,
