@@ -12,6 +12,12 @@ greenlet) forever. Here every body read of a request shares one deadline,
 `api_body_read_timeout_s` after the first: past it the read raises `BodyReadTimeout` (408, in
 the app's error format) and the connection is closed after the answer (the rest of the body
 never came, so the connection cannot carry another request).
+
+gunicorn stops its master, and every other worker with it, when a worker fails to build the app
+("Worker failed to boot", exit 3). A replacement worker booting in a bad second (a service
+restarting, memory short) would take the whole API down. This worker logs the traceback and
+tries again (`BOOT_RETRIES_S`); only an app that still cannot be built stops the master, and the
+supervisor then reports it and starts the API again.
 """
 
 from __future__ import annotations
@@ -29,7 +35,12 @@ from gunicorn.workers.ggevent import GeventWorker
 from domain.errors import BlockqError
 from domain.settings import Settings
 
-__all__ = ["BodyReadTimeout", "OpenAIErrorsGeventWorker", "TimedInput", "write_json_error"]
+__all__ = ["BOOT_RETRIES_S", "BodyReadTimeout", "OpenAIErrorsGeventWorker", "TimedInput",
+           "write_json_error"]
+
+#: Seconds between a worker's attempts to build the app: five attempts over about 15 s, within
+#: gunicorn's 30 s worker timeout of each (the worker tells its master it lives before each wait).
+BOOT_RETRIES_S = (1.0, 2.0, 4.0, 8.0)
 
 #: OpenAI-style codes of the statuses gunicorn answers itself.
 _CODES = {400: "invalid_request", 403: "forbidden", 414: "uri_too_long",
@@ -122,5 +133,14 @@ class OpenAIErrorsGeventWorker(GeventWorker):
         super().init_process()
 
     def load_wsgi(self) -> None:
-        super().load_wsgi()
+        for wait_s in (*BOOT_RETRIES_S, None):
+            try:
+                super().load_wsgi()
+                break
+            except Exception:
+                if wait_s is None:
+                    raise  # gunicorn logs it and stops the master (module docstring)
+                self.log.exception("building the app failed; trying again in %.0f s", wait_s)
+                self.notify()
+                time.sleep(wait_s)
         self.wsgi = with_body_deadline(self.wsgi, Settings.load().api_body_read_timeout_s)
