@@ -42,7 +42,7 @@ from workers.route.pipeline import (
     Unrouted,
     decide_route,
 )
-from workers.route.policies import FleetLedger, RequestView
+from workers.route.policies import FleetLedger, RequestView, reads_state
 from workers.route.targets import RequestTargets, SloMissAction
 from workers.sim import ExecModel, InstanceConfig, SimRequest
 from workers.sim.future_load import NO_FUTURE_LOAD, FutureLoad
@@ -272,9 +272,11 @@ def simulate(workload: Workload, rate: float, setup: ClusterSetup, policy: str,
                 None if target.ttft_s is None else target.ttft_s * 1000,
                 None if target.e2e_s is None else target.e2e_s * 1000,
                 miss_action, _moment(arrival_s))), decided_at)
-        if index % 100 == 99 and _too_late(requests, arrival_s, setup, len(workload)):
-            aborted = True
-            break
+        if index % 100 == 99:
+            router.catch_up(arrival_s)
+            if _too_late(requests, arrival_s, setup, len(workload)):
+                aborted = True
+                break
     if not aborted:
         router.release_all()
         for engine in router.engines:
@@ -336,6 +338,11 @@ class RoutedFleet:
         self._by_id = {e.instance_id: e for e in self.engines}
         self.rng = random.Random(seed)
         self._interval = setup.publish_interval_s
+        # NOTE: a router that reads no state (round robin, no late binding) makes the same
+        # decisions unpublished, and an instance runs the same steps whether or not it stops to
+        # publish on the way: skipping the snapshots changes no result.
+        self._publishes = (rules.late_binding is not None or reads_state(rules.policy)
+                           or reads_state(rules.mixed_fleet_policy))
         self._phases = [self.rng.uniform(0.0, self._interval) for _ in self.engines]
         self._published_at = [0.0] * len(self.engines)
         self.ledger = FleetLedger()
@@ -374,10 +381,18 @@ class RoutedFleet:
                     break
                 self._publish(k, due)
                 self._release(due)
+        if not self._publishes:
+            return
         for k in range(len(self.engines)):
             due = _last_publication(now_s, self._phases[k], self._interval)
             if due > self._published_at[k]:
                 self._publish(k, due)
+
+    def catch_up(self, now_s: float) -> None:
+        """Run every instance up to `now_s` (whole steps, as it would run anyway): the first
+        tokens and finishes a check of the run's progress reads."""
+        for engine in self.engines:
+            engine.run_until(now_s)
 
     def route(self, routed: RoutedRequest, now_s: float) -> None:
         """Route, hold or refuse a new request at `now_s`, as the route task would."""

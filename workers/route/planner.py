@@ -17,11 +17,13 @@ from typing import Protocol
 from workers.route.late_binding import LateBinding
 from workers.route.policies import (
     Decision,
+    InstanceView,
     RequestView,
     RoutingContext,
     decide,
     needs_what_if,
     probed,
+    reads_state,
     view_of,
 )
 from workers.sim import ExecModel, SimRequest, engine_priority
@@ -83,6 +85,11 @@ def plan_route(
     the requests routed to it since): its view's ``prefix_match_tokens``, and the what-if
     starts with them cached.
     """
+    if late_binding is None and not reads_state(policy_name):
+        # NOTE: no state is read: building every candidate's view (one per instance, from its
+        # published state and the requests routed since) would cost most of the decision.
+        return Plan(decide(policy_name, request, [_unread_view(c.instance_id)
+                                                  for c in candidates], ctx), {})
     now = time.time() if now is None else now
     simulate = needs_what_if(policy_name)
     if simulate and exec_model is None:
@@ -117,6 +124,11 @@ def plan_route(
         views.append(view)
     return Plan(decide(policy_name, request, views, ctx), what_ifs,
                 None if late_binding is None else frozenset(startable))
+
+
+def _unread_view(instance_id: str) -> InstanceView:
+    """A candidate's view for a policy that reads no state: its id (the figures are zeros)."""
+    return InstanceView(instance_id, 0, 0, 0, 0, 0)
 
 
 class _PrefixHashes:

@@ -59,6 +59,7 @@ __all__ = [
     "needs_what_if",
     "predict_what_ifs",
     "prepare_published",
+    "reads_state",
     "target_shortfall",
     "view_of",
 ]
@@ -166,6 +167,7 @@ POLICIES: Registry[Policy] = Registry("routing policy")
 @POLICIES.register("round_robin")
 class RoundRobin:
     needs_what_if = False
+    reads_state = False
 
     def scores(self, request, fleet, ctx):  # type: ignore[no-untyped-def]
         chosen = ctx.ticket % len(fleet)
@@ -175,6 +177,7 @@ class RoundRobin:
 @POLICIES.register("random")
 class Random:
     needs_what_if = False
+    reads_state = False
 
     def scores(self, request, fleet, ctx):  # type: ignore[no-untyped-def]
         # NOTE: all tie, so the tie break draws the winner uniformly.
@@ -429,6 +432,13 @@ def probed(policy_name: str, candidates: Sequence[T], rng: random.Random) -> lis
     if not isinstance(policy, PowerOfK) or len(candidates) <= policy.num_probes:
         return list(candidates)
     return [candidates[i] for i in sorted(rng.sample(range(len(candidates)), policy.num_probes))]
+
+
+def reads_state(policy_name: str) -> bool:
+    """Whether the named policy reads the instances' states: False for those with a class
+    attribute ``reads_state = False`` (round robin and random only count and order the
+    candidates), whose callers need not build views from the states."""
+    return bool(getattr(POLICIES.create(policy_name), "reads_state", True))
 
 
 def needs_what_if(policy_name: str) -> bool:

@@ -107,6 +107,29 @@ def test_a_run_is_given_up_only_when_its_e2e_target_must_be_missed(toy_model, sm
     assert not kept.aborted and kept.e2e_p99_s == full.e2e_p99_s  # a run it keeps is the same
 
 
+def test_a_router_reading_no_state_decides_alike_without_publications(
+        toy_model, small_config, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Round robin's runs skip the snapshots and views nothing reads; forced to publish and
+    build every view, the same run gives the same latencies, and gives up at the same point."""
+    workload = _random_workload(300, seed=5)
+    # NOTE: twelve instances, so that round robin leaves each alone for a while: the check for
+    # giving up must still see the first tokens it made meanwhile.
+    setup = ClusterSetup(12, small_config, toy_model, exec_noise_sigma=0.1, abort_ttft_s=0.3)
+
+    def runs() -> list:  # type: ignore[type-arg]
+        return [simulate(workload, rate, setup, policy, LogNormalPredictor(0.5), seed=2,
+                         keep_samples=True)
+                for policy in ("round_robin", "random") for rate in (20.0, 150.0)]
+
+    skipping = runs()
+    monkeypatch.setattr("workers.route.planner.reads_state", lambda _policy: True)
+    monkeypatch.setattr("workers.cluster_sim.simulation.reads_state", lambda _policy: True)
+    publishing = runs()
+    assert [(r.aborted, r.ttft_s, r.e2e_s) for r in skipping] == [
+        (r.aborted, r.ttft_s, r.e2e_s) for r in publishing]
+    assert any(r.aborted for r in skipping) and not all(r.aborted for r in skipping)
+
+
 @given(n=st.integers(1, 3000), data=st.data())
 def test_a_certain_p99_miss_is_exact(n: int, data: st.DataObject) -> None:
     """As many values above the limit as the rule asks put NumPy's p99 above it, whatever the
