@@ -191,7 +191,9 @@ class FastSim:
                 break
             if self.now_s >= self.next_arrival_s:
                 self._arrive()
-            if not self._fast_forward():
+            if self._drainable():
+                self._drain()
+            elif not self._fast_forward():
                 self._single_step()
         else:  # pragma: no cover - invariant
             raise AssertionError("simulation made no progress")
@@ -330,6 +332,61 @@ class FastSim:
         num_steps, num_blocks = self._steps_within(num_free, max_steps)
         self._advance_decodes(num_steps, num_blocks)
         return True
+
+    # -- the last phase: only decodes, none preempted, until the target's last token ------
+    def _drainable(self) -> bool:
+        """Whether the rest of the run is decode phases alone: the target decodes, nothing
+        waits or will arrive, and the free blocks cover every decode's growth until the
+        target's last step (a block every `block_size` steps each at most; blocks freed on
+        the way only add room), so nothing is admitted, preempted or sat out."""
+        if (not self.target.is_decoding or self.waiting or self.pending_units or self.num_aside
+                or self.next_arrival_s != math.inf or len(self.running) != self.num_decoding):
+            return False
+        num_steps = self._target_finish_step() - self.step + 1
+        return self.num_decoding * _cdiv(num_steps, self.block_size) <= self.pool.num_free
+
+    def _target_finish_step(self) -> int:
+        target = self.target
+        return target.anchor_step + target.max_output_tokens - target.num_output_tokens - 1
+
+    def _drain(self) -> None:
+        """Run the decode phases up to the target's last token as `_fast_forward` would (the
+        same sums in the same order: the same figures), without the per-phase bookkeeping of
+        the requests that finish before it."""
+        last = self._target_finish_step()
+        # NOTE: (finish step, serial, seq): serials are unique, so no seqs are compared.
+        finishing = sorted(e for e in self.finish_heap if e[2].serial == e[1] and e[0] <= last)
+        model = self.exec_model
+        context_ms = model.decode_context_ms
+        target = self.target
+        step, now_s, delay_s = self.step, self.now_s, self.delay_to_others_s
+        num_decoding, num_unfinished = self.num_decoding, self.num_unfinished
+        tokens_base = self.decode_tokens_base
+        index = 0
+        while True:
+            finish_step = finishing[index][0]
+            num_steps = finish_step - step + 1
+            duration_ms = model.sum_decode_steps_ms(num_decoding, tokens_base
+                                                    + num_decoding * step, num_steps)
+            if num_unfinished > 1:
+                marginal_ms = (model.decode_base_ms(num_decoding)
+                               - model.decode_base_ms(num_decoding - 1))
+                first_tokens = target.anchor_tokens + step - target.anchor_step
+                extra_ms = (num_steps * marginal_ms + context_ms
+                            * (num_steps * first_tokens + num_steps * (num_steps - 1) // 2))
+                delay_s += extra_ms / 1000.0 * (num_unfinished - 1)
+            now_s += duration_ms / 1000.0
+            step = finish_step + 1
+            if finish_step == last:
+                break
+            while finishing[index][0] == finish_step:
+                seq = finishing[index][2]
+                tokens_base -= seq.anchor_tokens - seq.anchor_step
+                num_decoding -= 1
+                num_unfinished -= not seq.is_future
+                index += 1
+        self.step, self.now_s, self.delay_to_others_s = step, now_s, delay_s
+        self.e2e_s = now_s
 
     def _admission_possible(self, num_free: int) -> bool:
         if not self.waiting or not self._has_seat(self.waiting[0].priority):

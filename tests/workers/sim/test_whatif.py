@@ -24,6 +24,7 @@ from workers.sim import (
     prepare,
     target_output_tokens,
 )
+from workers.sim.fastsim import FastSim
 
 from .cases import random_case
 
@@ -87,6 +88,32 @@ def test_event_driven_equals_step_by_step_on_busy_a30_instances(num_blocks: int)
         preemptions += fast.num_preemptions
     if num_blocks == 600:
         assert preemptions > 0  # the small cache exercises preemption
+
+
+def test_the_last_decode_phases_drained_at_once_give_the_same_figures(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once only decodes remain and the blocks cover them, the what-if runs the phases up to
+    the new request's last token in one loop (`FastSim._drain`): bit for bit what running
+    them one by one gives, on busy instances with and without room."""
+    model = bundled_model("qwen2-7b-a30")
+    rng = random.Random(7)
+    cases = [sharegpt_like_case(rng, num_running, InstanceConfig(
+        **{**_fields(A30_QWEN), "num_total_blocks": num_blocks}))
+        for num_blocks in (7289, 600) for num_running in (1, 8, 24, 48, 48)]
+    drained = 0
+    drain = FastSim._drain
+
+    def counted(self: FastSim) -> None:
+        nonlocal drained
+        drained += 1
+        drain(self)
+
+    monkeypatch.setattr(FastSim, "_drain", counted)
+    at_once = [predict_what_if(snapshot, new, model) for snapshot, new in cases]
+    monkeypatch.setattr(FastSim, "_drainable", lambda self: False)
+    one_by_one = [predict_what_if(snapshot, new, model) for snapshot, new in cases]
+    assert at_once == one_by_one
+    assert drained >= len(cases) // 2
 
 
 def test_a_prepared_snapshot_answers_many_new_requests(toy_model: ExecModel) -> None:
