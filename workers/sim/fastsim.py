@@ -102,6 +102,11 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _finish_step(seq: _Seq) -> int:
+    """The step a decode anchored as it is produces its last token in."""
+    return seq.anchor_step + seq.max_output_tokens - seq.num_output_tokens - 1
+
+
 def _is_late(seq: _Seq) -> bool:
     return is_late_batch_prefill(seq.priority, seq.num_prompt_tokens + seq.num_output_tokens,
                                  seq.num_computed_tokens)
@@ -285,7 +290,7 @@ class FastSim:
         # A decode needs a new block when its length before the step is a multiple
         # of the block size, i.e. on steps congruent to this residue.
         seq.residue = (step - num_tokens + 1) % self.block_size
-        finish_step = step + seq.max_output_tokens - seq.num_output_tokens - 1
+        finish_step = _finish_step(seq)
         self.next_serial += 1
         seq.serial = self.next_serial
         self.residue_counts[seq.residue] += 1
@@ -342,23 +347,17 @@ class FastSim:
         if (not self.target.is_decoding or self.waiting or self.pending_units or self.num_aside
                 or self.next_arrival_s != math.inf or len(self.running) != self.num_decoding):
             return False
-        num_steps = self._target_finish_step() - self.step + 1
+        num_steps = _finish_step(self.target) - self.step + 1
         return self.num_decoding * _cdiv(num_steps, self.block_size) <= self.pool.num_free
-
-    def _target_finish_step(self) -> int:
-        target = self.target
-        return target.anchor_step + target.max_output_tokens - target.num_output_tokens - 1
 
     def _drain(self) -> None:
         """Run the decode phases up to the target's last token as `_fast_forward` would (the
         same sums in the same order: the same figures), without the per-phase bookkeeping of
         the requests that finish before it."""
-        last = self._target_finish_step()
+        last = _finish_step(self.target)
         # NOTE: (finish step, serial, seq): serials are unique, so no seqs are compared.
         finishing = sorted(e for e in self.finish_heap if e[2].serial == e[1] and e[0] <= last)
         model = self.exec_model
-        context_ms = model.decode_context_ms
-        target = self.target
         step, now_s, delay_s = self.step, self.now_s, self.delay_to_others_s
         num_decoding, num_unfinished = self.num_decoding, self.num_unfinished
         tokens_base = self.decode_tokens_base
@@ -369,12 +368,8 @@ class FastSim:
             duration_ms = model.sum_decode_steps_ms(num_decoding, tokens_base
                                                     + num_decoding * step, num_steps)
             if num_unfinished > 1:
-                marginal_ms = (model.decode_base_ms(num_decoding)
-                               - model.decode_base_ms(num_decoding - 1))
-                first_tokens = target.anchor_tokens + step - target.anchor_step
-                extra_ms = (num_steps * marginal_ms + context_ms
-                            * (num_steps * first_tokens + num_steps * (num_steps - 1) // 2))
-                delay_s += extra_ms / 1000.0 * (num_unfinished - 1)
+                delay_s += (self._target_decode_ms(num_decoding, step, num_steps) / 1000.0
+                            * (num_unfinished - 1))
             now_s += duration_ms / 1000.0
             step = finish_step + 1
             if finish_step == last:
@@ -432,18 +427,22 @@ class FastSim:
         num_decoding = self.num_decoding
         context = self.decode_tokens_base + num_decoding * step
         duration_ms = model.sum_decode_steps_ms(num_decoding, context, num_steps)
-        target = self.target
-        if target.is_decoding and self.num_unfinished > 1:
-            marginal_ms = (model.decode_base_ms(num_decoding)
-                           - model.decode_base_ms(num_decoding - 1))
-            first_tokens = self._decode_tokens_at(target, step)
-            extra_ms = (num_steps * marginal_ms + model.decode_context_ms
-                        * (num_steps * first_tokens + num_steps * (num_steps - 1) // 2))
-            self.delay_to_others_s += extra_ms / 1000.0 * (self.num_unfinished - 1)
+        if self.target.is_decoding and self.num_unfinished > 1:
+            self.delay_to_others_s += (self._target_decode_ms(num_decoding, step, num_steps)
+                                       / 1000.0 * (self.num_unfinished - 1))
         self.pool.allocate(num_blocks)
         self.now_s += duration_ms / 1000.0
         self.step = step + num_steps
         self._retire_decodes(step + num_steps - 1)
+
+    def _target_decode_ms(self, num_decoding: int, step: int, num_steps: int) -> float:
+        """What the decoding target adds to `num_steps` decode steps of `num_decoding` from
+        `step` on (its marginal share of each): the delay it causes each other request."""
+        model = self.exec_model
+        marginal_ms = model.decode_base_ms(num_decoding) - model.decode_base_ms(num_decoding - 1)
+        first_tokens = self._decode_tokens_at(self.target, step)
+        return (num_steps * marginal_ms + model.decode_context_ms
+                * (num_steps * first_tokens + num_steps * (num_steps - 1) // 2))
 
     def _retire_decodes(self, step: int) -> None:
         """Finish the decodes whose last token came out of `step`."""
