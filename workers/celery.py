@@ -15,6 +15,7 @@ from domain.settings import Settings
 from workers import observability as _observability  # noqa: F401 - connects signals
 from workers.broker import BROKER_TRANSPORT
 from workers.predict import lifecycle as _predict_lifecycle  # noqa: F401 - connects signals
+from workers.route import lifecycle as _route_lifecycle  # noqa: F401 - connects signals
 from workers.serve import lifecycle as _engine_lifecycle  # noqa: F401 - connects signals
 
 __all__ = ["celery", "TASK_MODULES", "QUIET_TASKS"]

@@ -3,7 +3,12 @@ killed with requests in flight, then started again, takes work at once: the requ
 to the survivor and still waiting there are spread again over both, the returned instance serves
 some of them, routing never falls back to round robin, and every request succeeds exactly once.
 Emulated engines in real time (about 3 s a request), two seats each: the backlog re-routed to
-the survivor outlasts the restart."""
+the survivor outlasts the restart.
+
+gpu.0 starts again only once everything re-routed off it waits on gpu.1: started earlier, the
+returned gpu.0 would take the re-routes themselves (least requests), be busy when the sweep
+first sees it, and there would be nothing to move (a CI run: the route worker's first decisions
+waited seconds for the tokenizer, and gpu.0 was back before them)."""
 
 from __future__ import annotations
 
@@ -14,13 +19,28 @@ from collections.abc import Callable
 import pytest
 
 from app.cli.stack import Stack
-from tests.stack.native_requests import submit, wait_terminal
+from tests.stack.native_requests import TERMINAL, submit, wait_terminal
 
 pytestmark = pytest.mark.slow
 
 
 def _instance(client, instance_id: str) -> dict:  # type: ignore[no-untyped-def]
     return next(i for i in client.get("/v1/instances").json()["data"] if i["id"] == instance_id)
+
+
+def _wait_all_off(client, ids: list[str], instance_id: str,  # type: ignore[no-untyped-def]
+                  timeout_s: float) -> None:
+    """Until each request is routed to another instance, or finished."""
+    deadline = time.monotonic() + timeout_s
+    pending = set(ids)
+    while pending:
+        assert time.monotonic() < deadline, f"{len(pending)} not re-routed off {instance_id}"
+        for request_id in sorted(pending):
+            body = client.get(f"/v1/requests/{request_id}").json()
+            if body["status"] in TERMINAL or (body["status"] in ("routed", "running")
+                                             and body["instance_id"] != instance_id):
+                pending.discard(request_id)
+        time.sleep(0.1)
 
 
 def test_a_restarted_engine_takes_the_waiting_backlog_at_once(
@@ -39,6 +59,7 @@ def test_a_restarted_engine_takes_the_waiting_backlog_at_once(
         while _instance(client, "gpu.0")["alive"]:  # its heartbeat lapses: re-routed
             assert time.monotonic() < deadline
             time.sleep(0.1)
+        _wait_all_off(client, ids, "gpu.0", timeout_s=60)
         stack.start_process("gpu.0", stack.commands["gpu.0"])
         results = wait_terminal(client, ids, timeout_s=240)
         routing = client.get("/v1/instances").json()["routing"]
