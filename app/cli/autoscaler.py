@@ -61,7 +61,12 @@ from workers.autoscale.decide import (
     SaturationSizer,
     Sizer,
 )
-from workers.autoscale.demand import recent_arrivals, requeue_waiting, waiting_by_model
+from workers.autoscale.demand import (
+    late_batch_rps,
+    recent_arrivals,
+    requeue_waiting,
+    waiting_by_model,
+)
 from workers.sim.fleet_declaration import FleetSlot
 
 __all__ = ["COLD_STARTS_KEY", "DRAIN_REPORTS_KEY", "StackAutoscaler", "policy_of"]
@@ -187,8 +192,9 @@ class StackAutoscaler:
         now = self.clock()
         history = recent_arrivals(self.db, now - self.settings.autoscale_window_s,
                                   self.settings.default_model)
-        decisions = self.scaler.decide(now, self._entries(), history,
-                                       waiting_by_model(self.db))
+        decisions = self.scaler.decide(now, self._entries(), history, waiting_by_model(self.db),
+                                       late_batch_rps(self.db, self.redis, now,
+                                                      self.settings.default_model))
         for decision in decisions:
             self._apply(decision)
         return decisions

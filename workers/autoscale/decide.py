@@ -19,6 +19,9 @@ One decision, every interval, over the whole fleet:
 5. **Zero.** A model with no request in the window goes to its entries' min_count (0 lets it
    sleep), through the same slow path; a request for a model at zero asks for one instance at
    once.
+6. **Late batches.** A running batch whose completion estimate falls after its completion
+   window asks for the lines a second it lacks (`batch_rps`: what finishing in time needs less
+   what the estimate says it gets), on top of the rate to serve, until it is back in time.
 
 Every decision carries its reason (rate, forecast, capacity, predicted TTFT, cost). Pure: the
 clock, the history and the fleet's state are passed in; no I/O.
@@ -203,32 +206,39 @@ class Autoscaler:
 
     def decide(self, now_s: float, entries: Sequence[EntryState],
                history: Mapping[str, Sequence[Arrival]],
-               waiting: Mapping[str, int] | None = None) -> list[ModelDecision]:
+               waiting: Mapping[str, int] | None = None,
+               batch_rps: Mapping[str, float] | None = None) -> list[ModelDecision]:
         """One decision per model of `entries`. `history`: each model's arrivals (any order,
         any age: those of the window count); `waiting`: requests held for a model that has no
-        live instance (each asks for one at once)."""
+        live instance (each asks for one at once); `batch_rps`: the lines a second each model's
+        late batches lack (step 6 of the module docstring)."""
         by_model: dict[str, list[EntryState]] = {}
         for entry in entries:
             by_model.setdefault(entry.model, []).append(entry)
         return [self._decide_model(now_s, model, pool, history.get(model, ()),
-                                   (waiting or {}).get(model, 0))
+                                   (waiting or {}).get(model, 0),
+                                   max(0.0, (batch_rps or {}).get(model, 0.0)))
                 for model, pool in by_model.items()]
 
     # --- one model ----------------------------------------------------------------------------
     def _decide_model(self, now_s: float, model: str, pool: list[EntryState],
-                      history: Sequence[Arrival], num_waiting: int) -> ModelDecision:
+                      history: Sequence[Arrival], num_waiting: int,
+                      batch_rps: float) -> ModelDecision:
         policy = self.policy
         recent = sorted((a for a in history if now_s - policy.window_s <= a.arrival_s <= now_s),
                         key=lambda a: a.arrival_s)
         rate = sum(1 for a in recent if a.arrival_s >= now_s - policy.recent_s) / policy.recent_s
         forecast = forecast_rate([a.arrival_s for a in recent], now_s, window_s=policy.window_s,
                                  bucket_s=policy.bucket_s, horizon_s=policy.horizon_s)
-        target = max(rate, forecast) * policy.headroom
         sample = recent[-policy.max_sample:]
+        # NOTE: without a recent request there is no capacity to size a batch's need with: it
+        # asks for one instance (`busy`), whose lines then size the rest.
+        target = max(rate, forecast) * policy.headroom + (batch_rps if sample else 0.0)
         capacity = {e.entry_index: self.sizer.capacity_rps(e, sample) if sample else 0.0
                     for e in pool}
         current = {e.entry_index: min(max(e.running, 0), e.max_count) for e in pool}
-        busy = num_waiting > 0 or bool(recent)  # a model with demand keeps one instance
+        # A model with demand keeps one instance.
+        busy = num_waiting > 0 or bool(recent) or batch_rps > 0
         wanted = self._scale_up(pool, current, capacity, target, needs_one=busy)
         action: Action = "up" if _more(wanted, current) else "hold"
         detail = ""
@@ -250,6 +260,9 @@ class Autoscaler:
             detail = ", ".join(f"+{wanted[e.entry_index] - current[e.entry_index]} "
                                f"{e.gpu_kind}" for e in pool
                                if wanted[e.entry_index] > current[e.entry_index])
+        if batch_rps > 0:
+            detail = "; ".join(filter(None, [f"late batches lack {batch_rps:.2f} lines/s",
+                                             detail]))
         return self._decision(model, pool, action, wanted, capacity, sample, rate, forecast,
                               target, num_waiting, detail)
 

@@ -1,6 +1,6 @@
 """What the autoscaler reads and moves: the request history it sizes from (PostgreSQL), the
-requests waiting for a model at zero, and a draining instance's waiting requests, which go back
-to routing."""
+requests waiting for a model at zero, the batches estimated to finish after their completion
+windows, and a draining instance's waiting requests, which go back to routing."""
 
 from __future__ import annotations
 
@@ -8,16 +8,18 @@ import logging
 from collections import defaultdict
 from datetime import UTC, datetime
 
+import redis
 from sqlalchemy import func, select
 
 from domain import dispatch, request_store
+from domain.batches import batch_estimates
 from domain.db import Database
 from domain.live_fleet import InstanceStatus
-from domain.models import InferenceRequest, Priority, RequestStatus
+from domain.models import Batch, BatchStatus, InferenceRequest, Priority, RequestStatus
 from domain.outbox import Outbox
 from workers.autoscale.decide import Arrival
 
-__all__ = ["recent_arrivals", "requeue_waiting", "waiting_by_model"]
+__all__ = ["late_batch_rps", "recent_arrivals", "requeue_waiting", "waiting_by_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,27 @@ def waiting_by_model(db: Database) -> dict[str, int]:
              .group_by(InferenceRequest.model))
     with db.session() as session:
         return {model: int(count) for model, count in session.execute(query) if model}
+
+
+def late_batch_rps(db: Database, client: redis.Redis, now_s: float,
+                   default_model: str) -> dict[str, float]:
+    """Model -> the lines a second its running batches lack: for each batch whose latest
+    completion estimate falls after its completion window, the lines it has left over the time
+    left, less the lines a second the estimate gives it. A batch past its window already asks
+    for nothing (it expires)."""
+    with db.session() as session:
+        running = session.execute(select(Batch.id, Batch.model, Batch.expires_at)
+                                  .where(Batch.status == BatchStatus.IN_PROGRESS)).all()
+    estimates = batch_estimates(client, [batch_id for batch_id, _, _ in running])
+    lacking: dict[str, float] = defaultdict(float)
+    for batch_id, model, expires_at in running:
+        estimate = estimates.get(batch_id)
+        time_left_s = expires_at.timestamp() - now_s
+        if estimate is None or estimate["meets_completion_window"] or time_left_s <= 0:
+            continue
+        needed = estimate["remaining_lines"] / time_left_s
+        lacking[model or default_model] += max(0.0, needed - (estimate["lines_per_s"] or 0.0))
+    return {model: rps for model, rps in lacking.items() if rps > 0}
 
 
 def requeue_waiting(outbox: Outbox, status: InstanceStatus) -> int:

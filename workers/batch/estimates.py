@@ -41,7 +41,7 @@ from workers.predict import stage
 from workers.runtime import Runtime
 from workers.sim import InstanceConfig, exec_model_of
 
-__all__ = ["EtaRecord", "estimate_batch", "fleet_of", "refresh_estimates"]
+__all__ = ["EtaRecord", "estimate_batch", "fleet_of", "interactive_load", "refresh_estimates"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def estimate_batch(rt: Runtime, batch_id: str, *, now: datetime | None = None) -
             return None
         model, expires_at = batch.model, batch.expires_at
         queries, num_remaining = _remaining(session, batch_id, s.batch_eta_max_lines)
-        interactive = _interactive_load(session, now)
+        interactive = interactive_load(session, now, model)
         ratio = _calibration(session, batch_id)
     lines = _predicted_lines(rt, queries, ratio)
     config = eta.EtaConfig(max_in_flight=s.max_batch_in_flight, max_lines=s.batch_eta_max_lines)
@@ -262,12 +262,15 @@ def _head_name(predictor: stage.LearnedLengths) -> str:
         return f"unavailable@{time.monotonic():.0f}"
 
 
-def _interactive_load(session: Session, now: datetime) -> eta.InteractiveLoad:
-    """The interactive stream of the last `INTERACTIVE_WINDOW_S`: its rate, and the shapes
-    of its latest requests (their actual output where they finished, else predicted)."""
+def interactive_load(session: Session, now: datetime,
+                      model: str | None = None) -> eta.InteractiveLoad:
+    """The interactive stream of the last `INTERACTIVE_WINDOW_S` to `model`'s instances (the
+    batch's fleet; every model's when None): its rate, and the shapes of its latest requests
+    (their actual output where they finished, else predicted)."""
     since = now - timedelta(seconds=INTERACTIVE_WINDOW_S)
     recent = (InferenceRequest.priority == str(Priority.INTERACTIVE),
-              InferenceRequest.created_at >= since)
+              InferenceRequest.created_at >= since,
+              *((InferenceRequest.model == model,) if model is not None else ()))
     count = session.scalar(select(func.count()).select_from(InferenceRequest)
                            .where(*recent)) or 0
     if not count:

@@ -157,3 +157,20 @@ def test_the_simulation_sizes_a_faster_kind_larger_and_predicts_a_ttft() -> None
     assert sizer.capacity_rps(h100, sample) > 1.5 * sizer.capacity_rps(a30, sample)
     ttft = sizer.predicted_ttft_p99_s({a30: 2}, sample, 1.0)
     assert ttft is not None and 0 < ttft < 5
+
+
+def test_a_late_batch_asks_for_capacity_until_it_has_it() -> None:
+    """A batch estimated to finish after its window lacks 2.5 lines a second: the model gets
+    instances for it on top of its interactive rate, and says why."""
+    pool = [_entry(0, "cheap", 1, 1.0), _entry(1, "fast", 0, 2.5)]
+    history = {"chat": _steady(1.0, 600)}
+    scaler = Autoscaler(POLICY, SIZER)
+    alone, = scaler.decide(600, pool, history)
+    late, = scaler.decide(600, pool, history, batch_rps={"chat": 2.5})
+    assert alone.action == "hold" and alone.desired == {0: 1, 1: 0}
+    assert late.action == "up" and late.target_rps == 3.5 and late.capacity_rps >= 3.5
+    assert "late batches lack 2.50 lines/s" in late.reason
+    # A model at zero with only a late batch (no interactive history) wakes for it.
+    asleep = [_entry(0, "cheap", 0, 1.0)]
+    woken, = scaler.decide(600, asleep, {"chat": _steady(1.0, 100)}, batch_rps={"chat": 1.0})
+    assert woken.desired == {0: 1}

@@ -22,7 +22,13 @@ from domain.metrics import BatchEtaCollector
 from domain.models import Batch, BatchStatus, InferenceRequest, RequestStatus, Team, utcnow
 from domain.settings import Settings
 from domain.teams import create_team
-from workers.batch.estimates import _calibration, estimate_batch, refresh_estimates
+from tests.workers.request_rows import new_request
+from workers.batch.estimates import (
+    _calibration,
+    estimate_batch,
+    interactive_load,
+    refresh_estimates,
+)
 from workers.batch.expand import Expansion, expand
 from workers.batch.release import release
 from workers.predict import stage
@@ -202,3 +208,29 @@ def test_a_batchs_first_finished_lines_correct_the_rest_of_its_lengths(rt: Runti
     left_before = before.remaining_lines / before.lines_per_s
     left_after = after.remaining_lines / after.lines_per_s
     assert left_after < 0.7 * left_before
+
+
+def test_only_the_batchs_own_models_interactive_traffic_slows_it(rt: Runtime) -> None:
+    """Each model runs on its own instances: another model's interactive stream takes none of
+    this batch's fleet (two models at 2 req/s each were counted as 4 on each fleet)."""
+    batch_id = _validated_batch(rt, [f"Describe {topic} in a long essay." for topic in TOPICS]
+                                * 8)
+
+    def busy(model: str) -> None:  # 1 long request a second over the last 300 s
+        with rt.db.session() as session:
+            for i in range(300):
+                new_request(session, model=model, prompt_tokens=1000, max_tokens=1000,
+                            prompt=f"{model} {i}")
+
+    quiet = estimate_batch(rt, batch_id)
+    busy("other")
+    beside_other = estimate_batch(rt, batch_id)
+    busy(rt.settings.model_name)
+    beside_own = estimate_batch(rt, batch_id)
+    assert quiet is not None and beside_other is not None and beside_own is not None
+    assert beside_other.lines_per_s == quiet.lines_per_s
+    assert beside_own.lines_per_s < 0.97 * quiet.lines_per_s  # 5.75 against 6.12
+    with rt.db.session() as session:
+        own = interactive_load(session, utcnow(), rt.settings.model_name)
+        every = interactive_load(session, utcnow())
+    assert every.rate_rps == pytest.approx(2 * own.rate_rps)
