@@ -100,7 +100,7 @@ class EmulatedEngineBuilder:
         prompts = runtime.get().prompts
         prompts.warm_up()
         lengths = OUTPUT_LENGTHS.get(settings.emulated_output_lengths).configure(
-            settings.emulated_answers_path)
+            settings.emulated_answers_path, model=settings.model_name)
         self.config = EmulatedEngineConfig(
             exec_model=settings.emulated_exec_model,
             model=f"emulated/{settings.model_name}",

@@ -46,8 +46,9 @@ class OutputLengthSource(OutputLengths, Protocol):
     """One of `OUTPUT_LENGTHS`: an `OutputLengths` buildable from the emulated engine's settings."""
 
     @classmethod
-    def configure(cls, answers_path: Path | None) -> Self:
-        """The source as Settings choose it (`answers_path`: emulated_answers_path)."""
+    def configure(cls, answers_path: Path | None, model: str | None = None) -> Self:
+        """The source as Settings choose it (`answers_path`: emulated_answers_path; `model`:
+        the served model of the instance)."""
         ...
 
 
@@ -68,7 +69,7 @@ class ShareGptLengths:
     seed: int = 0
 
     @classmethod
-    def configure(cls, answers_path: Path | None) -> ShareGptLengths:
+    def configure(cls, answers_path: Path | None, model: str | None = None) -> ShareGptLengths:
         return cls()
 
     def __call__(self, request: GenerationRequest) -> int:
@@ -83,7 +84,8 @@ class MaxTokensLengths:
     """Every request generates exactly max_tokens (an EOS-free model; replay benchmarks)."""
 
     @classmethod
-    def configure(cls, answers_path: Path | None) -> MaxTokensLengths:
+    def configure(cls, answers_path: Path | None, model: str | None = None
+                  ) -> MaxTokensLengths:
         return cls()
 
     def __call__(self, request: GenerationRequest) -> int:
@@ -94,23 +96,34 @@ class MaxTokensLengths:
 @dataclass(frozen=True)
 class AnswerLengths:
     """The length of a real answer to the same prompt (prompt text -> output tokens), for
-    replaying real conversations; prompts without a known answer draw from ShareGPT."""
+    replaying real conversations; prompts without a known answer draw from ShareGPT.
+
+    Two models answer one prompt at unlike lengths: a row may name its `model`, and an
+    instance takes the rows of its own served model over the rows that name none."""
 
     answers: Mapping[str, int]
     fallback: OutputLengths = field(default_factory=ShareGptLengths)
 
     @classmethod
-    def configure(cls, answers_path: Path | None) -> AnswerLengths:
+    def configure(cls, answers_path: Path | None, model: str | None = None) -> AnswerLengths:
         if answers_path is None:
             raise ValueError("emulated_output_lengths 'answers' needs emulated_answers_path")
-        return cls.from_jsonl(answers_path)
+        return cls.from_jsonl(answers_path, model=model)
 
     @classmethod
-    def from_jsonl(cls, path: Path) -> AnswerLengths:
-        """Rows with `prompt` (text) and `output_tokens`; the last row of a prompt wins."""
+    def from_jsonl(cls, path: Path, *, model: str | None = None) -> AnswerLengths:
+        """Rows with `prompt` (text), `output_tokens` and optionally `model`; the last row of a
+        prompt wins, a row naming `model` over one naming no model. Rows naming another model
+        are left out."""
+        general: dict[str, int] = {}
+        own: dict[str, int] = {}
         with Path(path).open() as lines:
-            rows = (json.loads(line) for line in lines if line.strip())
-            return cls({row["prompt"]: int(row["output_tokens"]) for row in rows})
+            for row in (json.loads(line) for line in lines if line.strip()):
+                if row.get("model") is None:
+                    general[row["prompt"]] = int(row["output_tokens"])
+                elif row["model"] == model:
+                    own[row["prompt"]] = int(row["output_tokens"])
+        return cls({**general, **own})
 
     def __call__(self, request: GenerationRequest) -> int:
         known = self.answers.get(request.prompt)

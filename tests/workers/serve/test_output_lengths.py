@@ -47,3 +47,21 @@ def test_answers_need_a_file_and_unknown_sources_are_refused() -> None:
         OUTPUT_LENGTHS.get("answers").configure(None)
     with pytest.raises(ValueError, match="known: answers, max_tokens, sharegpt"):
         OUTPUT_LENGTHS.get("uniform")
+
+
+def test_each_instance_replays_its_own_models_answers(tmp_path: Path) -> None:
+    """Two models answer one prompt at unlike lengths: rows naming a model go to that model's
+    instances only, over rows that name none."""
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text("\n".join(json.dumps(row) for row in [
+        {"prompt": "shared", "output_tokens": 10},
+        {"prompt": "shared", "output_tokens": 400, "model": "verbose"},
+        {"prompt": "only-terse", "output_tokens": 7, "model": "terse"},
+    ]) + "\n")
+    verbose = OUTPUT_LENGTHS.get("answers").configure(answers, model="verbose")
+    terse = OUTPUT_LENGTHS.get("answers").configure(answers, model="terse")
+    assert verbose(_request("a", prompt="shared")) == 400
+    assert terse(_request("a", prompt="shared")) == 10
+    assert terse(_request("b", prompt="only-terse")) == 7
+    assert verbose(_request("b", prompt="only-terse")) == ShareGptLengths()(
+        _request("b", prompt="only-terse"))
