@@ -53,6 +53,7 @@ import httpx
 import openai
 from sqlalchemy import func, select
 
+from app.cli.stack import stop_stacks_on_sigterm
 from benchmarks import quiet
 from benchmarks.batch_eta import (
     FLEETS,
@@ -198,6 +199,10 @@ def run_batches(client: openai.OpenAI, specs: Sequence[BatchSpec], codec: Prompt
         batch = client.batches.create(input_file_id=upload.id, completion_window="24h",
                                       endpoint="/v1/completions")
         seen.append({"spec": spec, "id": batch.id, **_follow(client, batch.id, timeout_s)})
+        # NOTE: each batch's marks as it ends, so that a run cut short keeps what it measured.
+        print(json.dumps({"model": spec.model, "batch": spec.name, "id": batch.id,
+                          "at_validation": seen[-1]["at_validation"],
+                          "at_quarter": seen[-1]["at_quarter"]}), flush=True)
     return seen
 
 
@@ -371,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="lock only this run's own services, not the test services: to "
                              "check that it runs beside others (its figures then mean nothing)")
     args = parser.parse_args(argv)
+    stop_stacks_on_sigterm()
     own = {"--database-url": args.database_url, "--redis-url": args.redis_url}
     with quiet.alone(math.inf if args.functional_check else args.quiet_load,
                      services=own if args.functional_check else {**TEST_SERVICES, **own},

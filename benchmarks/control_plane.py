@@ -37,6 +37,7 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -563,6 +564,8 @@ def main() -> int:
     parser.add_argument("--model-path", type=Path,
                         default=TINY_MODEL)
     add_service_arguments(parser)
+    parser.add_argument("--keep-logs", type=Path, default=None, metavar="DIR",
+                        help="copy the stack's logs and vllm bench's detailed results here")
     parser.add_argument("--note", default="", help="a paragraph for the document")
     parser.add_argument("--write-doc", type=Path, default=None,
                         help="write the results (Markdown) to this file")
@@ -658,4 +661,8 @@ def _run(args: argparse.Namespace, loads: tuple[Load, ...], moderate: Load, data
         finally:
             stack.stop()
             db.dispose()
+            if args.keep_logs is not None:
+                # NOTE: what a failed point's clients were told is in the API's log.
+                shutil.copytree(data_dir / "logs", args.keep_logs, dirs_exist_ok=True)
+                shutil.copytree(out_dir, args.keep_logs / "results", dirs_exist_ok=True)
     return phases, idle

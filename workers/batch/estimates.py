@@ -268,8 +268,9 @@ def interactive_load(session: Session, now: datetime,
     batch's fleet; every model's when None): its rate, and the shapes of its latest requests
     (their actual output where they finished, else predicted)."""
     since = now - timedelta(seconds=INTERACTIVE_WINDOW_S)
+    # NOTE: bounded on both sides: a benchmark asks about a moment already past.
     recent = (InferenceRequest.priority == str(Priority.INTERACTIVE),
-              InferenceRequest.created_at >= since,
+              InferenceRequest.created_at >= since, InferenceRequest.created_at <= now,
               *((InferenceRequest.model == model,) if model is not None else ()))
     count = session.scalar(select(func.count()).select_from(InferenceRequest)
                            .where(*recent)) or 0
