@@ -66,7 +66,7 @@ from workers.predict.features import TokenCounter
 from workers.predict.length_model import LengthPredictor, TrainConfig, minilm_encoder, train
 from workers.sim import InstanceConfig, bundled_model
 
-__all__ = ["BatchSpec", "Outcome", "main", "make_batches", "run"]
+__all__ = ["BatchSpec", "Outcome", "add_held_out_arguments", "main", "make_batches", "run"]
 
 #: Each model's instances: (execution-time model, KV blocks) x count.
 FLEETS = {0: ("qwen2-7b-a30", 7289, 2), 1: ("llama-2-7b-a30", 1052, 2)}
@@ -138,6 +138,15 @@ def make_batches(test: Sequence[LengthRow], models: Sequence[str], *, lines: int
                 batches.append(BatchSpec(f"{kind}-{copy + 1}", model, fleet,
                                          tuple(part[i] for i in picks)))
     return batches
+
+
+def add_held_out_arguments(parser: argparse.ArgumentParser) -> None:
+    """The held-out split and head: --test-share, --seed, --head (the replay's and the live
+    benchmark's)."""
+    parser.add_argument("--test-share", type=float, default=0.3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--head", type=Path, default=None,
+                        help="held-out head artifact (made and cached when missing)")
 
 
 def held_out_head(train_rows: Sequence[LengthRow], path: Path) -> LengthPredictor:
@@ -256,10 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="lines an estimate simulates at most (Settings.batch_eta_max_lines)")
     parser.add_argument("--step-noise", type=float, default=0.1,
                         help="sigma of the ground truth's lognormal step-time noise")
-    parser.add_argument("--test-share", type=float, default=0.3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--head", type=Path, default=None,
-                        help="held-out head artifact (made and cached when missing)")
+    add_held_out_arguments(parser)
     parser.add_argument("--head-models", type=int, default=0,
                         help="train the head on this many models besides the two served (0: "
                              "all; a smaller head is quicker to train, for a smoke run)")

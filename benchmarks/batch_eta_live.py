@@ -53,13 +53,14 @@ import httpx
 import openai
 from sqlalchemy import func, select
 
-from app.cli.stack import stop_stacks_on_sigterm
+from app.cli.stack import LOCAL_TEAM, stop_stacks_on_sigterm
 from benchmarks import quiet
 from benchmarks.batch_eta import (
     FLEETS,
     MAX_MODEL_LEN,
     TARGETS,
     BatchSpec,
+    add_held_out_arguments,
     choose_models,
     held_out_head,
     make_batches,
@@ -79,6 +80,8 @@ from workers.sim.fleet_declaration import InstanceSpec
 
 __all__ = ["BatchResult", "main"]
 
+#: The local team's cap of held completions (the interactive streams').
+HELD_CAP = 1024
 #: Scheduler settings of the replay's instances (`batch_eta.fleet_of`).
 MAX_NUM_SEQS = 48
 MAX_NUM_BATCHED_TOKENS = 512
@@ -288,7 +291,10 @@ def run(args: argparse.Namespace, data_dir: Path) -> tuple[list[BatchResult], di
         batch_eta_interval_s=args.eta_interval, length_model_path=head_path,
         # The head stays the one trained on the other prompts: no retrain on these answers,
         # and the estimator's execution-time models stay the emulated hardware's.
-        learn_retrain_interval_s=0.0, learn_refit_interval_s=0.0)
+        learn_retrain_interval_s=0.0, learn_refit_interval_s=0.0,
+        # The interactive streams hold a completion each for tens of seconds: the default cap
+        # of 32 a team refused a fifth of them (429) in the first run.
+        held_connections_team_caps={LOCAL_TEAM: HELD_CAP})
     codec = PromptCodec(args.model_path)
     stack = bench_stack(settings)
     db = Database(args.database_url)
@@ -364,10 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="wall seconds per emulated second")
     parser.add_argument("--eta-interval", type=float, default=5.0,
                         help="batch_eta_interval_s: wall seconds between re-estimates")
-    parser.add_argument("--test-share", type=float, default=0.3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--head", type=Path, default=None,
-                        help="held-out head artifact (made and cached when missing)")
+    add_held_out_arguments(parser)
     parser.add_argument("--timeout", type=float, default=3600.0, help="wall s a batch may take")
     parser.add_argument("--quiet-load", type=float, default=1.5)
     parser.add_argument("--markdown", action="store_true")

@@ -53,7 +53,7 @@ import numpy as np
 import psutil
 import sqlalchemy as sa
 
-from app.cli.stack import Stack, free_port, stop_stacks_on_sigterm
+from app.cli.stack import LOCAL_TEAM, Stack, free_port, stop_stacks_on_sigterm
 from benchmarks import quiet
 from benchmarks.local import add_service_arguments, bench_stack, fresh_services
 from benchmarks.paths import TINY_MODEL
@@ -70,8 +70,6 @@ SATURATION_CONCURRENCY = 48
 MANY_CONCURRENT = 256
 #: The 1-minute load average above which a run counts as taken on a loaded machine.
 QUIET_LOAD = 2.5
-#: The team of the stack's own API key (app/cli/stack.py).
-LOCAL_TEAM = "local"
 #: Held connections blockq's team may have open: more than the largest load holds.
 TEAM_HELD_CAP = 1024
 

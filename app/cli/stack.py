@@ -88,6 +88,10 @@ def stop_stacks_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
 
+#: The team of the stack's own API key.
+LOCAL_TEAM = "local"
+
+
 class StackError(RuntimeError):
     """The stack could not start; the message says which process and where its log is."""
 
@@ -277,7 +281,7 @@ class Stack:
     settings: Settings
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    #: An admin key of the team "local", issued when the stack is ready.
+    #: An admin key of the team `LOCAL_TEAM`, issued when the stack is ready.
     api_key: str | None = None
     #: Command line of every process started, to start it again.
     commands: dict[str, list[str]] = field(default_factory=dict)
@@ -439,7 +443,7 @@ class Stack:
                 if _ready(client):
                     break
                 time.sleep(0.5)
-        self.api_key = self.issue_api_key("local", is_admin=True)
+        self.api_key = self.issue_api_key(LOCAL_TEAM, is_admin=True)
         with self.client(timeout=5) as client:
             while time.monotonic() < deadline:
                 self.check_alive()
