@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -147,7 +148,8 @@ def batch_body(spec: BatchSpec, count: PromptCodec) -> bytes:
 
 
 class InteractiveStream:
-    """Poisson `/v1/completions` per model until stopped; counts what failed."""
+    """Poisson `/v1/completions` per model until stopped; counts what failed, by HTTP status
+    (0: no answer)."""
 
     def __init__(self, api_url: str, api_key: str, prompts: dict[str, list[str]],
                  codec: PromptCodec, rate: float, time_scale: float, seed: int) -> None:
@@ -155,11 +157,12 @@ class InteractiveStream:
         self.wall_rate = rate / time_scale
         self.seed = seed
         self.stopped = threading.Event()
-        self.sent = self.failed = 0
+        self.sent = 0
+        self.failed: Counter[int] = Counter()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(256)
-        self._threads = [threading.Thread(target=self._send, args=(model, i), daemon=True)
-                         for i, model in enumerate(prompts)]
+        self._threads = [threading.Thread(target=self._send, args=(model,), daemon=True)
+                         for model in prompts]
 
     def start(self) -> None:
         for thread in self._threads:
@@ -171,7 +174,7 @@ class InteractiveStream:
             thread.join()
         self._pool.shutdown(wait=True)
 
-    def _send(self, model: str, index: int) -> None:
+    def _send(self, model: str) -> None:
         rng = random.Random(f"{self.seed}:{model}")
         client = httpx.Client(base_url=self.url, timeout=600,
                               headers={"Authorization": f"Bearer {self.key}"})
@@ -184,12 +187,13 @@ class InteractiveStream:
         try:
             response = client.post("/v1/completions", json={
                 "model": model, "prompt": prompt, "max_tokens": room})
-            ok = response.status_code == 200
+            status = response.status_code
         except httpx.HTTPError:
-            ok = False
+            status = 0
         with self._lock:
             self.sent += 1
-            self.failed += not ok
+            if status != 200:
+                self.failed[status] += 1
 
 
 def run_batches(client: openai.OpenAI, specs: Sequence[BatchSpec], codec: PromptCodec,
@@ -317,7 +321,9 @@ def run(args: argparse.Namespace, data_dir: Path) -> tuple[list[BatchResult], di
             stream.stop()
         results = [_outcome(db, settings, seen, means[seen["spec"].model])
                    for per_model in runs for seen in per_model]
-        return results, {"interactive sent": stream.sent, "interactive failed": stream.failed}
+        return results, {"interactive sent": stream.sent,
+                         **{f"interactive failed with {status or 'no answer'}": n
+                            for status, n in sorted(stream.failed.items())}}
     finally:
         stack.stop()
         db.dispose()
