@@ -664,14 +664,19 @@ class _Entry:
     # Routed here since the snapshot, in routing order, with their routing times.
     assigned: list[tuple[SimRequest, float]]
     _published: Published | None = None
+    #: The snapshot alone, prepared, kept while requests are routed here (`Published`).
+    _snapshot_prepared: PreparedInstance | None = None
 
     def published(self) -> Published:
         if self._published is None:
             self._published = Published(self.snapshot, tuple(r for r, _ in self.assigned),
-                                        self.ledger._throughput.get(self.instance_id))
+                                        self.ledger._throughput.get(self.instance_id),
+                                        self._snapshot_prepared)
         return self._published
 
     def changed(self) -> None:
+        if self._published is not None:
+            self._snapshot_prepared = self._published.snapshot_prepared
         self._published = None
 
 

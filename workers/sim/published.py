@@ -28,6 +28,7 @@ from .snapshot import (
     matched_prefix_tokens,
     prefix_keys,
     prepare,
+    with_waiting,
 )
 
 __all__ = ["Published", "credit_prefix", "prepare_published"]
@@ -42,6 +43,9 @@ class Published:
     assigned: tuple[SimRequest, ...] = ()
     #: The instance's capacity (requests per second with a full queue), when known.
     capacity_rps: float | None = None
+    #: The snapshot alone, prepared: what every `Published` of the same snapshot shares, with
+    #: more or fewer requests routed since (set on first use).
+    snapshot_prepared: PreparedInstance | None = field(default=None, repr=False)
     _prepared: PreparedInstance | None = field(default=None, repr=False)
     _cached: set[int] | frozenset[int] | None = field(default=None, repr=False)
     #: The planner's view of the instance without a request (kept by the planner).
@@ -50,7 +54,9 @@ class Published:
     def prepared(self) -> PreparedInstance:
         """The snapshot with the routed requests queued last, normalised for what-ifs."""
         if self._prepared is None:
-            self._prepared = prepare_published(self.snapshot, self.assigned)
+            if self.snapshot_prepared is None:
+                self.snapshot_prepared = prepare(self.snapshot)
+            self._prepared = _routed_after(self.snapshot_prepared, self.snapshot, self.assigned)
         return self._prepared
 
     def cached_units(self) -> set[int] | frozenset[int]:
@@ -71,7 +77,8 @@ class Published:
         if all(r.request_id != request_id for r in self.assigned):
             return self
         return Published(self.snapshot, tuple(r for r in self.assigned
-                                              if r.request_id != request_id), self.capacity_rps)
+                                              if r.request_id != request_id), self.capacity_rps,
+                         self.snapshot_prepared)
 
 
 def prepare_published(snapshot: InstanceSnapshot,
@@ -83,10 +90,19 @@ def prepare_published(snapshot: InstanceSnapshot,
     of piling onto the instance that looked idle when it published. Each starts with the
     prefix the instance's cache will hold for it credited (`credit_prefix`).
     """
-    if assigned:
-        snapshot = InstanceSnapshot(snapshot.config, snapshot.num_free_blocks,
-                                    snapshot.requests + tuple(_credited(snapshot, assigned)))
-    return prepare(snapshot)
+    return _routed_after(prepare(snapshot), snapshot, assigned)
+
+
+def _routed_after(prepared: PreparedInstance, snapshot: InstanceSnapshot,
+                  assigned: Sequence[SimRequest]) -> PreparedInstance:
+    """The prepared snapshot with the routed requests queued last (`prepare_published`)."""
+    if not assigned:
+        return prepared
+    credited = _credited(snapshot, assigned)
+    if any(r.is_running for r in credited):  # not a routed request: prepared with the rest
+        return prepare(InstanceSnapshot(snapshot.config, snapshot.num_free_blocks,
+                                        snapshot.requests + tuple(credited)))
+    return with_waiting(prepared, credited)
 
 
 def credit_prefix(request: SimRequest, snapshot: InstanceSnapshot,

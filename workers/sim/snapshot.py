@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from .batch_rules import PRIORITY_CLASS_SPAN_MS, is_batch_priority, is_late_batch_prefill
 from .block_pool import chain_prefix_hashes
@@ -291,6 +291,10 @@ class PreparedInstance:
     num_free_blocks: int
     #: Ids of all its requests.
     request_ids: frozenset[str]
+    #: What a simulator derives from the running requests once for every what-if on them
+    #: (`FastSim`'s restored decodes), set on first use; not part of the instance's value, and
+    #: not copied by `dataclasses.replace`.
+    derived: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def target(self, new_request: SimRequest) -> SeqSpec:
         """`new_request` normalised as the request a what-if follows."""
@@ -341,6 +345,15 @@ def _normalise(request: SimRequest, config: InstanceConfig, overrun: OverrunPoli
         raise ValueError(f"{request.request_id}: prompt of {request.num_prompt_tokens} tokens "
                          f"does not fit max_model_len {config.max_model_len}")
     num_tokens = request.num_prompt_tokens + request.num_output_tokens
+    if not config.enable_prefix_caching:  # NOTE: the common case, the rest's arithmetic
+        computed = owned = 0             # without a shared prefix
+        if request.is_running:
+            computed = min(request.num_computed_tokens, num_tokens - 1)
+            owned = -(-computed // config.block_size)
+        return SeqSpec(request.request_id, request.num_prompt_tokens, request.num_output_tokens,
+                       computed, target_output_tokens(request, config, overrun),
+                       min(request.num_cached_tokens, request.num_prompt_tokens), 0, owned,
+                       request.is_running, False, request.priority, ())
     keys = prefix_keys(request, config)
     shared = 0 if keys else shared_prefix_blocks(request.num_prompt_tokens,
                                                  request.num_cached_tokens, config)
@@ -431,6 +444,26 @@ def prepare(snapshot: InstanceSnapshot,
         raise ValueError(f"running requests hold {held} blocks, more than the "
                          f"{config.num_usable_blocks} the instance can give")
     return PreparedInstance(config, tuple(running), waiting, num_free, request_ids)
+
+
+def with_waiting(prepared: PreparedInstance, requests: Sequence[SimRequest],
+                 overrun: OverrunPolicy = OverrunPolicy()) -> PreparedInstance:
+    """`prepared` with waiting `requests` queued after its own: what `prepare` gives for its
+    snapshot with them appended, without normalising the snapshot's requests again."""
+    config = prepared.config
+    specs = tuple(_normalise(r, config, overrun) for r in requests)
+    if any(s.is_running for s in specs):
+        raise ValueError("only waiting requests can be queued after a prepared instance")
+    request_ids = prepared.request_ids | {s.request_id for s in specs}
+    if len(request_ids) != len(prepared.request_ids) + len(specs):
+        raise ValueError("request ids in a snapshot must be unique")
+    waiting = prepared.waiting + specs
+    if config.is_priority:  # NOTE: a stable sort: ties stay in published order
+        waiting = tuple(sorted(waiting, key=_priority))
+    result = PreparedInstance(config, prepared.running, waiting, prepared.num_free_blocks,
+                              request_ids)
+    result.derived.update(prepared.derived)  # the same running requests
+    return result
 
 
 def _priority(spec: SeqSpec) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -25,6 +26,7 @@ from workers.sim import (
     target_output_tokens,
 )
 from workers.sim.fastsim import FastSim
+from workers.sim.snapshot import with_waiting
 
 from .cases import random_case
 
@@ -123,6 +125,45 @@ def test_a_prepared_snapshot_answers_many_new_requests(toy_model: ExecModel) -> 
         new = SimRequest("new", prompt, predicted_output_tokens=output)
         assert predict_what_if_prepared(instance, new, toy_model) == predict_what_if(
             snapshot, new, toy_model)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_what_ifs_on_one_prepared_snapshot_do_not_disturb_each_other(
+        seed: int, toy_model: ExecModel) -> None:
+    """A prepared instance keeps its restored decodes for every what-if on it (`FastSim`):
+    what-ifs that preempt, finish and re-anchor them must leave the next one unchanged."""
+    rng = random.Random(300 + seed)
+    for _ in range(30):
+        snapshot, new = random_case(rng, max_running=12, max_waiting=4)
+        other = dataclasses.replace(new, num_prompt_tokens=max(1, new.num_prompt_tokens // 2),
+                                    predicted_output_tokens=3 * new.predicted_output_tokens)
+        instance = prepare(snapshot)
+        reused = [predict_what_if_prepared(instance, request, toy_model)
+                  for request in (new, other, new, other)]
+        fresh = [predict_what_if(snapshot, request, toy_model)
+                 for request in (new, other, new, other)]
+        assert reused == fresh
+        assert dataclasses.replace(instance).derived == {}  # never shared by a copy
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_waiting_requests_queued_after_a_prepared_snapshot_as_prepare_queues_them(
+        policy: str) -> None:
+    """`with_waiting` (a router's requests routed since a publication) gives what `prepare`
+    gives for the snapshot with them appended, ties in priority in published order."""
+    rng = random.Random(11)
+    for _ in range(60):
+        snapshot, _new = random_case(rng, max_running=8, max_waiting=5)
+        config = dataclasses.replace(snapshot.config, scheduling_policy=policy)
+        snapshot = dataclasses.replace(snapshot, config=config, requests=tuple(
+            dataclasses.replace(r, priority=rng.choice([0, 5, 9])) for r in snapshot.requests))
+        routed = tuple(SimRequest(f"a{i}", rng.randint(1, config.max_model_len - 1),
+                                  predicted_output_tokens=rng.randint(1, 50),
+                                  priority=rng.choice([0, 5, 9])) for i in range(rng.randint(1, 4)))
+        whole = prepare(dataclasses.replace(snapshot, requests=snapshot.requests + routed))
+        assert with_waiting(prepare(snapshot), routed) == whole
+    with pytest.raises(ValueError, match="unique"):
+        with_waiting(whole, routed[:1])
 
 
 def test_idle_instance_timeline_by_hand(toy_model: ExecModel) -> None:
