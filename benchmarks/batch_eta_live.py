@@ -52,7 +52,7 @@ from typing import Any
 
 import httpx
 import openai
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 
 from app.cli.stack import LOCAL_TEAM, stop_stacks_on_sigterm
 from benchmarks import quiet
@@ -75,8 +75,10 @@ from domain.models import Batch, InferenceRequest
 from domain.prompts import PromptCodec
 from domain.settings import Settings
 from workers.batch import eta
-from workers.batch.estimates import fleet_of, interactive_load
+from workers.batch.estimates import eta_config, fleet_of, interactive_load, window_share
+from workers.batch.headroom_window import pool_weights
 from workers.predict.dataset import MANY_MODELS, LengthRow, read_many_models, split_by_prompt
+from workers.runtime import Runtime
 from workers.sim.fleet_declaration import InstanceSpec
 
 __all__ = ["BatchResult", "main"]
@@ -243,23 +245,29 @@ def _follow(client: openai.OpenAI, batch_id: str, timeout_s: float) -> dict[str,
 
 
 def per_model_mean_s(db: Database, settings: Settings, batch_id: str, model: str,
-                     mean_tokens: float, at: float) -> float:
-    """The service's estimator at validation with the model's mean length for every line."""
+                     mean_tokens: float, at: float, weights: dict[str, float]) -> float:
+    """The service's estimator at validation with the model's mean length for every line: its
+    model's share of the window (`weights`: the live pools') beside the models with a batch in
+    progress then, the releaser's rounds."""
+    when = datetime.fromtimestamp(at).astimezone()
     with db.session() as session:
         prompts = session.execute(
             select(InferenceRequest.prompt_tokens, InferenceRequest.max_tokens)
             .where(InferenceRequest.batch_id == batch_id)).all()
-        interactive = interactive_load(session, datetime.fromtimestamp(at).astimezone(), model)
+        interactive = interactive_load(session, when, model)
+        models = {m or "" for m in session.scalars(select(Batch.model).where(
+            Batch.in_progress_at <= when,
+            or_(Batch.finalizing_at.is_(None), Batch.finalizing_at > when)))}
     lines = [eta.EtaLine(int(p), max(1, min(round(mean_tokens), int(cap or 1))))
              for p, cap in prompts]
-    config = eta.EtaConfig(max_in_flight=settings.max_batch_in_flight,
-                           max_lines=settings.batch_eta_max_lines)
-    answer = eta.estimate(lines, fleet_of(settings, model), interactive, config)
+    share = window_share(settings.max_batch_in_flight, model, models | {model}, weights)
+    answer = eta.estimate(lines, fleet_of(settings, model), interactive,
+                          eta_config(settings, share))
     return answer.seconds * settings.emulated_time_scale
 
 
 def _outcome(db: Database, settings: Settings, seen: dict[str, Any],
-             mean_tokens: float) -> BatchResult:
+             mean_tokens: float, weights: dict[str, float]) -> BatchResult:
     spec: BatchSpec = seen["spec"]
     with db.session() as session:
         batch = session.get(Batch, seen["id"])
@@ -267,8 +275,8 @@ def _outcome(db: Database, settings: Settings, seen: dict[str, Any],
         last = session.scalar(select(func.max(InferenceRequest.finished_at))
                               .where(InferenceRequest.batch_id == seen["id"])).timestamp()
     first = seen["at_validation"]
-    mean_s = (per_model_mean_s(db, settings, seen["id"], spec.model, mean_tokens, first[0])
-              if first is not None else None)
+    mean_s = (per_model_mean_s(db, settings, seen["id"], spec.model, mean_tokens, first[0],
+                               weights) if first is not None else None)
     return BatchResult(spec.model, spec.name, len(spec.rows),
                        statistics.mean(r.output_tokens for r in spec.rows), started, last,
                        first, seen["at_quarter"], mean_s)
@@ -319,7 +327,9 @@ def run(args: argparse.Namespace, data_dir: Path) -> tuple[list[BatchResult], di
                     client, [s for s in specs if s.model == m], codec, args.timeout), models))
         finally:
             stream.stop()
-        results = [_outcome(db, settings, seen, means[seen["spec"].model])
+        # NOTE: while the stack runs: its instances' seats are the pools' weights.
+        weights = pool_weights(Runtime(settings).fleet)
+        results = [_outcome(db, settings, seen, means[seen["spec"].model], weights)
                    for per_model in runs for seen in per_model]
         return results, {"interactive sent": stream.sent,
                          **{f"interactive failed with {status or 'no answer'}": n

@@ -2,8 +2,9 @@
 
 This module gathers what `workers/batch/eta.py` needs (the batch's remaining lines with their
 predicted lengths from the accurate head, batched; the fleet its model runs on; the recent
-interactive load it yields to) and stores the answer in Redis (`domain.batches.BATCH_ETA_KEY`),
-where the Batch object, `blockq batch status` and /metrics read it.
+interactive load it yields to; its model's share of the releaser's window and the releaser's
+rounds) and stores the answer in Redis (`domain.batches.BATCH_ETA_KEY`), where the Batch
+object, `blockq batch status` and /metrics read it.
 
 NOTE: an estimate is derived data: lost with Redis, the next round (`batch_eta_interval_s`)
 computes it again, so it needs no column.
@@ -15,12 +16,12 @@ import json
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from domain.batches import BATCH_ETA_KEY
@@ -35,13 +36,17 @@ from domain.models import (
     RequestStatus,
     utcnow,
 )
+from domain.request_store import ACTIVE_STATUSES
 from domain.settings import Settings
 from workers.batch import eta
+from workers.batch.fair_share import pool_share
+from workers.batch.headroom_window import current_window, pool_weights
 from workers.predict import stage
 from workers.runtime import Runtime
 from workers.sim import InstanceConfig, exec_model_of
 
-__all__ = ["EtaRecord", "estimate_batch", "fleet_of", "interactive_load", "refresh_estimates"]
+__all__ = ["EtaRecord", "active_models", "estimate_batch", "eta_config", "fleet_of",
+           "interactive_load", "refresh_estimates", "window_share"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,12 +99,12 @@ def estimate_batch(rt: Runtime, batch_id: str, *, now: datetime | None = None) -
         queries, num_remaining = _remaining(session, batch_id, s.batch_eta_max_lines)
         interactive = interactive_load(session, now, model)
         ratio = _calibration(session, batch_id)
+        models = active_models(session)
     lines = _predicted_lines(rt, queries, ratio)
-    config = eta.EtaConfig(max_in_flight=s.max_batch_in_flight, max_lines=s.batch_eta_max_lines)
-    answer = eta.estimate(lines, fleet_of(s, model), interactive, config,
+    share = window_share(current_window(rt), model, models, pool_weights(rt.fleet))
+    answer = eta.estimate(lines, fleet_of(s, model), interactive, eta_config(s, share),
                           num_lines=num_remaining)
-    # An emulated fleet runs `emulated_time_scale` wall seconds per emulated one.
-    wall_s = answer.seconds * (s.emulated_time_scale if s.engine_kind == "emulated" else 1.0)
+    wall_s = answer.seconds * _time_scale(s)
     done_at = now + timedelta(seconds=wall_s)
     record = EtaRecord(
         estimated_completion_at=int(math.ceil(done_at.timestamp())),
@@ -109,6 +114,44 @@ def estimate_batch(rt: Runtime, batch_id: str, *, now: datetime | None = None) -
         lines_per_s=None if not wall_s else round(num_remaining / wall_s, 3))
     rt.redis.hset(BATCH_ETA_KEY, batch_id, record.to_json())
     return record
+
+
+def eta_config(settings: Settings, max_in_flight: int) -> eta.EtaConfig:
+    """The simulation's settings for a live batch: `max_in_flight` its share of the releaser's
+    window (`window_share`), and the releaser's rounds in the simulation's seconds."""
+    return eta.EtaConfig(
+        max_in_flight=max(1, max_in_flight), max_lines=settings.batch_eta_max_lines,
+        release_interval_s=settings.batch_release_interval_s / _time_scale(settings))
+
+
+def _time_scale(settings: Settings) -> float:
+    """Wall seconds per simulated second: an emulated fleet runs `emulated_time_scale` wall
+    seconds per emulated one."""
+    return settings.emulated_time_scale if settings.engine_kind == "emulated" else 1.0
+
+
+def window_share(window: int, model: str | None, models: Iterable[str],
+                 weights: Mapping[str, float]) -> int:
+    """The slots of the releaser's `window` that `model`'s batches get while the batches of
+    `models` run too: its pool's share by `weights` (`fair_share.pool_share`), at least 1.
+
+    NOTE: the window is shared between the models' pools, not given to each: two models of
+    equal seats under a window of 192 run 96 lines each, and an estimate that gave each batch
+    all 192 came out short (issue 43's live benchmark).
+    """
+    return max(1, round(window * pool_share(model or "", models, weights)))
+
+
+def active_models(session: Session) -> set[str]:
+    """The models of the batches in progress with lines pending or in flight: the pools the
+    releaser shares its window among now."""
+    pending = exists().where(BatchLine.batch_id == Batch.id,
+                             BatchLine.status == LineStatus.PENDING)
+    in_flight = exists().where(InferenceRequest.batch_id == Batch.id,
+                               InferenceRequest.status.in_([str(s) for s in ACTIVE_STATUSES]))
+    rows = session.scalars(select(Batch.model).distinct().where(
+        Batch.status == BatchStatus.IN_PROGRESS, or_(pending, in_flight)))
+    return {model or "" for model in rows}
 
 
 def refresh_estimates(rt: Runtime) -> dict[str, EtaRecord]:

@@ -6,8 +6,10 @@ and this module answers. The fleet is each instance's own scheduler (`workers.si
 vLLM's priority policy: every interactive request before any batch line) stepped in emulated
 time by the instance's execution-time model. Interactive requests arrive as a Poisson stream at
 the recent rate, with shapes drawn from recent ones; the batch's lines wait in one queue and
-are released up to the releaser's window in flight, each to the instance with the fewest
-requests ahead of it, as the releaser and the router do.
+are released up to the batch's share of the releaser's window in flight, each to the instance
+with the fewest requests ahead of it, as the releaser and the router do. The releaser runs in
+rounds (`EtaConfig.release_interval_s` apart): a seat a finished line frees stays empty until
+the next round (with no interval, a line is released the moment one finishes).
 
 NOTE: sums of lengths decide a batch's duration, so this is where per-request length accuracy
 pays: a batch of short classification prompts and one of long essays have the same line
@@ -44,6 +46,9 @@ _Z90 = 1.2815515655446004
 #: The engines' class priorities (`Priority.rank`): interactive before batch.
 _INTERACTIVE, _BATCH = 0, 1
 
+#: `_FleetRun`'s event kinds: a step ends, an interactive request arrives, a releaser round.
+_STEP, _ARRIVAL, _ROUND = 0, 1, 2
+
 
 @dataclass(frozen=True, slots=True)
 class EtaLine:
@@ -76,7 +81,8 @@ class InteractiveLoad:
 
 @dataclass(frozen=True, slots=True)
 class EtaConfig:
-    #: Batch lines in flight at most (the releaser's window, `Settings.max_batch_in_flight`).
+    #: Batch lines in flight at most: the batch's share of the releaser's window
+    #: (`Settings.max_batch_in_flight`, shared with other models' pools).
     max_in_flight: int = 256
     #: Lines simulated at most; a larger batch is sampled and its duration scaled.
     max_lines: int = 2_000
@@ -86,6 +92,9 @@ class EtaConfig:
     #: Sigma of lognormal noise on every step time (0: the model's own times). A benchmark's
     #: ground truth sets it; an estimate does not.
     step_noise: float = 0.0
+    #: Emulated seconds between the releaser's rounds (`Settings.batch_release_interval_s`):
+    #: lines are released only at k * this (k = 0, 1, ...). 0: the moment a seat frees.
+    release_interval_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,8 +244,9 @@ class _FleetRun:
         self.batch_done = 0
         self.outputs: list = [None] * len(fleet)
         self.busy = [False] * len(fleet)
-        # (time, order, kind, instance): kind 0 a step ends, 1 an interactive arrival.
+        # (time, order, kind, instance): kind _STEP, _ARRIVAL or _ROUND.
         self.events: list[tuple[float, int, int, int]] = []
+        self.round_due = False  # a _ROUND event is in the heap
         self.order = 0
         # Step-time noise from its own generator: the interactive stream stays the same.
         self.noise_rng = random.Random(config.seed + 1)
@@ -247,15 +257,19 @@ class _FleetRun:
     def run(self, lines: list[EtaLine]) -> tuple[float, bool]:
         pending = list(reversed(lines))
         if self.interactive.rate_rps > 0:
-            self._push(self.rng.expovariate(self.interactive.rate_rps), 1, -1)
+            self._push(self.rng.expovariate(self.interactive.rate_rps), _ARRIVAL, -1)
         now = 0.0
         self._release(pending, now)
         while self.batch_done < len(lines):
             if not self.events or now > self.config.max_sim_s:
                 return max(now, self.config.max_sim_s), True
             now, _, kind, k = heapq.heappop(self.events)
-            if kind == 1:
+            if kind == _ARRIVAL:
                 self._arrive(now)
+                continue
+            if kind == _ROUND:
+                self.round_due = False
+                self._release(pending, now)
                 continue
             result = self.schedulers[k].update_from_output(self.outputs[k])
             for rid in result.finished_ids:
@@ -265,7 +279,7 @@ class _FleetRun:
                     self.line_of.pop(rid, None)
             self._check(now, len(lines))
             self.busy[k] = False
-            self._release(pending, now)
+            self._freed(pending, now)
             if not self.busy[k]:  # a released line may have started it already
                 self._start(k, now)
         return now, False
@@ -286,7 +300,23 @@ class _FleetRun:
     def _arrive(self, now: float) -> None:
         prompt, output = self.rng.choice(self.interactive.shapes)
         self._add(now, prompt, output, batch=False)
-        self._push(now + self.rng.expovariate(self.interactive.rate_rps), 1, -1)
+        self._push(now + self.rng.expovariate(self.interactive.rate_rps), _ARRIVAL, -1)
+
+    def _freed(self, pending: list[EtaLine], now: float) -> None:
+        """After a step: release into the seats its finished lines freed, now (no interval) or
+        at the releaser's next round.
+
+        NOTE: a round is scheduled only when a seat is free and a line waits: a round finds
+        the window full otherwise, so rounds with nothing to do are never simulated, and none
+        once every line is released.
+        """
+        interval = self.config.release_interval_s
+        if interval <= 0:
+            self._release(pending, now)
+        elif (pending and not self.round_due
+              and self.batch_in_flight < self.config.max_in_flight):
+            self.round_due = True
+            self._push(max(now, math.ceil(now / interval) * interval), _ROUND, -1)
 
     def _release(self, pending: list[EtaLine], now: float) -> None:
         while pending and self.batch_in_flight < self.config.max_in_flight:
@@ -328,6 +358,6 @@ class _FleetRun:
                 step_s = self.models[k].step_ms(output.stats) / 1000.0
                 if self.config.step_noise:
                     step_s *= self.noise_rng.lognormvariate(0.0, self.config.step_noise)
-                self._push(now + step_s, 0, k)
+                self._push(now + step_s, _STEP, k)
                 return
             sch.update_from_output(output)  # a priority step that only preempted

@@ -20,10 +20,10 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Flow", "allocate"]
+__all__ = ["Flow", "allocate", "pool_share"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +62,9 @@ def allocate(flows: Sequence[Flow], num_free: int,
         pools[flow.model].append(flow)
     if len(pools) <= 1:
         return _allocate_teams(flows, num_free)
-    weights = pool_weights or {}
     in_flight = {model: sum(f.num_in_flight for f in pool) for model, pool in pools.items()}
     pending = {model: sum(f.num_pending for f in pool) for model, pool in pools.items()}
-    weight = {model: max(weights.get(model, 1.0), 1e-9) for model in pools}
+    weight = {model: _weight(pool_weights, model) for model in pools}
     heap = [(in_flight[m] / weight[m], m) for m in pools if pending[m] > 0]
     heapq.heapify(heap)
     slots: dict[str, int] = defaultdict(int)
@@ -82,6 +81,23 @@ def allocate(flows: Sequence[Flow], num_free: int,
     for model, count in slots.items():
         grants.update(_allocate_teams(pools[model], count))
     return grants
+
+
+def pool_share(model: str, models: Iterable[str],
+               pool_weights: Mapping[str, float] | None = None) -> float:
+    """The share of the window `model`'s pool holds while the pools of `models` all have
+    lines waiting (`allocate` converges to it): its weight over theirs (`model` counted among
+    them); 1 alone."""
+    others = set(models) - {model}
+    if not others:
+        return 1.0
+    mine = _weight(pool_weights, model)
+    return mine / (mine + sum(_weight(pool_weights, m) for m in others))
+
+
+def _weight(pool_weights: Mapping[str, float] | None, model: str) -> float:
+    """A pool's weight (absent: 1)."""
+    return max((pool_weights or {}).get(model, 1.0), 1e-9)
 
 
 def _allocate_teams(flows: Sequence[Flow], num_free: int) -> dict[str, int]:

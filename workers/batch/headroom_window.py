@@ -5,6 +5,7 @@ by the engine slots interactive traffic is expected to leave free."""
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -17,8 +18,8 @@ from domain.models import InferenceRequest, Priority, RequestStatus, utcnow
 from workers.batch.headroom import HeadroomConfig, HeadroomSignal, next_window, slot_bound
 from workers.runtime import Runtime
 
-__all__ = ["InteractiveHistory", "batch_window", "engine_slots", "engines_waiting",
-           "interactive_history"]
+__all__ = ["InteractiveHistory", "batch_window", "current_window", "engine_slots",
+           "engines_waiting", "interactive_history", "pool_weights"]
 
 #: A window not renewed for this long is forgotten (the releaser stopped): start again low.
 _WINDOW_TTL_S = 600
@@ -53,6 +54,17 @@ def batch_window(rt: Runtime) -> int:
         "window": window, "num_waiting": signal.num_waiting, "ttft_p99_s": signal.ttft_p99_s,
         "slot_bound": bound, "interactive_occupancy": history.occupancy}), ex=_WINDOW_TTL_S)
     return int(window)
+
+
+def current_window(rt: Runtime) -> int:
+    """The window the releaser's last round allowed, read without stepping it (a completion
+    estimate's): `max_batch_in_flight` when the headroom control is off or no round stored one
+    yet (the window grows towards it while interactive traffic allows)."""
+    s = rt.settings
+    raw = rt.redis.get(BATCH_WINDOW_KEY) if s.batch_headroom_ttft_s > 0 else None
+    if not raw:
+        return s.max_batch_in_flight
+    return max(1, min(int(json.loads(raw)["window"]), s.max_batch_in_flight))
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +105,16 @@ def engine_slots(fleet: Fleet) -> int:
     """Running-batch slots (max_num_seqs) of the live engines that published a state."""
     return sum(status.state.max_num_seqs for status in fleet.statuses()
                if status.alive and status.state is not None)
+
+
+def pool_weights(fleet: Fleet) -> dict[str, float]:
+    """Each model's pool weight for the releaser's fair share (`fair_share.allocate`): the
+    seats (max_num_seqs) of its live instances."""
+    weights: dict[str, float] = defaultdict(float)
+    for status in fleet.statuses():
+        if status.alive and status.state is not None:
+            weights[status.state.model] += status.state.max_num_seqs
+    return dict(weights)
 
 
 def engines_waiting(fleet: Fleet) -> int:

@@ -14,7 +14,6 @@ engines' prefix cache can serve them (workers.batch.prefix_groups).
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -39,7 +38,7 @@ from domain.models import (
 )
 from domain.request_store import ACTIVE_STATUSES
 from workers.batch.fair_share import Flow, allocate
-from workers.batch.headroom_window import batch_window
+from workers.batch.headroom_window import batch_window, pool_weights
 from workers.batch.locks import RELEASER_LOCK
 from workers.locks import held
 from workers.runtime import Runtime
@@ -70,7 +69,7 @@ def release(rt: Runtime) -> ReleaseReport:
             return report
         with rt.db.session() as session:
             flows, num_in_flight = _flows(session)
-        grants = allocate(flows, batch_window(rt) - num_in_flight, _pool_weights(rt))
+        grants = allocate(flows, batch_window(rt) - num_in_flight, pool_weights(rt.fleet))
         teams = {f.batch_id: f.team_id for f in flows}
         for batch_id, count in grants.items():
             report.released += _release_batch(rt, batch_id, teams[batch_id], count)
@@ -171,16 +170,6 @@ def _flows(session: Session) -> tuple[list[Flow], int]:
                   deadline=row.expires_at.timestamp(), model=row.model or "")
              for row in active]
     return flows, sum(in_flight.values())
-
-
-def _pool_weights(rt: Runtime) -> dict[str, float]:
-    """Each model's pool weight for the fair share: the seats (max_num_seqs) of its live
-    instances."""
-    weights: dict[str, float] = defaultdict(float)
-    for status in rt.fleet.statuses():
-        if status.alive and status.state is not None:
-            weights[status.state.model] += status.state.max_num_seqs
-    return dict(weights)
 
 
 def _claim(session: Session, batch_id: str, team_id: str, count: int, *,

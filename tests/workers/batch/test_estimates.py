@@ -14,7 +14,7 @@ from sqlalchemy import select, update
 
 from app.cli.client import completion_estimate_line
 from domain import batches, dispatch
-from domain.batches import BATCH_ETA_KEY
+from domain.batches import BATCH_ETA_KEY, BATCH_WINDOW_KEY
 from domain.celery_app import create_celery
 from domain.file_bytes import file_store
 from domain.file_records import new_file_id, register_file
@@ -22,7 +22,9 @@ from domain.metrics import BatchEtaCollector
 from domain.models import Batch, BatchStatus, InferenceRequest, RequestStatus, Team, utcnow
 from domain.settings import Settings
 from domain.teams import create_team
+from tests.engine_states import engine_state
 from tests.workers.request_rows import new_request
+from workers.batch import eta
 from workers.batch.estimates import (
     _calibration,
     estimate_batch,
@@ -234,3 +236,67 @@ def test_only_the_batchs_own_models_interactive_traffic_slows_it(rt: Runtime) ->
         own = interactive_load(session, utcnow(), rt.settings.model_name)
         every = interactive_load(session, utcnow())
     assert every.rate_rps == pytest.approx(2 * own.rate_rps)
+
+
+@pytest.fixture
+def configs(monkeypatch: pytest.MonkeyPatch) -> list[eta.EtaConfig]:
+    """The simulation settings of every estimate made."""
+    seen: list[eta.EtaConfig] = []
+    simulate = eta.estimate
+
+    def recorded(*args: Any, **kwargs: Any) -> eta.Estimate:
+        seen.append(args[3])
+        return simulate(*args, **kwargs)
+
+    monkeypatch.setattr(eta, "estimate", recorded)
+    return seen
+
+
+def test_a_batch_gets_its_models_share_of_the_window_beside_another_models_batch(
+        rt: Runtime, configs: list[eta.EtaConfig]) -> None:
+    """The releaser shares its window between the models' pools by their seats: two models
+    of equal seats run half the window each, and a batch alone has all of it."""
+    mine = _validated_batch(rt, [f"Describe {topic}." for topic in TOPICS])
+    theirs = _validated_batch(rt, ["Name a colour."] * 3)
+    with rt.db.session() as session:
+        model = session.get(Batch, mine).model
+        session.get(Batch, theirs).model = "other"
+    estimate_batch(rt, mine)
+    assert configs[-1].max_in_flight == 32  # no live instance: equal weights
+    rt.fleet.publish("gpu.0", engine_state(model=model, max_num_seqs=48))
+    rt.fleet.publish("gpu.1", engine_state(model="other", max_num_seqs=16))
+    estimate_batch(rt, mine)
+    estimate_batch(rt, theirs)
+    assert [c.max_in_flight for c in configs[-2:]] == [48, 16]  # 64 by seats, 48 to 16
+    with rt.db.session() as session:
+        session.get(Batch, theirs).status = BatchStatus.COMPLETED
+    estimate_batch(rt, mine)
+    assert configs[-1].max_in_flight == 64  # alone again: the whole window
+
+
+def test_the_estimate_uses_the_adaptive_window_without_stepping_it(
+        rt: Runtime, configs: list[eta.EtaConfig]) -> None:
+    rt = Runtime(rt.settings.model_copy(update={"batch_headroom_ttft_s": 1.0}))
+    batch_id = _validated_batch(rt, [f"Describe {topic}." for topic in TOPICS])
+    estimate_batch(rt, batch_id)
+    assert configs[-1].max_in_flight == 64  # no round stored a window yet: the cap
+    stored = json.dumps({"window": 12.0, "num_waiting": 0})
+    rt.redis.set(BATCH_WINDOW_KEY, stored)
+    estimate_batch(rt, batch_id)
+    estimate_batch(rt, batch_id)
+    assert [c.max_in_flight for c in configs[-2:]] == [12, 12]
+    assert rt.redis.get(BATCH_WINDOW_KEY).decode() == stored
+
+
+@pytest.mark.parametrize(("engine_kind", "expected_s"), [("emulated", 8.0), ("vllm", 2.0)])
+def test_the_releasers_rounds_are_simulated_in_the_fleets_seconds(
+        rt: Runtime, configs: list[eta.EtaConfig], engine_kind: str,
+        expected_s: float) -> None:
+    """An emulated fleet runs `emulated_time_scale` wall seconds per emulated one: a round
+    every 2 wall seconds at 0.25 is one every 8 emulated seconds."""
+    rt = Runtime(rt.settings.model_copy(update={
+        "batch_release_interval_s": 2.0, "emulated_time_scale": 0.25,
+        "engine_kind": engine_kind}))
+    batch_id = _validated_batch(rt, [f"Describe {topic}." for topic in TOPICS])
+    assert estimate_batch(rt, batch_id) is not None
+    assert configs[-1].release_interval_s == pytest.approx(expected_s)

@@ -121,3 +121,44 @@ def test_a_batchs_calibration_reads_its_finished_prefix_only() -> None:
     assert length_calibration(predicted, [1000] * 60) == CALIBRATION_BOUND
     assert length_calibration(predicted, [1] * 60) == 1 / CALIBRATION_BOUND
     assert calibrated(200, 400, 0.5) == (100, 200) and calibrated(1, None, 0.1) == (1, None)
+
+
+def test_no_release_interval_releases_the_moment_a_seat_frees_as_before() -> None:
+    lines = _lines(400, 60)
+    instant = EtaConfig(max_in_flight=96, release_interval_s=0.0)
+    assert estimate(lines, FLEET, config=instant) == estimate(lines, FLEET, config=WINDOW)
+    truth, quarter = replay(lines, FLEET, config=instant)
+    assert (truth, quarter) == replay(lines, FLEET, config=WINDOW)
+
+
+def test_seats_freed_between_the_releasers_rounds_idle_until_the_next_one() -> None:
+    """The live case: the batch's window is exactly its pool's seats, so every line that
+    finishes leaves a seat empty until the next round."""
+    lines = _lines(480, 20)
+    instant = estimate(lines, FLEET, config=EtaConfig(max_in_flight=144))
+    rounds = {interval: estimate(lines, FLEET, config=EtaConfig(
+        max_in_flight=144, release_interval_s=interval)).seconds
+        for interval in (1e-9, 0.1, 0.5, 1.0, 2.0)}
+    assert all(seconds >= instant.seconds for seconds in rounds.values())  # never sooner
+    assert rounds[1.0] > 1.15 * instant.seconds and rounds[2.0] > rounds[0.5]
+    # Rounds only where a seat is free: a tiny interval is not simulated round by round.
+    assert rounds[1e-9] == pytest.approx(instant.seconds, rel=0.05)
+    assert saturated_lines_per_s(lines, FLEET, EtaConfig(
+        max_in_flight=144, release_interval_s=1.0)) < instant.lines_per_s
+
+
+def test_lines_are_released_only_at_the_releasers_rounds() -> None:
+    """One seat and lines shorter than a round: line k starts at round k, so the batch ends a
+    line's duration after its last round."""
+    lines = [EtaLine(100, 8)] * 5
+    one = estimate(lines[:1], FLEET[:1], config=EtaConfig(max_in_flight=1)).seconds
+    assert 0 < one < 0.5
+    back_to_back = estimate(lines, FLEET[:1], config=EtaConfig(max_in_flight=1))
+    assert back_to_back.seconds == pytest.approx(5 * one)
+    rounds = EtaConfig(max_in_flight=1, release_interval_s=0.5)
+    assert estimate(lines, FLEET[:1], config=rounds).seconds == pytest.approx(4 * 0.5 + one)
+    truth, quarter = replay(lines, FLEET[:1], config=rounds, checkpoint=0.4)
+    assert truth.seconds == pytest.approx(2.0 + one)
+    # Two lines done, at 0.5 + one: the third waits for the round at 1.0, unreleased.
+    assert quarter.at_s == pytest.approx(0.5 + one)
+    assert quarter.unfinished == ((2, 0), (3, 0), (4, 0))

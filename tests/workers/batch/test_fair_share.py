@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.batch.fair_share import Flow, allocate
+from workers.batch.fair_share import Flow, allocate, pool_share
 
 
 def flow(batch_id: str, team_id: str, *, share: int = 1, in_flight: int = 0,
@@ -69,3 +69,13 @@ def test_fair_share_holds_within_each_models_pool() -> None:
 def test_a_pool_with_nothing_waiting_leaves_its_slots_to_the_others() -> None:
     flows = [flow("x", "a", model="big", pending=0, in_flight=1), flow("y", "a", model="small")]
     assert allocate(flows, 5, {"big": 100.0, "small": 1.0}) == {"y": 5}
+
+
+def test_a_pools_share_is_what_the_allocation_gives_it_while_every_pool_has_work() -> None:
+    weights = {"big": 48.0, "small": 16.0}
+    grants = allocate([flow("b", "t", model="big"), flow("s", "t", model="small")], 64, weights)
+    assert grants == {"b": 48, "s": 16}
+    assert pool_share("big", ["big", "small"], weights) == 48 / 64
+    assert pool_share("small", {"big", "small"}, weights) == 16 / 64
+    assert pool_share("big", ["big"], weights) == pool_share("big", [], weights) == 1.0
+    assert pool_share("big", ["small", "new"]) == 1 / 3  # absent weights count 1
