@@ -75,7 +75,13 @@ from domain.models import Batch, InferenceRequest
 from domain.prompts import PromptCodec
 from domain.settings import Settings
 from workers.batch import eta
-from workers.batch.estimates import eta_config, fleet_of, interactive_load, window_share
+from workers.batch.estimates import (
+    dispatch_delay,
+    eta_config,
+    fleet_of,
+    interactive_load,
+    window_share,
+)
 from workers.batch.headroom_window import pool_weights
 from workers.predict.dataset import MANY_MODELS, LengthRow, read_many_models, split_by_prompt
 from workers.runtime import Runtime
@@ -248,13 +254,14 @@ def per_model_mean_s(db: Database, settings: Settings, batch_id: str, model: str
                      mean_tokens: float, at: float, weights: dict[str, float]) -> float:
     """The service's estimator at validation with the model's mean length for every line: its
     model's share of the window (`weights`: the live pools') beside the models with a batch in
-    progress then, the releaser's rounds."""
+    progress then, the releaser's rounds and the pipeline's delay to the engines."""
     when = datetime.fromtimestamp(at).astimezone()
     with db.session() as session:
         prompts = session.execute(
             select(InferenceRequest.prompt_tokens, InferenceRequest.max_tokens)
             .where(InferenceRequest.batch_id == batch_id)).all()
         interactive = interactive_load(session, when, model)
+        delay_s = dispatch_delay(session, when)
         models = {m or "" for m in session.scalars(select(Batch.model).where(
             Batch.in_progress_at <= when,
             or_(Batch.finalizing_at.is_(None), Batch.finalizing_at > when)))}
@@ -262,7 +269,7 @@ def per_model_mean_s(db: Database, settings: Settings, batch_id: str, model: str
              for p, cap in prompts]
     share = window_share(settings.max_batch_in_flight, model, models | {model}, weights)
     answer = eta.estimate(lines, fleet_of(settings, model), interactive,
-                          eta_config(settings, share))
+                          eta_config(settings, share, delay_s))
     return answer.seconds * settings.emulated_time_scale
 
 

@@ -9,7 +9,8 @@ the recent rate, with shapes drawn from recent ones; the batch's lines wait in o
 are released up to the batch's share of the releaser's window in flight, each to the instance
 with the fewest requests ahead of it, as the releaser and the router do. The releaser runs in
 rounds (`EtaConfig.release_interval_s` apart): a seat a finished line frees stays empty until
-the next round (with no interval, a line is released the moment one finishes).
+the next round (with no interval, a line is released the moment one finishes), and a released
+line reaches its engine only after the pipeline's measured delay (`EtaConfig.dispatch_delay_s`).
 
 NOTE: sums of lengths decide a batch's duration, so this is where per-request length accuracy
 pays: a batch of short classification prompts and one of long essays have the same line
@@ -46,8 +47,9 @@ _Z90 = 1.2815515655446004
 #: The engines' class priorities (`Priority.rank`): interactive before batch.
 _INTERACTIVE, _BATCH = 0, 1
 
-#: `_FleetRun`'s event kinds: a step ends, an interactive request arrives, a releaser round.
-_STEP, _ARRIVAL, _ROUND = 0, 1, 2
+#: `_FleetRun`'s event kinds: a step ends, an interactive request arrives, a releaser round, a
+#: released line reaches its engine.
+_STEP, _ARRIVAL, _ROUND, _JOIN = 0, 1, 2, 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,10 @@ class EtaConfig:
     #: Emulated seconds between the releaser's rounds (`Settings.batch_release_interval_s`):
     #: lines are released only at k * this (k = 0, 1, ...). 0: the moment a seat frees.
     release_interval_s: float = 0.0
+    #: Emulated seconds from a line's release to its engine (its trip through the predict and
+    #: route workers to the engine worker's admission): its slot in the window is taken, its
+    #: seat not yet. 0: at once.
+    dispatch_delay_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +250,8 @@ class _FleetRun:
         self.batch_done = 0
         self.outputs: list = [None] * len(fleet)
         self.busy = [False] * len(fleet)
-        # (time, order, kind, instance): kind _STEP, _ARRIVAL or _ROUND.
+        # (time, order, kind, instance): kind _STEP, _ARRIVAL, _ROUND or _JOIN (whose
+        # "instance" is the joining line's index).
         self.events: list[tuple[float, int, int, int]] = []
         self.round_due = False  # a _ROUND event is in the heap
         self.order = 0
@@ -253,6 +260,8 @@ class _FleetRun:
         self.at_share, self.checkpoint = checkpoint, None
         self.line_of: dict[str, tuple[int, SeqState]] = {}
         self.num_released = 0
+        #: Lines released and on their way to an engine (`dispatch_delay_s`), by index.
+        self.joining: dict[int, EtaLine] = {}
 
     def run(self, lines: list[EtaLine]) -> tuple[float, bool]:
         pending = list(reversed(lines))
@@ -270,6 +279,9 @@ class _FleetRun:
             if kind == _ROUND:
                 self.round_due = False
                 self._release(pending, now)
+                continue
+            if kind == _JOIN:
+                self._join(now, k, self.joining.pop(k))
                 continue
             result = self.schedulers[k].update_from_output(self.outputs[k])
             for rid in result.finished_ids:
@@ -289,7 +301,8 @@ class _FleetRun:
         if (self.at_share is None or self.checkpoint is not None
                 or self.batch_done < self.at_share * num_lines):
             return
-        running = sorted((index, seq.num_output_tokens) for index, seq in self.line_of.values())
+        running = sorted([(index, seq.num_output_tokens) for index, seq in self.line_of.values()]
+                         + [(index, 0) for index in self.joining])
         waiting = [(index, 0) for index in range(self.num_released, num_lines)]
         self.checkpoint = Checkpoint(now, tuple(running + waiting))
 
@@ -319,12 +332,21 @@ class _FleetRun:
             self._push(max(now, math.ceil(now / interval) * interval), _ROUND, -1)
 
     def _release(self, pending: list[EtaLine], now: float) -> None:
+        delay = self.config.dispatch_delay_s
         while pending and self.batch_in_flight < self.config.max_in_flight:
-            line = pending.pop()
-            seq = self._add(now, line.prompt_tokens, line.output_tokens, batch=True)
-            self.line_of[seq.request_id] = (self.num_released, seq)
+            line, index = pending.pop(), self.num_released
             self.num_released += 1
             self.batch_in_flight += 1
+            if delay > 0:
+                self.joining[index] = line
+                self._push(now + delay, _JOIN, index)
+            else:
+                self._join(now, index, line)
+
+    def _join(self, now: float, index: int, line: EtaLine) -> None:
+        """The released line `index` reaches the instance the router picks now."""
+        seq = self._add(now, line.prompt_tokens, line.output_tokens, batch=True)
+        self.line_of[seq.request_id] = (index, seq)
 
     def _add(self, now: float, prompt: int, output: int, *, batch: bool) -> SeqState:
         k = self._place(batch)

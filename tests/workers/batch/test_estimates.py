@@ -27,6 +27,7 @@ from tests.workers.request_rows import new_request
 from workers.batch import eta
 from workers.batch.estimates import (
     _calibration,
+    dispatch_delay,
     estimate_batch,
     interactive_load,
     refresh_estimates,
@@ -300,3 +301,32 @@ def test_the_releasers_rounds_are_simulated_in_the_fleets_seconds(
     batch_id = _validated_batch(rt, [f"Describe {topic}." for topic in TOPICS])
     assert estimate_batch(rt, batch_id) is not None
     assert configs[-1].release_interval_s == pytest.approx(expected_s)
+
+
+def test_the_pipelines_delay_to_the_engines_is_measured_on_recent_batch_lines(
+        rt: Runtime, configs: list[eta.EtaConfig]) -> None:
+    """A released line holds its slot in the window from its release, but its seat only once
+    its engine admits it: the median release-to-admission delay of the batch lines admitted
+    lately, in the fleet's seconds (interactive requests and old lines not counted)."""
+    rt = Runtime(rt.settings.model_copy(update={"emulated_time_scale": 0.5,
+                                                "engine_kind": "emulated"}))
+    batch_id = _validated_batch(rt, [f"Describe {topic}." for topic in TOPICS])
+    estimate_batch(rt, batch_id)
+    assert configs[-1].dispatch_delay_s == 0.0  # nothing admitted yet
+    now = utcnow()
+
+    def admitted(delay_s: float, ago_s: float, priority: str) -> None:
+        with rt.db.session() as session:
+            request_id = new_request(session, priority=priority, prompt=f"{delay_s} {ago_s}")
+            row = session.get(InferenceRequest, request_id)
+            row.started_at = now - timedelta(seconds=ago_s)
+            row.created_at = row.started_at - timedelta(seconds=delay_s)
+
+    for delay_s in (0.2, 0.4, 0.6):
+        admitted(delay_s, 5.0, "batch")
+    admitted(30.0, 5.0, "interactive")  # held completions: not the batch's path
+    admitted(30.0, 1_000.0, "batch")  # long ago
+    with rt.db.session() as session:
+        assert dispatch_delay(session, now) == pytest.approx(0.4)
+    estimate_batch(rt, batch_id, now=now)
+    assert configs[-1].dispatch_delay_s == pytest.approx(0.8)  # 0.4 wall s at time scale 0.5

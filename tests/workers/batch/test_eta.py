@@ -147,6 +147,24 @@ def test_seats_freed_between_the_releasers_rounds_idle_until_the_next_one() -> N
         max_in_flight=144, release_interval_s=1.0)) < instant.lines_per_s
 
 
+def test_a_released_line_takes_its_seat_only_after_the_pipelines_delay() -> None:
+    """One slot and lines of known length: each line holds its slot from its release but
+    reaches the engine `dispatch_delay_s` later, so the slot idles that long per line; lines
+    on their way count as unfinished at a checkpoint."""
+    lines = [EtaLine(100, 8)] * 5
+    one = estimate(lines[:1], FLEET[:1], config=EtaConfig(max_in_flight=1)).seconds
+    delayed = EtaConfig(max_in_flight=1, dispatch_delay_s=0.3)
+    assert estimate(lines, FLEET[:1], config=delayed).seconds == pytest.approx(5 * (0.3 + one))
+    assert estimate(lines, FLEET[:1], config=EtaConfig(
+        max_in_flight=1, dispatch_delay_s=0.0)).seconds == pytest.approx(5 * one)
+    _, quarter = replay(lines, FLEET[:1], config=delayed, checkpoint=0.4)
+    assert quarter.at_s == pytest.approx(2 * (0.3 + one))
+    assert quarter.unfinished == ((2, 0), (3, 0), (4, 0))  # line 2 released, on its way
+    wide = EtaConfig(max_in_flight=64, dispatch_delay_s=0.3)
+    assert estimate(_lines(480, 20), FLEET, config=wide).seconds > estimate(
+        _lines(480, 20), FLEET, config=EtaConfig(max_in_flight=64)).seconds
+
+
 def test_lines_are_released_only_at_the_releasers_rounds() -> None:
     """One seat and lines shorter than a round: line k starts at round k, so the batch ends a
     line's duration after its last round."""
