@@ -139,8 +139,9 @@ def dispatch_delay(session: Session, now: datetime) -> float:
     through the predict and route workers), the median of the lines admitted over the last
     `DISPATCH_WINDOW_S`; 0 with none.
 
-    NOTE: a seat a finished line frees idles this long on top of the wait for the releaser's
-    next round; the estimates of the live benchmark were short in 11 of 12 batches without it.
+    NOTE: a released line holds its slot in the window from its release but its seat only from
+    its admission, so a freed seat idles this long on top of the wait for the releaser's next
+    round (small beside a line's seconds on the live benchmark's fleet: docs/batch_eta.md).
     """
     since = now - timedelta(seconds=DISPATCH_WINDOW_S)
     rows = session.execute(

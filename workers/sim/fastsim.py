@@ -421,10 +421,7 @@ class FastSim:
         last = _finish_step(self.target)
         # NOTE: (finish step, serial, seq): serials are unique, so no seqs are compared.
         finishing = sorted(e for e in self.finish_heap if e[2].serial == e[1] and e[0] <= last)
-        # NOTE: `sum_decode_steps_ms` and `_target_decode_ms` written out, term for term (the
-        # same figures): this loop runs once per finish in every what-if.
-        base_ms, slope = self.exec_model.decode_base_ms, self.exec_model.decode_context_ms
-        target = self.target
+        model = self.exec_model
         step, now_s, delay_s = self.step, self.now_s, self.delay_to_others_s
         num_decoding, num_unfinished = self.num_decoding, self.num_unfinished
         tokens_base = self.decode_tokens_base
@@ -432,15 +429,11 @@ class FastSim:
         while True:
             finish_step = finishing[index][0]
             num_steps = finish_step - step + 1
-            base = base_ms(num_decoding)
-            duration_ms = (num_steps * base + slope * (
-                num_steps * (tokens_base + num_decoding * step)
-                + num_decoding * num_steps * (num_steps - 1) // 2))
+            duration_ms = model.sum_decode_steps_ms(num_decoding, tokens_base
+                                                    + num_decoding * step, num_steps)
             if num_unfinished > 1:
-                first_tokens = target.anchor_tokens + step - target.anchor_step
-                delay_s += ((num_steps * (base - base_ms(num_decoding - 1)) + slope
-                             * (num_steps * first_tokens + num_steps * (num_steps - 1) // 2))
-                            / 1000.0 * (num_unfinished - 1))
+                delay_s += (self._target_decode_ms(num_decoding, step, num_steps) / 1000.0
+                            * (num_unfinished - 1))
             now_s += duration_ms / 1000.0
             step = finish_step + 1
             if finish_step == last:
