@@ -47,7 +47,8 @@ from workers.runtime import Runtime
 from workers.sim import InstanceConfig, exec_model_of
 
 __all__ = ["EtaRecord", "active_models", "dispatch_delay", "estimate_batch", "eta_config",
-           "fleet_of", "interactive_load", "refresh_estimates", "window_share"]
+           "fleet_of", "interactive_load", "refresh_estimates", "tokens_made",
+           "window_share"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +102,8 @@ def estimate_batch(rt: Runtime, batch_id: str, *, now: datetime | None = None) -
         if batch is None or batch.status != BatchStatus.IN_PROGRESS:
             return None
         model, expires_at = batch.model, batch.expires_at
-        queries, num_remaining = _remaining(session, batch_id, s.batch_eta_max_lines)
+        made = tokens_made(rt, model)
+        queries, num_remaining = _remaining(session, batch_id, s.batch_eta_max_lines, made)
         interactive = interactive_load(session, now, model)
         ratio = _calibration(session, batch_id)
         models = active_models(session)
@@ -220,10 +222,11 @@ class _Remaining:
     predicted_p90: int | None = None
 
 
-def _remaining(session: Session, batch_id: str,
-               most: int) -> tuple[list[_Remaining], int]:
+def _remaining(session: Session, batch_id: str, most: int,
+               made: Mapping[str, int]) -> tuple[list[_Remaining], int]:
     """A sample of at most about `most` of the batch's unfinished lines (every k-th pending
-    line, every k-th unfinished request), and how many there are in all."""
+    line, every k-th unfinished request, with the tokens it has made: `made` by request id),
+    and how many there are in all."""
     pending_n = session.scalar(select(func.count()).select_from(BatchLine).where(
         BatchLine.batch_id == batch_id, BatchLine.status == LineStatus.PENDING)) or 0
     unfinished = (InferenceRequest.batch_id == batch_id,
@@ -238,16 +241,16 @@ def _remaining(session: Session, batch_id: str,
                                        BatchLine.line % every == 0)
         .order_by(BatchLine.line)).scalars().all()
     running = session.execute(
-        select(InferenceRequest.prompt, InferenceRequest.messages,
+        select(InferenceRequest.id, InferenceRequest.prompt, InferenceRequest.messages,
                InferenceRequest.max_tokens, InferenceRequest.model,
                InferenceRequest.prompt_tokens, InferenceRequest.predicted_output_tokens,
-               InferenceRequest.predicted_output_tokens_p90, InferenceRequest.output_tokens)
+               InferenceRequest.predicted_output_tokens_p90)
         .where(*unfinished, InferenceRequest.batch_line % every == 0)).all()
     rows = [_Remaining(_query(f.get("messages") or f.get("prompt", ""), f.get("max_tokens"),
                               f.get("model")), int(f.get("prompt_tokens") or 1))
             for f in pending if f]
     rows += [_Remaining(_query(r.messages or r.prompt, r.max_tokens, r.model),
-                        int(r.prompt_tokens or 1), int(r.output_tokens or 0),
+                        int(r.prompt_tokens or 1), made.get(r.id, 0),
                         r.predicted_output_tokens, r.predicted_output_tokens_p90)
              for r in running]
     return rows, total
@@ -283,6 +286,19 @@ def _calibration(session: Session, batch_id: str) -> float:
                          if median is not None else 0.0)
         actual.append(int(output) if done else None)
     return eta.length_calibration(predicted, actual)
+
+
+def tokens_made(rt: Runtime, model: str | None) -> dict[str, int]:
+    """The output tokens each request in `model`'s engines has made so far, from their
+    published states (every model's engines when None)."""
+    made = {}
+    for status in rt.fleet.statuses():
+        state = status.state
+        if state is None or (model is not None and status.model != model):
+            continue
+        for request in state.requests:
+            made[request.request_id] = request.num_output_tokens
+    return made
 
 
 def _predicted_lines(rt: Runtime, remaining: Sequence[_Remaining],

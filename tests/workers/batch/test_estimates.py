@@ -4,6 +4,7 @@ the completion window cannot be met, forgotten once the batch stops."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from datetime import timedelta
@@ -31,11 +32,13 @@ from workers.batch.estimates import (
     estimate_batch,
     interactive_load,
     refresh_estimates,
+    tokens_made,
 )
 from workers.batch.expand import Expansion, expand
 from workers.batch.release import release
 from workers.predict import stage
 from workers.runtime import Runtime
+from workers.sim.engine_state import RequestState
 
 pytestmark = pytest.mark.services
 
@@ -172,6 +175,35 @@ def test_pending_lines_are_predicted_once_across_rounds(rt: Runtime) -> None:
     learned.predict_many = counted  # type: ignore[method-assign]
     first, again = estimate_batch(rt, batch_id), estimate_batch(rt, batch_id)
     assert calls == [len(TOPICS)] and again.remaining_lines == first.remaining_lines
+
+
+def test_a_running_line_is_estimated_from_the_tokens_its_engine_says_it_made(
+        rt: Runtime) -> None:
+    """Released lines predicted at 200 tokens that have made 190 each, as their engine's
+    published state says: the batch is nearly done, not about to start over."""
+    batch_id = _validated_batch(rt, [f"Describe {topic}, item {i}." for i in range(30)
+                                     for topic in TOPICS[:1]])
+    assert release(rt).released
+    with rt.db.session() as session:
+        model = session.get(Batch, batch_id).model
+        ids = list(session.scalars(select(InferenceRequest.id).where(
+            InferenceRequest.batch_id == batch_id)))
+        session.execute(update(InferenceRequest).where(InferenceRequest.batch_id == batch_id)
+                        .values(predicted_output_tokens=200, predicted_output_tokens_p90=None))
+    before = estimate_batch(rt, batch_id)
+    running = [RequestState(i, 100, num_computed_tokens=290, num_output_tokens=190,
+                            predicted_output_tokens=200, is_running=True) for i in ids]
+    rt.fleet.publish("gpu.0", engine_state(*running, model=model))
+    # Another model's engine is not read (its request ids are not the batch's lines).
+    rt.fleet.publish("gpu.1", engine_state(dataclasses.replace(running[0], num_output_tokens=7),
+                                           model="other"))
+    assert tokens_made(rt, model) == dict.fromkeys(ids, 190)
+    after = estimate_batch(rt, batch_id)
+    assert before and after and before.lines_per_s and after.lines_per_s
+    assert after.remaining_lines == before.remaining_lines == len(ids)
+    left_before = before.remaining_lines / before.lines_per_s
+    left_after = after.remaining_lines / after.lines_per_s
+    assert left_after < 0.5 * left_before
 
 
 def test_a_batchs_first_finished_lines_correct_the_rest_of_its_lengths(rt: Runtime) -> None:
