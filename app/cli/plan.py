@@ -207,9 +207,14 @@ def _seconds(value: float | None) -> str:
               help="Write the plan as JSON here.")
 @click.option("--fleet-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the planned fleet here as a BLOCKQ_FLEET that blockq serve runs.")
+@click.option("--min-requests", type=click.IntRange(min=0),
+              default=PlanOptions().min_requests_per_pool, show_default=True, metavar="N",
+              help="Each simulated run replays a model's workload, repeated, to at least N "
+              "requests: fewer make its p99 chance, and a pool near its limit look better "
+              "than it is.")
 def plan(workload_path: Path | None, history_hours: float | None, rate_scale: float,
          slos: tuple[str, ...], catalog_path: Path | None, model_maps: tuple[str, ...],
-         json_out: Path | None, fleet_out: Path | None) -> None:
+         json_out: Path | None, fleet_out: Path | None, min_requests: int) -> None:
     """The cheapest fleet of GPU kinds that meets every model's latency targets, each candidate
     judged by the simulation that routes with blockq's own policy (docs/planning.md)."""
     if (workload_path is None) == (history_hours is None):
@@ -230,7 +235,8 @@ def plan(workload_path: Path | None, history_hours: float | None, rate_scale: fl
         workload = _read_workload(workload_path, history_hours, settings)
         options = PlanOptions(single_policy=settings.routing_policy_for(mixed_hardware=False),
                               mixed_policy=settings.routing_policy_for(mixed_hardware=True),
-                              publish_interval_s=settings.state_publish_interval_s)
+                              publish_interval_s=settings.state_publish_interval_s,
+                              min_requests_per_pool=min_requests)
         with console.status("planning: simulating candidate fleets") as status:
             result = plan_fleet(workload, targets, catalog, options, rate_scale, family_of,
                                 progress=lambda message: status.update(f"planning: {message}"),

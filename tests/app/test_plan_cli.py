@@ -47,7 +47,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _plan(folder: Path, *args: str) -> Result:
-    return CliRunner().invoke(plan, ["--catalog", str(folder / "catalog.json"), *args])
+    # NOTE: the workload as it is (not repeated to the default 3,000 requests a model): quick.
+    return CliRunner().invoke(plan, ["--catalog", str(folder / "catalog.json"),
+                                     "--min-requests", "0", *args])
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,9 @@ of its time. Figures that are reported (the routing-blind plan, the closest miss
 meets the targets) come from runs to the end.
 
 Every run replays the pool's whole workload at its rate, lengthened by repetition to at least
-`PlanOptions.min_requests_per_instance` requests an instance (a finite run passes above the
-steady state while its backlog is short: docs/benchmarks_cluster.md). A pool of one kind is
+`PlanOptions.min_requests_per_instance` requests an instance and `min_requests_per_pool` in all
+(a finite run passes above the steady state while its backlog is short, and a p99 of a few
+hundred requests is chance: docs/benchmarks_cluster.md, docs/plan_live.md). A pool of one kind is
 routed with `PlanOptions.single_policy`, one of unlike kinds with `mixed_policy`: the production
 defaults (`domain.settings.Settings.routing_policy_for`), which the caller passes in.
 
@@ -116,8 +117,13 @@ class PlanOptions:
     #: Step-time noise and publication interval of the simulated instances.
     exec_noise_sigma: float = 0.1
     publish_interval_s: float = 0.1
-    #: A run replays at least this many requests an instance (the workload repeated).
+    #: A run replays at least this many requests an instance, and this many in all (the
+    #: workload repeated): a p99 rests on its run's slowest hundredth, and a pool near its
+    #: limit builds its backlog over the run. docs/plan_live.md's chat pool of two A30s
+    #: (600 requests) had a TTFT p99 of 0.85-1.20 s over 20 seeds (0.91 s at the seed the
+    #: planner used), and 1.14-1.28 s replayed to 3,000 requests (1.19-1.27 s to 6,000).
     min_requests_per_instance: int = 100
+    min_requests_per_pool: int = 3000
     #: Most instances of one kind in one pool the search tries.
     max_instances: int = 64
     #: Requests one instance is saturated with to measure its rate.
@@ -516,10 +522,11 @@ def run_pool(workload: Workload, rate: float, members: Sequence[FleetMember], po
              options: PlanOptions, abort_ttft_s: float | None = None,
              abort_e2e_s: float | None = None) -> tuple[RunResult, int]:
     """One model's pool replaying `workload` at `rate` (lengthened to at least
-    `min_requests_per_instance` an instance) under `policy`: the run every verdict of the
-    planner, and `scripts/bench_cluster.py --workload-file`, rest on. Also returns how many
-    requests it replayed."""
-    workload = lengthened(workload, options.min_requests_per_instance * len(members))
+    `min_requests_per_instance` an instance and `min_requests_per_pool` in all) under
+    `policy`: the run every verdict of the planner, and `scripts/bench_cluster.py
+    --workload-file`, rest on. Also returns how many requests it replayed."""
+    workload = lengthened(workload, max(options.min_requests_per_instance * len(members),
+                                        options.min_requests_per_pool))
     setup = ClusterSetup.of_fleet(members, publish_interval_s=options.publish_interval_s,
                                   exec_noise_sigma=options.exec_noise_sigma,
                                   abort_ttft_s=abort_ttft_s, abort_e2e_s=abort_e2e_s)

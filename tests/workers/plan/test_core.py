@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from workers.sim import BatchStats
 from workers.sim.fleet_declaration import parse_fleet
 
 #: Quick searches for tests: short runs, few saturated requests.
-FAST = PlanOptions(min_requests_per_instance=20, saturation_requests=100,
+FAST = PlanOptions(min_requests_per_instance=20, min_requests_per_pool=0, saturation_requests=100,
                    headroom_resolution=0.2)
 
 
@@ -218,6 +219,19 @@ def test_a_short_workload_is_lengthened_at_the_same_rate() -> None:
     assert longer.num_prompt_tokens[:300] == chat.num_prompt_tokens
     span = longer.unit_arrival_s[-1] - longer.unit_arrival_s[0]
     assert (len(longer) - 1) / span == pytest.approx(1.0)
+
+
+def test_a_pools_run_replays_at_least_the_pools_floor_of_requests() -> None:
+    """A p99 of a few hundred requests is chance, so a small workload is judged repeated."""
+    workload, catalog, _ = _small_plan_inputs()
+    specs = parse_fleet(json.dumps([{"model": m, "count": 2, "gpu_kind": "A30"}
+                                    for m in workload.models]))
+    as_given = replay_fleet(specs, workload, catalog, FAST)["models"]
+    floored = replay_fleet(specs, workload, catalog,
+                           dataclasses.replace(FAST, min_requests_per_pool=700))["models"]
+    for model in workload.models:
+        assert as_given[model]["requests"] == len(workload.by_model[model]) < 700
+        assert floored[model]["requests"] >= 700
 
 
 def test_a_replayed_plan_shows_the_figures_the_planner_predicted() -> None:
