@@ -821,6 +821,9 @@ def main() -> None:
     parser.add_argument("--model-map", nargs="+", default=[], metavar="SERVED=FAMILY",
                         help="with --workload-file: the execution-time model family of a "
                              "served model name")
+    parser.add_argument("--min-requests", type=int, default=PlanOptions().min_requests_per_pool,
+                        help="with --workload-file: replay each model's workload repeated to "
+                             "at least this many requests (blockq plan's --min-requests)")
     args = parser.parse_args()
     if args.replot:
         replot(args)
@@ -903,7 +906,7 @@ def replay_workload_file(args: argparse.Namespace, parser: argparse.ArgumentPars
     options = PlanOptions(single_policy=defaults["routing_policy"].default,
                           mixed_policy=defaults["mixed_fleet_routing_policy"].default,
                           seed=args.seed, publish_interval_s=args.publish_interval,
-                          exec_noise_sigma=args.exec_noise)
+                          exec_noise_sigma=args.exec_noise, min_requests_per_pool=args.min_requests)
     try:
         family_of = dict(item.split("=", 1) for item in args.model_map)
         with args.workload_file.open() as lines:

@@ -40,9 +40,12 @@ def test_the_last_line_gives_each_models_latencies(tmp_path: Path) -> None:
     assert set(last["models"]) == {"chat", "code"}
     chat, code = last["models"]["chat"], last["models"]["code"]
     assert chat["policy"] == "block_slo" and code["policy"] == "round_robin"  # the defaults
-    assert chat["requests"] >= 300 and code["requests"] >= 100  # lengthened for steady state
+    # Lengthened as blockq plan judges: 3,000 requests a model by default (--min-requests).
+    assert chat["requests"] >= 3000 and code["requests"] >= 3000
     for figures in (chat, code):
         assert 0 < figures["ttft_p99_s"] <= figures["e2e_p99_s"]
+    shorter = json.loads(_run(*args, "--min-requests", "0").stdout.strip().splitlines()[-1])
+    assert 300 <= shorter["models"]["chat"]["requests"] < 3000  # 100 an instance at least
     # Four times the rate on the same fleet: later first tokens.
     faster = json.loads(_run(*args, "--rate-scale", "4").stdout.strip().splitlines()[-1])
     assert faster["models"]["chat"]["ttft_p99_s"] > chat["ttft_p99_s"]
